@@ -1,0 +1,255 @@
+"""The `traceq` command: a thin layer over traceq.store, traceq.ingest, traceq.analysis and
+traceq.render. Each command opens the store, calls one analysis, and renders its frame.
+
+Errors the user can fix (TraceqError) become one line `traceq: ...` on stderr and exit status 1;
+usage errors exit 2 (typer's convention). Anything else is a bug and shows a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from traceq import __version__
+from traceq.analysis.kernels import NameBy, kernel_time_total, top_instances, top_kernels
+from traceq.analysis.traces import list_traces
+from traceq.errors import TraceqError
+from traceq.render import Format, format_for, render
+from traceq.store import default_store_path, delete_trace, open_store, resolve_trace
+
+app = typer.Typer(
+    name="traceq",
+    help="Which kernels, libraries and layers a GPU trace spent its time in.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+DbOpt = Annotated[
+    Optional[Path],
+    typer.Option("--db", envvar="TRACEQ_DB", help="Store file [default: ./traceq.duckdb]", show_default=False),
+]
+TraceOpt = Annotated[
+    Optional[str], typer.Option("--trace", "-t", help="Trace name or id [default: the latest loaded]")
+]
+FormatOpt = Annotated[
+    Optional[Format],
+    typer.Option("--format", "-f", help="table, csv or json [default: from -o's suffix, else table]",
+                 show_default=False),
+]
+OutOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write to this file instead of stdout")]
+
+
+def _err(message: str) -> None:
+    typer.echo(f"traceq: {message}", err=True)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn a TraceqError into one line on stderr and exit status 1."""
+    try:
+        yield
+    except TraceqError as e:
+        _err(str(e))
+        raise typer.Exit(code=1) from None
+    except KeyboardInterrupt:
+        _err("interrupted")
+        raise typer.Exit(code=130) from None
+
+
+def _store(db: Path | None, **kwargs: bool):  # -> duckdb.DuckDBPyConnection
+    return open_store(db or default_store_path(), on_wait=_err, **kwargs)
+
+
+def _emit(text: str, out: Path | None) -> None:
+    if out is None:
+        typer.echo(text, nl=not text.endswith("\n"))
+    else:
+        try:
+            out.write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise TraceqError(f"cannot write {out}: {e.strerror}") from None
+        _err(f"wrote {out}")
+
+
+def _terminal_width() -> int:
+    try:
+        return max(os.get_terminal_size(sys.stdout.fileno()).columns, 100)
+    except OSError:
+        return 160
+
+
+class _LazyProgress:
+    """A progress bar on stderr, shown only on a terminal and only after the first second."""
+
+    def __init__(self, label: str, delay_s: float = 1.0):
+        self.label = label
+        self.started = time.monotonic()
+        self.delay_s = delay_s
+        self.enabled = sys.stderr.isatty()
+        self.bar = None
+        self.task = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            if time.monotonic() - self.started < self.delay_s:
+                return
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                                TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(self.label, total=total)
+        self.bar.update(self.task, completed=done, total=total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit")] = False,
+) -> None:
+    if version:
+        typer.echo(f"traceq {__version__}")
+        raise typer.Exit()
+
+
+@app.command()
+def load(
+    paths: Annotated[list[Path], typer.Argument(help="Nsight Systems SQLite exports (nsys export --type sqlite)",
+                                               show_default=False)],
+    db: DbOpt = None,
+    name: Annotated[Optional[str], typer.Option(help="Name in the store [default: the file's stem]")] = None,
+    replace: Annotated[bool, typer.Option(help="Replace a trace with the same content or name")] = False,
+    export: Annotated[bool, typer.Option(help="Run `nsys export` first on .nsys-rep/.qdrep files")] = False,
+) -> None:
+    """Load trace files into the store (one transaction each: all or nothing)."""
+    from traceq.ingest import READERS, export_report, load_trace, reader_for
+    from traceq.ingest.detect import NSYS_REPORT_MAGIC, check_file
+
+    with user_errors():
+        if name is not None and len(paths) > 1:
+            raise typer.BadParameter("--name needs exactly one file", param_hint="--name")
+        store_path = db or default_store_path()
+        for path in paths:
+            if export:
+                check_file(path)
+                if path.open("rb").read(len(NSYS_REPORT_MAGIC)) == NSYS_REPORT_MAGIC:
+                    path = export_report(path)
+            reader_for(path, READERS)  # reject bad input before the store is touched
+            existed = store_path.exists()
+            con = _store(store_path, create=True)
+            progress = _LazyProgress(f"loading {path.name}")
+            try:
+                result = load_trace(con, path, name=name, replace=replace, progress=progress)
+            except BaseException:
+                progress.close()
+                con.close()
+                if not existed:
+                    _remove_store(store_path)
+                raise
+            progress.close()
+            con.close()
+            if result.status == "already_loaded":
+                typer.echo(f"{path} is already loaded as {result.name!r} (trace {result.trace_id}); "
+                           "nothing changed (use --replace to load it again)")
+                continue
+            rows = result.rows
+            typer.echo(
+                f"{result.status} {result.name!r} (trace {result.trace_id}) from {path}: "
+                f"{result.kernel_count:,} kernels, {rows.get('api_calls', 0):,} API calls, "
+                f"{rows.get('memops', 0):,} memcpy/memset, {rows.get('nvtx', 0):,} NVTX events "
+                f"in {result.seconds:.2f} s"
+            )
+
+
+def _remove_store(path: Path) -> None:
+    for p in (path, path.with_name(path.name + ".wal")):
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+
+
+@app.command()
+def traces(db: DbOpt = None, fmt: FormatOpt = None, out: OutOpt = None) -> None:
+    """List the traces in the store."""
+    with user_errors():
+        con = _store(db, read_only=True)
+        frame = list_traces(con)
+        fmt = format_for(fmt, out)
+        if fmt is Format.table:
+            frame = frame.drop("sha256", "source_path", "loaded_at")
+        _emit(render(frame, fmt, title=f"{len(frame)} trace(s) in {db or default_store_path()}",
+                     width=_terminal_width()), out)
+
+
+@app.command()
+def top(
+    k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many rows")] = 15,
+    by: Annotated[NameBy, typer.Option(help="Group kernels by this name")] = NameBy.demangled,
+    instances: Annotated[bool, typer.Option("--instances", help="The k longest single launches instead")] = False,
+    trace: TraceOpt = None,
+    db: DbOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """The heaviest kernels of a trace by total GPU time (like `nsys stats` cuda_gpu_kern_sum)."""
+    with user_errors():
+        con = _store(db, read_only=True)
+        trace_id, trace_name = resolve_trace(con, trace)
+        if instances:
+            frame = top_instances(con, trace_id, k)
+            title = f"{trace_name}: the {len(frame)} longest kernel launches"
+        else:
+            frame = top_kernels(con, trace_id, k, by)
+            total = kernel_time_total(con, trace_id)
+            title = (f"{trace_name}: top {len(frame)} kernels by total time "
+                     f"(all kernels: {_duration(total)} of GPU time)")
+        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
+
+
+def _duration(ns: int) -> str:
+    from traceq.render.table import format_duration
+
+    return format_duration(ns)
+
+
+@app.command()
+def rm(
+    trace: Annotated[str, typer.Argument(help="Trace name or id", show_default=False)],
+    db: DbOpt = None,
+) -> None:
+    """Remove a trace from the store."""
+    with user_errors():
+        con = _store(db)
+        trace_id, trace_name = resolve_trace(con, trace)
+        con.execute("BEGIN TRANSACTION")
+        try:
+            delete_trace(con, trace_id)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("CHECKPOINT")
+        typer.echo(f"removed {trace_name!r} (trace {trace_id})")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="traceq")
+
+
+__all__: list[Callable[..., object] | str] = ["app", "main"]

@@ -1,0 +1,25 @@
+"""The one error hierarchy: a TraceqError is a problem the user can fix.
+
+`str(error)` is one line saying what happened and what to do. The CLI alone turns these into
+`traceq: <message>` on stderr and exit status 1; anything else is a bug and shows a traceback.
+"""
+
+
+class TraceqError(Exception):
+    """A problem the user can fix; str(e) says what happened and what to do."""
+
+
+class TraceFormatError(TraceqError):
+    """The input is not a trace traceq can read (or is damaged)."""
+
+
+class StoreError(TraceqError):
+    """The store cannot be opened, is busy, or was written by an incompatible traceq."""
+
+
+class NotFoundError(TraceqError):
+    """A trace, kernel or other named thing is not in the store."""
+
+
+class MissingDataError(TraceqError):
+    """The trace lacks what an analysis needs (say, no NVTX ranges)."""

@@ -1,0 +1,171 @@
+"""Loading trace files into the store.
+
+`load_trace(con, path)` picks the reader by content (`detect.reader_for`), streams the file
+into the store inside one transaction, and records the trace in `traces`. On any error the
+transaction is rolled back, so the store is exactly as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import duckdb
+
+from traceq.errors import TraceFormatError, TraceqError
+from traceq.ingest.base import Reader, Sink, SourceInfo, open_sqlite
+from traceq.ingest.detect import reader_for
+from traceq.ingest.nsys import NsysReader
+from traceq.store import delete_trace, first_row
+
+READERS: tuple[Reader, ...] = (NsysReader(),)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What `load_trace` did. `status` is 'loaded', 'replaced' or 'already_loaded'."""
+
+    trace_id: int
+    name: str
+    status: str
+    kernel_count: int
+    seconds: float = 0.0
+    rows: dict[str, int] = field(default_factory=dict)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_trace(
+    con: duckdb.DuckDBPyConnection,
+    path: Path,
+    *,
+    name: str | None = None,
+    replace: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> LoadResult:
+    """Load the trace file at `path` into the store `con`.
+
+    Args:
+        name: the trace's name in the store (default: the file's stem).
+        replace: replace a trace with the same content or the same name instead of refusing.
+        progress: called with (rows read so far, rows expected) while reading.
+
+    Raises:
+        TraceFormatError: the file is not a trace traceq reads, or is damaged.
+        TraceqError: the name is taken by a different trace (and not `replace`).
+    """
+    started = time.perf_counter()
+    path = Path(path)
+    reader = reader_for(path, READERS)
+    name = name or path.stem
+    sha = sha256_of(path)
+
+    same = con.execute("SELECT trace_id, name FROM traces WHERE sha256 = ?", [sha]).fetchall()
+    if same and not replace:
+        tid, existing = same[0]
+        count = first_row(con, "SELECT kernel_count FROM traces WHERE trace_id = ?", [tid])[0]
+        return LoadResult(int(tid), str(existing), "already_loaded", int(count or 0))
+    named = first_row(con, "SELECT trace_id, source_path FROM traces WHERE name = ?", [name])
+    if named and not replace:
+        raise TraceqError(
+            f"a different trace named {name!r} is already loaded (from {named[1]}): "
+            "pass --name to choose another name, or --replace"
+        )
+    stale = {int(r[0]) for r in same} | ({int(named[0])} if named else set())
+
+    src = open_sqlite(path)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for tid in sorted(stale):
+            delete_trace(con, tid)
+        trace_id = int(first_row(con, "SELECT coalesce(max(trace_id), 0) + 1 FROM traces")[0])
+        total = max(reader.estimate_rows(src), 1)
+        done = 0
+
+        def advance(rows: int) -> None:
+            nonlocal done
+            done += rows
+            if progress is not None:
+                progress(min(done, total), total)
+
+        sink = Sink(con, trace_id, advance)
+        info = reader.read(src, sink)
+        _record_trace(con, trace_id, name, path, sha, info, time.perf_counter() - started)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    finally:
+        src.close()
+    kernels = sink.rows.get("kernels", 0)
+    return LoadResult(trace_id, name, "replaced" if stale else "loaded", kernels,
+                      time.perf_counter() - started, dict(sink.rows))
+
+
+def _record_trace(
+    con: duckdb.DuckDBPyConnection, trace_id: int, name: str, path: Path, sha: str,
+    info: SourceInfo, seconds: float,
+) -> None:
+    from traceq import __version__
+
+    con.execute(
+        """
+        INSERT INTO traces
+        WITH activity AS (
+            SELECT start_ns, end_ns FROM kernels WHERE trace_id = $id
+            UNION ALL SELECT start_ns, end_ns FROM memops WHERE trace_id = $id
+        ),
+        used AS (
+            SELECT g.name, count(*) AS n FROM gpus g
+            WHERE g.trace_id = $id AND (
+                g.device_id IN (SELECT DISTINCT device_id FROM kernels WHERE trace_id = $id)
+                OR NOT EXISTS (SELECT 1 FROM kernels WHERE trace_id = $id))
+            GROUP BY g.name
+        )
+        SELECT $id, $name, $path, $sha, $bytes, $format, $tool, $schema,
+               (SELECT string_agg(CASE WHEN n > 1 THEN n || 'x ' || name ELSE name END, ', '
+                                  ORDER BY name) FROM used),
+               (SELECT count(*) FROM kernels WHERE trace_id = $id),
+               (SELECT min(start_ns) FROM activity), (SELECT max(end_ns) FROM activity),
+               (SELECT max(end_ns) - min(start_ns) FROM activity),
+               $session_start, $loaded_at, $seconds, $version
+        """,
+        {
+            "id": trace_id, "name": name, "path": str(path.resolve()), "sha": sha,
+            "bytes": path.stat().st_size, "format": info.format, "tool": info.tool,
+            "schema": info.schema_version, "session_start": info.session_start_utc_ns,
+            "loaded_at": datetime.now(timezone.utc).replace(tzinfo=None), "seconds": seconds,
+            "version": __version__,
+        },
+    )
+
+
+def export_report(path: Path) -> Path:
+    """Run `nsys export --type sqlite` on an .nsys-rep/.qdrep; returns the .sqlite it wrote."""
+    nsys = shutil.which("nsys")
+    if nsys is None:
+        raise TraceFormatError(f"{path}: --export needs `nsys` on PATH; export it elsewhere with "
+                               f"`nsys export --type sqlite {path}`")
+    out = Path(tempfile.mkdtemp(prefix="traceq-export-")) / (path.stem + ".sqlite")
+    done = subprocess.run([nsys, "export", "--type", "sqlite", "--output", str(out), str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0 or not out.exists():
+        detail = (done.stderr or done.stdout).strip().splitlines()
+        raise TraceFormatError(f"{path}: `nsys export` failed ({detail[-1] if detail else done.returncode})")
+    return out
+
+
+__all__ = ["READERS", "LoadResult", "export_report", "load_trace", "reader_for", "sha256_of"]

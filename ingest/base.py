@@ -1,0 +1,185 @@
+"""The reader contract: one reader per trace format, all writing the tables of schema.sql.
+
+A reader gets an open source file and a `Sink`. It sends the sink Arrow tables whose column
+names are store columns (`kernels`, `api_calls`, ...); columns it lacks are stored as NULL. It
+returns a `SourceInfo` describing the file. It never touches the store directly, never holds a
+whole table in Python, and never commits: `traceq.ingest.load_trace` owns the transaction.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Protocol
+
+import duckdb
+import pyarrow as pa
+
+from traceq.errors import TraceFormatError
+
+BATCH_ROWS = 50_000
+"""Rows fetched from a source per batch: bounds the memory a load uses whatever the trace size."""
+
+Progress = Callable[[int], None]
+"""Called with the number of source rows just read."""
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """What a reader learned about the file besides its events."""
+
+    format: str
+    tool: str | None = None
+    schema_version: str | None = None
+    session_start_utc_ns: int | None = None
+
+
+class Reader(Protocol):
+    """One trace format. `sniff` is cheap; `read` streams the file into the sink."""
+
+    name: ClassVar[str]
+
+    def sniff(self, tables: set[str]) -> bool:
+        """True when an SQLite file with these table names is this reader's format."""
+        ...
+
+    def estimate_rows(self, src: sqlite3.Connection) -> int:
+        """About how many rows `read` will report to the progress callback."""
+        ...
+
+    def read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
+        """Send every event of `src` to `sink`."""
+        ...
+
+
+class Sink:
+    """Appends Arrow batches to the store's tables for one trace, inside the caller's transaction."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, trace_id: int, progress: Progress | None = None):
+        self.con = con
+        self.trace_id = trace_id
+        self.progress = progress
+        self.rows: dict[str, int] = {}
+        self._columns: dict[str, set[str]] = {}
+
+    def append(self, table: str, batch: pa.Table, source_rows: int | None = None) -> None:
+        """Insert `batch` into `table`, matching columns by name; unknown columns are an error."""
+        known = self._columns.get(table)
+        if known is None:
+            known = {r[0] for r in self.con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE table_name = ?", [table]).fetchall()}
+            self._columns[table] = known
+        extra = set(batch.column_names) - known
+        if extra:
+            raise AssertionError(f"reader sent columns {sorted(extra)} that {table} lacks")
+        if batch.num_rows:
+            self.con.register("_traceq_batch", batch)
+            try:
+                self.con.execute(
+                    f'INSERT INTO "{table}" BY NAME SELECT {self.trace_id} AS trace_id, * FROM _traceq_batch'
+                )
+            finally:
+                self.con.unregister("_traceq_batch")
+            self.rows[table] = self.rows.get(table, 0) + batch.num_rows
+        if self.progress is not None:
+            self.progress(batch.num_rows if source_rows is None else source_rows)
+
+
+def table_names(src: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+
+
+def column_names(src: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in src.execute(f'PRAGMA table_info("{table}")')}
+
+
+def row_estimate(src: sqlite3.Connection, tables: Iterable[str]) -> int:
+    """Sum of max(rowid) over the tables that exist: O(log n) each, unlike count(*)."""
+    present = table_names(src)
+    total = 0
+    for t in tables:
+        if t in present:
+            try:
+                total += src.execute(f'SELECT coalesce(max(rowid), 0) FROM "{t}"').fetchone()[0]
+            except sqlite3.OperationalError:  # WITHOUT ROWID tables
+                total += src.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
+    return total
+
+
+def select_list(available: set[str], wanted: Sequence[tuple[str, str, Sequence[str]]]) -> str:
+    """A SELECT list naming each store column once: its source expression, or NULL.
+
+    `wanted` holds (store column, SQL expression over source columns, source columns the
+    expression needs). When any needed column is missing from `available`, NULL stands in.
+    """
+    parts = []
+    for alias, expr, needs in wanted:
+        parts.append(f"{expr if all(c in available for c in needs) else 'NULL'} AS {alias}")
+    return ", ".join(parts)
+
+
+def fetch_batches(
+    src: sqlite3.Connection, sql: str, schema: pa.Schema, params: Sequence[object] = ()
+) -> Iterator[pa.Table]:
+    """Run `sql` and yield its rows as Arrow tables of at most BATCH_ROWS rows with `schema`."""
+    try:
+        cur = src.execute(sql, params)
+        while rows := cur.fetchmany(BATCH_ROWS):
+            columns = list(zip(*rows))
+            yield pa.Table.from_arrays(
+                [pa.array(col, type=field.type) for col, field in zip(columns, schema)], schema=schema
+            )
+    except sqlite3.DatabaseError as e:
+        raise TraceFormatError(f"the SQLite file is damaged or truncated ({e})") from None
+
+
+class Strings:
+    """An id -> text table (nsys StringIds, nvprof StringTable) for vectorised lookups."""
+
+    def __init__(self, ids: Sequence[int], values: Sequence[str | None]):
+        size = (max(ids) + 1) if ids else 0
+        if size <= 4 * len(ids) + 1_000_000:
+            dense: list[str | None] = [None] * size
+            for i, v in zip(ids, values):
+                dense[i] = v
+            self._dense: pa.Array | None = pa.array(dense, type=pa.string())
+        else:  # sparse ids: look them up through a hash of the ids
+            self._dense = None
+        self._ids = pa.array(ids, type=pa.int64())
+        self._values = pa.array(values, type=pa.string())
+
+    @classmethod
+    def from_query(cls, src: sqlite3.Connection, sql: str) -> Strings:
+        rows = src.execute(sql).fetchall()
+        return cls([r[0] for r in rows], [r[1] for r in rows])
+
+    def lookup(self, ids: pa.Array) -> pa.Array:
+        """The text for each id; null for null or unknown ids."""
+        import pyarrow.compute as pc
+
+        if self._dense is not None:
+            size = len(self._dense)
+            valid = pc.and_(pc.greater_equal(ids, 0), pc.less(ids, size))
+            safe = pc.if_else(valid, ids, pa.scalar(None, type=ids.type))
+            return pc.take(self._dense, safe)
+        return pc.take(self._values, pc.index_in(ids, value_set=self._ids))
+
+
+def enum_lookup(codes: pa.Array, labels: dict[int, str]) -> pa.Array:
+    """Map small integer codes to labels; unknown codes become null."""
+    import pyarrow.compute as pc
+
+    size = max(labels) + 1
+    dense = pa.array([labels.get(i) for i in range(size)], type=pa.string())
+    valid = pc.and_(pc.greater_equal(codes, 0), pc.less(codes, size))
+    return pc.take(dense, pc.if_else(valid, codes, pa.scalar(None, type=codes.type)))
+
+
+def open_sqlite(path: Path) -> sqlite3.Connection:
+    """Open an SQLite file read-only, never creating or locking it for writing."""
+    uri = path.resolve().as_uri() + "?mode=ro"
+    con = sqlite3.connect(uri, uri=True)
+    con.execute("PRAGMA query_only = 1")
+    return con

@@ -1,0 +1,104 @@
+"""Which reader a file needs, decided from its content in one place.
+
+Every way a file can fail to be a trace we read ends here in one TraceFormatError line that
+names the file, says what it is, and what to do.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import sqlite3
+from pathlib import Path
+
+from traceq.errors import TraceFormatError
+from traceq.ingest.base import Reader, open_sqlite, table_names
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+NSYS_REPORT_MAGIC = b"NVIDIA Tegra Profiler Re"  # .nsys-rep and .qdrep files
+
+
+def check_file(path: Path) -> None:
+    """Raise unless `path` is a non-empty regular file."""
+    if not path.exists():
+        raise TraceFormatError(f"{path}: no such file")
+    if path.is_dir():
+        raise TraceFormatError(f"{path} is a directory: give a trace file (an nsys SQLite export or an nvprof database)")
+    if path.stat().st_size == 0:
+        raise TraceFormatError(f"{path} is empty (0 bytes), not a trace")
+
+
+def reader_for(path: Path, readers: tuple[Reader, ...]) -> Reader:
+    """The reader for `path`, judged by content, not by name."""
+    check_file(path)
+    with path.open("rb") as f:
+        head = f.read(100)
+    if head.startswith(SQLITE_MAGIC):
+        _check_sqlite_size(path, head)
+        tables = _sqlite_tables(path)
+        for reader in readers:
+            if reader.sniff(tables):
+                return reader
+        if "StringTable" in tables and any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in tables):
+            raise TraceFormatError(f"{path} is an nvprof database, which this traceq cannot read yet")
+        raise TraceFormatError(
+            f"{path} is an SQLite database but not a profiler export (no Nsight Systems or nvprof tables)"
+        )
+    if head.startswith(NSYS_REPORT_MAGIC):
+        hint = "pass --export to let traceq run it" if shutil.which("nsys") else "nsys is not on PATH here"
+        raise TraceFormatError(
+            f"{path} is an Nsight Systems report: export it first with "
+            f"`nsys export --type sqlite {path}` and load the .sqlite ({hint})"
+        )
+    if _looks_like_kineto(path, head):
+        raise TraceFormatError(
+            f"{path} is a PyTorch profiler (Kineto) JSON trace, which traceq does not support yet: "
+            "profile with `nsys profile -t cuda,nvtx` and load its SQLite export"
+        )
+    raise TraceFormatError(
+        f"{path} is not a trace traceq can read: expected an Nsight Systems SQLite export "
+        "(`nsys export --type sqlite`) or an nvprof database"
+    )
+
+
+def _check_sqlite_size(path: Path, head: bytes) -> None:
+    """A file shorter than its header's page count is truncated (SQLite file format §1.3)."""
+    if len(head) < 100:
+        raise TraceFormatError(f"{path} is truncated: shorter than an SQLite header")
+    page_size = int.from_bytes(head[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(head[28:32], "big")
+    counter_ok = head[24:28] == head[92:96]  # the in-header size is valid only when these match
+    size = path.stat().st_size
+    if counter_ok and pages and size < pages * page_size:
+        raise TraceFormatError(
+            f"{path} is truncated: its header says {pages * page_size:,} bytes but the file has "
+            f"{size:,}; copy or export it again"
+        )
+
+
+def _sqlite_tables(path: Path) -> set[str]:
+    try:
+        con = open_sqlite(path)
+        try:
+            tables = table_names(con)
+            con.execute("PRAGMA schema_version").fetchone()
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        raise TraceFormatError(f"{path} is a damaged SQLite file ({e})") from None
+    return tables
+
+
+def _looks_like_kineto(path: Path, head: bytes) -> bool:
+    try:
+        if head[:2] == b"\x1f\x8b":
+            with gzip.open(path, "rb") as f:
+                text = f.read(1 << 16)
+        else:
+            with path.open("rb") as f:
+                text = f.read(1 << 16)
+    except (OSError, EOFError):
+        return False
+    stripped = text.lstrip()
+    return stripped[:1] in (b"{", b"[") and (b"traceEvents" in text or b'"ph"' in text)

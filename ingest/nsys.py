@@ -1,0 +1,381 @@
+"""Nsight Systems SQLite exports (`nsys export --type sqlite`), 2021 to 2026 schemas.
+
+Tables are created lazily by nsys, columns come and go between versions (see
+notes/trace-formats.md §4), so every column is looked up before it is selected and a missing
+optional one becomes NULL. Rows stream through `fetch_batches`; names stay integer ids in
+SQLite and are resolved in Arrow against StringIds.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from traceq.ingest import cupti
+from traceq.ingest.base import (
+    Sink,
+    SourceInfo,
+    Strings,
+    column_names,
+    enum_lookup,
+    fetch_batches,
+    row_estimate,
+    select_list,
+    table_names,
+)
+
+KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+NVTX = "NVTX_EVENTS"
+MEMORY = "CUDA_GPU_MEMORY_USAGE_EVENTS"
+EVENT_TABLES = (KERNEL, RUNTIME, MEMCPY, MEMSET, NVTX, MEMORY)
+
+PID = "{col} / 16777216 % 16777216"  # globalPid / globalTid -> process id (notes §4.1)
+TID = "{col} % 16777216"
+
+NVTX_KIND = {34: "mark", 59: "pushpop", 60: "startend"}
+NVTX_DOMAIN_CREATE = 75
+API_KIND = {0: "runtime", 1: "driver"}
+
+I64, I32, STR = pa.int64(), pa.int32(), pa.string()
+
+
+def _schema(*fields: tuple[str, pa.DataType]) -> pa.Schema:
+    return pa.schema(list(fields))
+
+
+class NsysReader:
+    """Reads an Nsight Systems SQLite export."""
+
+    name: ClassVar[str] = "nsys"
+
+    def sniff(self, tables: set[str]) -> bool:
+        return "StringIds" in tables and (
+            bool(tables & set(EVENT_TABLES))
+            or bool(tables & {"TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU", "META_DATA_EXPORT",
+                              "EXPORT_META_DATA", "TARGET_INFO_SESSION_START_TIME"})
+        )
+
+    def estimate_rows(self, src: sqlite3.Connection) -> int:
+        return row_estimate(src, EVENT_TABLES)
+
+    def read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
+        tables = table_names(src)
+        strings = Strings.from_query(src, "SELECT id, value FROM StringIds")
+        _read_gpus(src, tables, sink)
+        _read_processes(src, tables, strings, sink)
+        if KERNEL in tables:
+            _read_kernels(src, strings, sink)
+        if RUNTIME in tables:
+            _read_api_calls(src, strings, sink)
+        if MEMCPY in tables:
+            _read_memcpy(src, sink)
+        if MEMSET in tables:
+            _read_memset(src, sink)
+        if NVTX in tables:
+            _read_nvtx(src, strings, sink)
+        if MEMORY in tables:
+            _read_memory_events(src, sink)
+        return _source_info(src, tables)
+
+
+def _read_kernels(src: sqlite3.Connection, strings: Strings, sink: Sink) -> None:
+    have = column_names(src, KERNEL)
+    wanted = [
+        ("start_ns", "start", ["start"]),
+        ("end_ns", '"end"', ["end"]),
+        ("device_id", "deviceId", ["deviceId"]),
+        ("context_id", "contextId", ["contextId"]),
+        ("stream_id", "streamId", ["streamId"]),
+        ("correlation_id", "correlationId", ["correlationId"]),
+        ("pid", PID.format(col="globalPid"), ["globalPid"]),
+        ("demangled_id", "demangledName", ["demangledName"]),
+        ("short_id", "shortName", ["shortName"]),
+        ("mangled_id", "mangledName", ["mangledName"]),
+        ("grid_x", "gridX", ["gridX"]), ("grid_y", "gridY", ["gridY"]), ("grid_z", "gridZ", ["gridZ"]),
+        ("block_x", "blockX", ["blockX"]), ("block_y", "blockY", ["blockY"]),
+        ("block_z", "blockZ", ["blockZ"]),
+        ("registers_per_thread", "registersPerThread", ["registersPerThread"]),
+        ("smem_static_bytes", "staticSharedMemory", ["staticSharedMemory"]),
+        ("smem_dynamic_bytes", "dynamicSharedMemory", ["dynamicSharedMemory"]),
+        ("smem_carveout_bytes", "sharedMemoryExecuted", ["sharedMemoryExecuted"]),
+        ("smem_optin", "sharedMemoryLimitConfig", ["sharedMemoryLimitConfig"]),
+        ("local_memory_per_thread_bytes", "localMemoryPerThread", ["localMemoryPerThread"]),
+        ("local_memory_total_bytes", "localMemoryTotal", ["localMemoryTotal"]),
+        ("launch_type", "launchType", ["launchType"]),
+        ("graph_node_id", "NULLIF(graphNodeId, 0)", ["graphNodeId"]),
+    ]
+    schema = _schema(*[(w[0], I64) for w in wanted])
+    sql = f"SELECT {select_list(have, wanted)} FROM {KERNEL}"
+    offset = 0
+    for batch in fetch_batches(src, sql, schema):
+        demangled = strings.lookup(batch["demangled_id"].combine_chunks())
+        short = strings.lookup(batch["short_id"].combine_chunks())
+        mangled = strings.lookup(batch["mangled_id"].combine_chunks())
+        name = pc.coalesce(demangled, short, mangled, pa.scalar("<unnamed kernel>"))
+        dims = {c: batch[c] for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")}
+        out = {
+            "kernel_id": pa.array(range(offset, offset + batch.num_rows), type=I64),
+            "start_ns": batch["start_ns"],
+            "end_ns": batch["end_ns"],
+            "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
+            "device_id": batch["device_id"],
+            "context_id": batch["context_id"],
+            "stream_id": batch["stream_id"],
+            "correlation_id": batch["correlation_id"],
+            "pid": batch["pid"],
+            "name": name,
+            "short_name": pc.coalesce(short, name),
+            "mangled_name": mangled,
+            **dims,
+            "grid_blocks": pc.multiply(pc.multiply(dims["grid_x"], dims["grid_y"]), dims["grid_z"]),
+            "block_threads": pc.multiply(pc.multiply(dims["block_x"], dims["block_y"]), dims["block_z"]),
+            "registers_per_thread": batch["registers_per_thread"],
+            "smem_static_bytes": batch["smem_static_bytes"],
+            "smem_dynamic_bytes": batch["smem_dynamic_bytes"],
+            "smem_carveout_bytes": batch["smem_carveout_bytes"],
+            "smem_optin": pc.equal(batch["smem_optin"], 1),
+            "local_memory_per_thread_bytes": batch["local_memory_per_thread_bytes"],
+            "local_memory_total_bytes": batch["local_memory_total_bytes"],
+            "launch_type": enum_lookup(batch["launch_type"].combine_chunks(), cupti.LAUNCH_TYPE),
+            "graph_node_id": batch["graph_node_id"],
+        }
+        sink.append("kernels", pa.table(out))
+        offset += batch.num_rows
+
+
+def _read_api_calls(src: sqlite3.Connection, strings: Strings, sink: Sink) -> None:
+    have = column_names(src, RUNTIME)
+    wanted = [
+        ("start_ns", "start", ["start"]),
+        ("end_ns", '"end"', ["end"]),
+        ("event_class", "eventClass", ["eventClass"]),
+        ("name_id", "nameId", ["nameId"]),
+        ("correlation_id", "correlationId", ["correlationId"]),
+        ("global_tid", "globalTid", ["globalTid"]),
+        ("return_value", "returnValue", ["returnValue"]),
+    ]
+    schema = _schema(*[(w[0], I64) for w in wanted])
+    for batch in fetch_batches(src, f"SELECT {select_list(have, wanted)} FROM {RUNTIME}", schema):
+        gtid = batch["global_tid"]
+        api = enum_lookup(batch["event_class"].combine_chunks(), API_KIND)
+        sink.append("api_calls", pa.table({
+            "start_ns": batch["start_ns"],
+            "end_ns": batch["end_ns"],
+            "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
+            "api": pc.coalesce(api, pa.scalar("other")),
+            "name": strings.lookup(batch["name_id"].combine_chunks()),
+            "correlation_id": batch["correlation_id"],
+            "pid": _pid(gtid),
+            "tid": _tid(gtid),
+            "global_tid": gtid,
+            "return_value": batch["return_value"],
+        }))
+
+
+def _read_memcpy(src: sqlite3.Connection, sink: Sink) -> None:
+    have = column_names(src, MEMCPY)
+    wanted = [
+        ("start_ns", "start", ["start"]), ("end_ns", '"end"', ["end"]),
+        ("copy_kind", "copyKind", ["copyKind"]), ("src_kind", "srcKind", ["srcKind"]),
+        ("dst_kind", "dstKind", ["dstKind"]), ("bytes", "bytes", ["bytes"]),
+        ("device_id", "deviceId", ["deviceId"]), ("context_id", "contextId", ["contextId"]),
+        ("stream_id", "streamId", ["streamId"]), ("correlation_id", "correlationId", ["correlationId"]),
+        ("pid", PID.format(col="globalPid"), ["globalPid"]),
+    ]
+    schema = _schema(*[(w[0], I64) for w in wanted])
+    for batch in fetch_batches(src, f"SELECT {select_list(have, wanted)} FROM {MEMCPY}", schema):
+        cols = {c: batch[c] for c in batch.column_names}
+        cols["dur_ns"] = pc.subtract(cols["end_ns"], cols["start_ns"])
+        cols["op"] = pa.array(["memcpy"] * batch.num_rows, type=STR)
+        cols["copy_kind"] = enum_lookup(cols["copy_kind"].combine_chunks(), cupti.MEMCPY_KIND)
+        cols["src_kind"] = enum_lookup(cols["src_kind"].combine_chunks(), cupti.MEMORY_KIND)
+        cols["dst_kind"] = enum_lookup(cols["dst_kind"].combine_chunks(), cupti.MEMORY_KIND)
+        sink.append("memops", pa.table(cols))
+
+
+def _read_memset(src: sqlite3.Connection, sink: Sink) -> None:
+    have = column_names(src, MEMSET)
+    wanted = [
+        ("start_ns", "start", ["start"]), ("end_ns", '"end"', ["end"]),
+        ("value", "value", ["value"]), ("bytes", "bytes", ["bytes"]),
+        ("dst_kind", "memKind", ["memKind"]),
+        ("device_id", "deviceId", ["deviceId"]), ("context_id", "contextId", ["contextId"]),
+        ("stream_id", "streamId", ["streamId"]), ("correlation_id", "correlationId", ["correlationId"]),
+        ("pid", PID.format(col="globalPid"), ["globalPid"]),
+    ]
+    schema = _schema(*[(w[0], I64) for w in wanted])
+    for batch in fetch_batches(src, f"SELECT {select_list(have, wanted)} FROM {MEMSET}", schema):
+        cols = {c: batch[c] for c in batch.column_names}
+        cols["dur_ns"] = pc.subtract(cols["end_ns"], cols["start_ns"])
+        cols["op"] = pa.array(["memset"] * batch.num_rows, type=STR)
+        cols["dst_kind"] = enum_lookup(cols["dst_kind"].combine_chunks(), cupti.MEMORY_KIND)
+        sink.append("memops", pa.table(cols))
+
+
+def _read_nvtx(src: sqlite3.Connection, strings: Strings, sink: Sink) -> None:
+    have = column_names(src, NVTX)
+    domains = {}
+    if "domainId" in have:
+        for domain_id, gtid, text, text_id in src.execute(
+            f"SELECT domainId, globalTid, text, {'textId' if 'textId' in have else 'NULL'} "
+            f"FROM {NVTX} WHERE eventType = {NVTX_DOMAIN_CREATE}"
+        ):
+            domains[(domain_id, (gtid or 0) // 16777216 % 16777216)] = text
+    wanted = [
+        ("start_ns", "start", ["start"]),
+        ("end_ns", '"end"', ["end"]),
+        ("event_type", "eventType", ["eventType"]),
+        ("text", "text", ["text"]),
+        ("text_id", "textId", ["textId"]),
+        ("domain_id", "domainId", ["domainId"]),
+        ("category", "category", ["category"]),
+        ("color", "color", ["color"]),
+        ("global_tid", "globalTid", ["globalTid"]),
+        ("end_global_tid", "endGlobalTid", ["endGlobalTid"]),
+    ]
+    types = {"text": STR}
+    schema = _schema(*[(w[0], types.get(w[0], I64)) for w in wanted])
+    kinds = ", ".join(str(k) for k in NVTX_KIND)
+    sql = f"SELECT {select_list(have, wanted)} FROM {NVTX} WHERE eventType IN ({kinds})"
+    for batch in fetch_batches(src, sql, schema):
+        gtid = batch["global_tid"]
+        pid = _pid(gtid)
+        domain = None
+        if domains:
+            domain = pa.array(
+                [domains.get((d, p)) for d, p in zip(batch["domain_id"].to_pylist(), pid.to_pylist())],
+                type=STR,
+            )
+        sink.append("nvtx", pa.table({
+            "start_ns": batch["start_ns"],
+            "end_ns": batch["end_ns"],
+            "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
+            "kind": enum_lookup(batch["event_type"].combine_chunks(), NVTX_KIND),
+            "name": pc.coalesce(batch["text"], strings.lookup(batch["text_id"].combine_chunks())),
+            "domain": domain if domain is not None else pa.nulls(batch.num_rows, STR),
+            "category": batch["category"],
+            "color": batch["color"],
+            "pid": pid,
+            "tid": _tid(gtid),
+            "global_tid": gtid,
+            "end_tid": _tid(batch["end_global_tid"]),
+        }))
+
+
+def _read_memory_events(src: sqlite3.Connection, sink: Sink) -> None:
+    have = column_names(src, MEMORY)
+    wanted = [
+        ("ts_ns", "start", ["start"]),
+        ("op", "memoryOperationType", ["memoryOperationType"]),
+        ("bytes", "bytes", ["bytes"]),
+        ("address", "address", ["address"]),
+        ("mem_kind", "memKind", ["memKind"]),
+        ("device_id", "deviceId", ["deviceId"]), ("context_id", "contextId", ["contextId"]),
+        ("stream_id", "streamId", ["streamId"]), ("correlation_id", "correlationId", ["correlationId"]),
+        ("pid", PID.format(col="globalPid"), ["globalPid"]),
+    ]
+    schema = _schema(*[(w[0], I64) for w in wanted])
+    for batch in fetch_batches(src, f"SELECT {select_list(have, wanted)} FROM {MEMORY}", schema):
+        cols = {c: batch[c] for c in batch.column_names}
+        cols["op"] = enum_lookup(cols["op"].combine_chunks(), cupti.MEMORY_OPERATION)
+        cols["mem_kind"] = enum_lookup(cols["mem_kind"].combine_chunks(), cupti.MEMORY_KIND)
+        cols["address"] = pc.cast(cols["address"], pa.uint64(), safe=False)
+        sink.append("memory_events", pa.table(cols))
+
+
+def _read_gpus(src: sqlite3.Connection, tables: set[str], sink: Sink) -> None:
+    if "TARGET_INFO_GPU" in tables:
+        have = column_names(src, "TARGET_INFO_GPU")
+        wanted = [
+            ("device_id", "id", ["id"]), ("name", "name", ["name"]),
+            ("cc_major", "computeMajor", ["computeMajor"]), ("cc_minor", "computeMinor", ["computeMinor"]),
+            ("sm_count", "smCount", ["smCount"]), ("clock_hz", "clockRate", ["clockRate"]),
+            ("memory_bytes", "totalMemory", ["totalMemory"]),
+            ("memory_bandwidth_bytes_per_s", "memoryBandwidth", ["memoryBandwidth"]),
+            ("l2_cache_bytes", "l2CacheSize", ["l2CacheSize"]),
+            ("threads_per_warp", "threadsPerWarp", ["threadsPerWarp"]),
+            ("max_threads_per_block", "maxThreadsPerBlock", ["maxThreadsPerBlock"]),
+            ("max_warps_per_sm", "maxWarpsPerSm", ["maxWarpsPerSm"]),
+            ("max_blocks_per_sm", "maxBlocksPerSm", ["maxBlocksPerSm"]),
+            ("max_registers_per_sm", "maxRegistersPerSm", ["maxRegistersPerSm"]),
+            ("max_registers_per_block", "maxRegistersPerBlock", ["maxRegistersPerBlock"]),
+            ("max_smem_per_sm_bytes", "maxShmemPerSm", ["maxShmemPerSm"]),
+            ("max_smem_per_block_bytes", "maxShmemPerBlock", ["maxShmemPerBlock"]),
+            ("max_smem_per_block_optin_bytes", "maxShmemPerBlockOptin", ["maxShmemPerBlockOptin"]),
+        ]
+        sql = f"SELECT DISTINCT {select_list(have, wanted)} FROM TARGET_INFO_GPU ORDER BY 1"
+    elif "TARGET_INFO_CUDA_GPU" in tables:
+        have = column_names(src, "TARGET_INFO_CUDA_GPU")
+        # The pre-2021.3 table: CUPTI device-record columns, clock in kHz, memory in MiB and
+        # bandwidth in MB/s (a V100 row reads 1380000, 32510, 947802).
+        wanted = [
+            ("device_id", "deviceId", ["deviceId"]), ("name", "name", ["name"]),
+            ("cc_major", "computeCapabilityMajor", ["computeCapabilityMajor"]),
+            ("cc_minor", "computeCapabilityMinor", ["computeCapabilityMinor"]),
+            ("sm_count", "numMultiprocessors", ["numMultiprocessors"]),
+            ("clock_hz", "coreClockRate * 1000", ["coreClockRate"]),
+            ("memory_bytes", "globalMemorySize * 1048576", ["globalMemorySize"]),
+            ("memory_bandwidth_bytes_per_s", "globalMemoryBandwidth * 1000000", ["globalMemoryBandwidth"]),
+            ("l2_cache_bytes", "l2CacheSize", ["l2CacheSize"]),
+            ("threads_per_warp", "numThreadsPerWarp", ["numThreadsPerWarp"]),
+            ("max_threads_per_block", "maxThreadsPerBlock", ["maxThreadsPerBlock"]),
+            ("max_warps_per_sm", "maxWarpsPerMultiprocessor", ["maxWarpsPerMultiprocessor"]),
+            ("max_blocks_per_sm", "maxBlocksPerMultiprocessor", ["maxBlocksPerMultiprocessor"]),
+            ("max_registers_per_sm", "maxRegistersPerMultiprocessor", ["maxRegistersPerMultiprocessor"]),
+            ("max_registers_per_block", "maxRegistersPerBlock", ["maxRegistersPerBlock"]),
+            ("max_smem_per_sm_bytes", "maxSharedMemoryPerMultiprocessor", ["maxSharedMemoryPerMultiprocessor"]),
+            ("max_smem_per_block_bytes", "maxSharedMemoryPerBlock", ["maxSharedMemoryPerBlock"]),
+            ("max_smem_per_block_optin_bytes", "NULL", []),
+        ]
+        sql = f"SELECT DISTINCT {select_list(have, wanted)} FROM TARGET_INFO_CUDA_GPU ORDER BY 1"
+    else:
+        return
+    types = {"name": STR}
+    schema = _schema(*[(w[0], types.get(w[0], I64)) for w in wanted])
+    for batch in fetch_batches(src, sql, schema):
+        sink.append("gpus", batch)
+
+
+def _read_processes(src: sqlite3.Connection, tables: set[str], strings: Strings, sink: Sink) -> None:
+    if "PROCESSES" in tables:
+        schema = _schema(("pid", I64), ("name", STR))
+        for batch in fetch_batches(src, "SELECT DISTINCT pid, name FROM PROCESSES", schema):
+            sink.append("processes", batch)
+    if "ThreadNames" in tables:
+        schema = _schema(("global_tid", I64), ("name_id", I64))
+        for batch in fetch_batches(src, "SELECT globalTid, nameId FROM ThreadNames", schema):
+            gtid = batch["global_tid"]
+            sink.append("threads", pa.table({
+                "pid": _pid(gtid), "tid": _tid(gtid),
+                "name": strings.lookup(batch["name_id"].combine_chunks()),
+            }))
+
+
+def _source_info(src: sqlite3.Connection, tables: set[str]) -> SourceInfo:
+    meta: dict[str, str] = {}
+    for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
+        if table in tables:
+            meta.update({str(k): str(v) for k, v in src.execute(f"SELECT name, value FROM {table}")})
+    tool = None
+    if "EXPORT_PRODUCT_VERSION" in meta:
+        tool = f"{meta.get('EXPORT_PRODUCT_NAME', 'NVIDIA Nsight Systems')} {meta['EXPORT_PRODUCT_VERSION']}"
+    start = None
+    if "TARGET_INFO_SESSION_START_TIME" in tables:
+        row = src.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
+        start = int(row[0]) if row and row[0] is not None else None
+    return SourceInfo(format="nsys", tool=tool, schema_version=meta.get("EXPORT_SCHEMA_VERSION"),
+                      session_start_utc_ns=start)
+
+
+def _pid(global_id: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return pc.bit_wise_and(pc.shift_right(global_id, 24), 0xFFFFFF)
+
+
+def _tid(global_id: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return pc.bit_wise_and(global_id, 0xFFFFFF)

@@ -1,0 +1,41 @@
+"""Renderers turn analysis DataFrames into text; they never read the store.
+
+`render(frame, fmt, title=...)` returns the text for one of FORMATS. Column names carry units
+(`_ns`, `_bytes`, `pct`), which the table renderer turns into readable units; csv and json keep
+the raw numbers (nanoseconds, bytes).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+import polars as pl
+
+from traceq.render.table import render_table
+from traceq.render.tabular import render_csv, render_json
+
+
+class Format(str, Enum):
+    """Output formats of the tabular commands."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+def format_for(fmt: Format | None, out: Path | None) -> Format:
+    """The format asked for, else the one the output file's suffix implies, else table."""
+    if fmt is not None:
+        return fmt
+    if out is not None and out.suffix.lstrip(".").lower() in Format.__members__:
+        return Format(out.suffix.lstrip(".").lower())
+    return Format.table
+
+
+def render(frame: pl.DataFrame, fmt: Format, *, title: str | None = None, width: int | None = None) -> str:
+    if fmt is Format.csv:
+        return render_csv(frame)
+    if fmt is Format.json:
+        return render_json(frame)
+    return render_table(frame, title=title, width=width)

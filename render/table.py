@@ -1,0 +1,113 @@
+"""Terminal tables with readable units, drawn with rich."""
+
+from __future__ import annotations
+
+import io
+from datetime import datetime
+
+import polars as pl
+from rich.console import Console
+from rich.table import Table
+
+_HEADERS = {
+    "pct": "Time %",
+    "avg_ns": "Avg",
+    "median_ns": "Median",
+    "min_ns": "Min",
+    "max_ns": "Max",
+    "stddev_ns": "StdDev",
+    "total_ns": "Total",
+    "dur_ns": "Duration",
+    "start_ns": "Start",
+    "span_ns": "Span",
+    "trace_id": "ID",
+    "kernel_count": "Kernels",
+    "load_seconds": "Load s",
+    "source_schema_version": "Schema",
+    "device_id": "Device",
+    "stream_id": "Stream",
+    "grid_blocks": "Grid",
+    "block_threads": "Block",
+    "kernel_id": "Kernel #",
+    "gpus": "GPUs",
+}
+
+_WIDE_TEXT = {"name", "source_path", "tool", "gpus"}
+
+
+def header(column: str) -> str:
+    if column in _HEADERS:
+        return _HEADERS[column]
+    base = column.removesuffix("_ns").removesuffix("_bytes")
+    return base.replace("_", " ").capitalize()
+
+
+def format_duration(ns: float | int | None) -> str:
+    """1234 -> '1.234 µs'; picks ns, µs, ms or s so the number stays short."""
+    if ns is None:
+        return ""
+    value = float(ns)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3f} {unit}"
+    return f"{value:.0f} ns"
+
+
+def format_bytes(n: float | int | None) -> str:
+    if n is None:
+        return ""
+    value = float(n)
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def format_cell(column: str, value: object) -> str:
+    if value is None:
+        return ""
+    if column.endswith("_ns"):
+        return format_duration(value)  # type: ignore[arg-type]
+    if column.endswith("_bytes"):
+        return format_bytes(value)  # type: ignore[arg-type]
+    if column == "pct" or column.endswith("_pct"):
+        return f"{float(value):.1f}"  # type: ignore[arg-type]
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, float):
+        return f"{value:.2f}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, int) and not column.endswith("_id") and column not in {"rank"}:
+        return f"{value:,}"
+    return str(value)
+
+
+def render_table(frame: pl.DataFrame, *, title: str | None = None, width: int | None = None) -> str:
+    """A boxed table; numbers right-aligned and never cut; long text (names, paths, tools) cut
+    with an ellipsis so the table fits `width`."""
+    columns = frame.columns
+    cells = {c: [format_cell(c, v) for v in frame.get_column(c).to_list()] for c in columns}
+    table = Table(title=title, title_justify="left", header_style="bold")
+    fits = {c: max([len(header(c)), *(len(v) for v in cells[c])]) for c in columns}
+    narrow = sum(fits[c] for c in columns if c not in _WIDE_TEXT)
+    wide_columns = [c for c in columns if c in _WIDE_TEXT]
+    room = (width or 160) - narrow - 3 * len(columns) - 1  # each column costs 3 border/padding cells
+    for column in columns:
+        fit = fits[column]
+        if column in _WIDE_TEXT:
+            fit = max(12, min(fit, room // max(len(wide_columns), 1)))
+        table.add_column(
+            header(column),
+            justify="right" if frame.schema[column].is_numeric() else "left",
+            overflow="ellipsis",
+            no_wrap=True,
+            width=fit,
+        )
+    for i in range(frame.height):
+        table.add_row(*(cells[c][i] for c in columns))
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width or 160, force_terminal=False, color_system=None,
+                      soft_wrap=False)
+    console.print(table)
+    if frame.is_empty():
+        console.print("(no rows)")
+    return buffer.getvalue()

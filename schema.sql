@@ -1,0 +1,182 @@
+-- The traceq store: one DuckDB file holding many traces.
+--
+-- This file is THE normalized schema, the contract between ingest/ (which writes it) and
+-- analysis/ (which reads it). Every reader fills the same columns whatever the source format.
+-- Units are in column names (_ns nanoseconds, _bytes bytes, _hz hertz); times are on the
+-- trace's own session timeline (nanoseconds since the profiler session began), so
+-- `session_start_utc_ns + start_ns` is the wall-clock time. Every event table carries the
+-- trace_id of the trace it came from.
+--
+-- docs/schema.md is generated from the comments here (`python -m traceq.store --markdown`);
+-- tests/test_schema.py fails when the two drift. Bump SCHEMA_VERSION in store.py whenever a
+-- change here would break an existing store.
+
+-- table traceq_meta: facts about the store itself.
+CREATE TABLE traceq_meta (
+    key VARCHAR PRIMARY KEY,  -- 'schema_version', 'created_by'
+    value VARCHAR             -- the value, as text
+);
+
+-- table traces: one row per loaded trace file.
+CREATE TABLE traces (
+    trace_id INTEGER PRIMARY KEY,    -- small integer, unique in this store
+    name VARCHAR NOT NULL UNIQUE,    -- unique name; the file's stem unless `--name` was given
+    source_path VARCHAR NOT NULL,    -- absolute path of the file at load time
+    sha256 VARCHAR NOT NULL,         -- hex digest of the file's bytes
+    source_bytes BIGINT,             -- file size in bytes
+    format VARCHAR NOT NULL,         -- 'nsys' (Nsight Systems SQLite export) or 'nvprof'
+    tool VARCHAR,                    -- producer, e.g. 'NVIDIA Nsight Systems 2025.3.2.0'; NULL when the file does not say
+    source_schema_version VARCHAR,   -- export schema version (nsys EXPORT_SCHEMA_VERSION, nvprof Version)
+    gpus VARCHAR,                    -- the GPUs that ran kernels, e.g. '2x NVIDIA H200'
+    kernel_count BIGINT,             -- rows in kernels for this trace
+    start_ns BIGINT,                 -- first GPU activity (kernel, memcpy, memset) start
+    end_ns BIGINT,                   -- last GPU activity end
+    span_ns BIGINT,                  -- end_ns - start_ns
+    session_start_utc_ns BIGINT,     -- wall-clock time of the session's time zero, ns since the Unix epoch
+    loaded_at TIMESTAMP,             -- when traceq loaded it (UTC)
+    load_seconds DOUBLE,             -- how long the load took
+    traceq_version VARCHAR           -- the traceq that loaded it
+);
+
+-- table gpus: one row per GPU the trace describes.
+CREATE TABLE gpus (
+    trace_id INTEGER NOT NULL,
+    device_id INTEGER,                     -- the id kernels carry in kernels.device_id
+    name VARCHAR,                          -- 'NVIDIA H200'
+    cc_major INTEGER,                      -- compute capability major
+    cc_minor INTEGER,                      -- compute capability minor
+    sm_count INTEGER,                      -- streaming multiprocessors
+    clock_hz BIGINT,                       -- maximum SM clock
+    memory_bytes BIGINT,                   -- device memory
+    memory_bandwidth_bytes_per_s BIGINT,   -- peak DRAM bandwidth
+    l2_cache_bytes BIGINT,
+    threads_per_warp INTEGER,
+    max_threads_per_block INTEGER,
+    max_warps_per_sm INTEGER,
+    max_blocks_per_sm INTEGER,
+    max_registers_per_sm INTEGER,
+    max_registers_per_block INTEGER,
+    max_smem_per_sm_bytes INTEGER,         -- shared memory an SM can carve out at most
+    max_smem_per_block_bytes INTEGER,      -- without opt-in (48 KiB)
+    max_smem_per_block_optin_bytes INTEGER -- with cudaFuncAttributeMaxDynamicSharedMemorySize; NULL when unknown
+);
+
+-- table kernels: one row per kernel launch that ran on a GPU.
+CREATE TABLE kernels (
+    trace_id INTEGER NOT NULL,
+    kernel_id BIGINT NOT NULL,             -- 0-based, in order of start time within the trace
+    start_ns BIGINT NOT NULL,
+    end_ns BIGINT NOT NULL,
+    dur_ns BIGINT NOT NULL,                -- end_ns - start_ns
+    device_id INTEGER,
+    context_id INTEGER,
+    stream_id INTEGER,
+    correlation_id BIGINT,                 -- links to api_calls.correlation_id within the same pid
+    pid BIGINT,                            -- launching process
+    name VARCHAR NOT NULL,                 -- demangled name, as `nsys stats` shows it
+    short_name VARCHAR NOT NULL,           -- base name without namespace, templates or arguments
+    mangled_name VARCHAR,                  -- raw `_Z...` symbol; NULL when the trace lacks it
+    grid_x INTEGER, grid_y INTEGER, grid_z INTEGER,
+    block_x INTEGER, block_y INTEGER, block_z INTEGER,
+    grid_blocks BIGINT,                    -- grid_x * grid_y * grid_z
+    block_threads INTEGER,                 -- block_x * block_y * block_z
+    registers_per_thread INTEGER,
+    smem_static_bytes INTEGER,             -- static shared memory per block
+    smem_dynamic_bytes INTEGER,            -- dynamic shared memory per block
+    smem_carveout_bytes INTEGER,           -- shared memory per SM the driver configured for the launch (sharedMemoryExecuted); NULL when unknown
+    smem_optin BOOLEAN,                    -- the function opted in to more than 48 KiB per block (sharedMemoryLimitConfig = OPTIN); NULL when unknown
+    local_memory_per_thread_bytes INTEGER,
+    local_memory_total_bytes BIGINT,
+    launch_type VARCHAR,                   -- 'regular', 'cooperative', 'cooperative_multi_device' or NULL
+    graph_node_id BIGINT                   -- CUDA graph node; NULL when not launched from a graph
+);
+
+-- table api_calls: CUDA runtime and driver API calls on the CPU.
+CREATE TABLE api_calls (
+    trace_id INTEGER NOT NULL,
+    start_ns BIGINT NOT NULL,
+    end_ns BIGINT NOT NULL,
+    dur_ns BIGINT NOT NULL,
+    api VARCHAR NOT NULL,                  -- 'runtime', 'driver' or 'other'
+    name VARCHAR,                          -- 'cudaLaunchKernel_v7000', 'cuLaunchKernelEx', ...
+    correlation_id BIGINT,
+    pid BIGINT,                            -- calling process
+    tid BIGINT,                            -- calling thread (operating-system id, unsigned)
+    global_tid BIGINT,                     -- nsys globalTid (hardware, VM, pid and tid packed); NULL for nvprof
+    return_value BIGINT
+);
+
+-- table memops: memory copies and memsets on the GPU.
+CREATE TABLE memops (
+    trace_id INTEGER NOT NULL,
+    start_ns BIGINT NOT NULL,
+    end_ns BIGINT NOT NULL,
+    dur_ns BIGINT NOT NULL,
+    op VARCHAR NOT NULL,                   -- 'memcpy' or 'memset'
+    copy_kind VARCHAR,                     -- memcpy: 'Host-to-Device', 'Device-to-Host', 'Device-to-Device', ... (the words `nsys stats` uses)
+    src_kind VARCHAR,                      -- memcpy: 'Pageable', 'Pinned', 'Device', ...
+    dst_kind VARCHAR,                      -- memcpy: as src_kind; memset: the memory set
+    bytes BIGINT,
+    value INTEGER,                         -- memset: the byte value
+    device_id INTEGER,
+    context_id INTEGER,
+    stream_id INTEGER,
+    correlation_id BIGINT,
+    pid BIGINT
+);
+
+-- table nvtx: NVTX ranges and marks.
+CREATE TABLE nvtx (
+    trace_id INTEGER NOT NULL,
+    start_ns BIGINT NOT NULL,
+    end_ns BIGINT,                         -- NULL for marks
+    dur_ns BIGINT,                         -- NULL for marks
+    kind VARCHAR NOT NULL,                 -- 'pushpop' (per-thread stack), 'startend' (may cross threads) or 'mark'
+    name VARCHAR,                          -- the message text
+    domain VARCHAR,                        -- NVTX domain name; NULL for the default domain
+    category BIGINT,
+    color BIGINT,                          -- ARGB
+    pid BIGINT,
+    tid BIGINT,                            -- thread that opened the range
+    global_tid BIGINT,                     -- nsys globalTid; NULL for nvprof
+    end_tid BIGINT                         -- thread that closed a start/end range
+);
+
+-- table memory_events: device memory allocations and frees (nsys --cuda-memory-usage=true).
+CREATE TABLE memory_events (
+    trace_id INTEGER NOT NULL,
+    ts_ns BIGINT NOT NULL,
+    op VARCHAR NOT NULL,                   -- 'alloc' or 'free'
+    bytes BIGINT,
+    address UBIGINT,
+    mem_kind VARCHAR,                      -- 'Device', 'Managed', 'Pinned', ...
+    device_id INTEGER,
+    context_id INTEGER,
+    stream_id INTEGER,
+    correlation_id BIGINT,
+    pid BIGINT
+);
+
+-- table processes: processes the trace names.
+CREATE TABLE processes (
+    trace_id INTEGER NOT NULL,
+    pid BIGINT,
+    name VARCHAR
+);
+
+-- table threads: threads the trace names.
+CREATE TABLE threads (
+    trace_id INTEGER NOT NULL,
+    pid BIGINT,
+    tid BIGINT,
+    name VARCHAR
+);
+
+-- view kernel_launches: each kernel with the runtime or driver call that launched it, joined on (pid, correlation_id).
+CREATE VIEW kernel_launches AS
+SELECT k.*, a.tid AS launch_tid, a.name AS launch_api, a.start_ns AS launch_start_ns,
+       a.end_ns AS launch_end_ns
+FROM kernels k
+LEFT JOIN api_calls a
+       ON a.trace_id = k.trace_id AND a.pid = k.pid AND a.correlation_id = k.correlation_id
+      AND a.api IN ('runtime', 'driver');

@@ -1,0 +1,221 @@
+"""The DuckDB store: open or create it, check its schema version, wait for its lock.
+
+One store file holds many traces; `schema.sql` defines its tables. Opening for writing takes
+DuckDB's file lock, so a second writer (or a reader while a load runs) waits here, up to
+`lock_timeout` seconds, and then gives up with a one-line StoreError. Nothing is written until a
+caller commits: loads run in one transaction (see traceq.ingest).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
+import duckdb
+
+from traceq.errors import NotFoundError, StoreError
+
+SCHEMA_VERSION = "1"
+DEFAULT_STORE = "traceq.duckdb"
+DEFAULT_LOCK_TIMEOUT_S = 60.0
+
+_LOCK_MESSAGE = re.compile(r"lock", re.IGNORECASE)
+
+
+def default_store_path() -> Path:
+    """`$TRACEQ_DB` when set, else ./traceq.duckdb."""
+    return Path(os.environ.get("TRACEQ_DB") or DEFAULT_STORE)
+
+
+def schema_sql() -> str:
+    """The text of schema.sql as shipped with the package."""
+    return resources.files("traceq").joinpath("schema.sql").read_text(encoding="utf-8")
+
+
+def open_store(
+    path: Path,
+    *,
+    read_only: bool = False,
+    create: bool = False,
+    lock_timeout: float | None = None,
+    on_wait: Callable[[str], None] | None = None,
+) -> duckdb.DuckDBPyConnection:
+    """Open the store at `path`.
+
+    Args:
+        read_only: open without taking the write lock (several readers may share it).
+        create: create the file and its schema when it does not exist.
+        lock_timeout: seconds to wait while another process holds the lock
+            (default `$TRACEQ_LOCK_TIMEOUT` or 60).
+        on_wait: called once with a message when we start waiting for the lock.
+
+    Raises:
+        StoreError: no store there (and not `create`), not a traceq store, an incompatible schema
+            version, or still locked after `lock_timeout`.
+    """
+    path = Path(path)
+    if not path.exists() and not create:
+        raise StoreError(f"no store at {path}: load a trace first with `traceq load TRACE`")
+    if path.is_dir():
+        raise StoreError(f"{path} is a directory, not a traceq store file")
+    if lock_timeout is None:
+        lock_timeout = float(os.environ.get("TRACEQ_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT_S))
+    con = _connect_waiting(path, read_only and path.exists(), lock_timeout, on_wait)
+    try:
+        _ensure_schema(con, path, create=create and not read_only)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _connect_waiting(
+    path: Path, read_only: bool, timeout: float, on_wait: Callable[[str], None] | None
+) -> duckdb.DuckDBPyConnection:
+    deadline = time.monotonic() + timeout
+    announced = False
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only)
+        except duckdb.IOException as e:
+            if not _LOCK_MESSAGE.search(str(e)):
+                raise StoreError(f"{path} cannot be opened as a traceq store: {_first_line(e)}") from None
+            if time.monotonic() >= deadline:
+                raise StoreError(
+                    f"{path} is in use by another traceq process (waited {timeout:g} s); "
+                    "try again when it finishes"
+                ) from None
+            if not announced and on_wait is not None:
+                on_wait(f"waiting for {path}: another traceq process is using it")
+                announced = True
+            time.sleep(0.2)
+        except duckdb.Error as e:
+            raise StoreError(f"{path} cannot be opened as a traceq store: {_first_line(e)}") from None
+
+
+def _ensure_schema(con: duckdb.DuckDBPyConnection, path: Path, *, create: bool) -> None:
+    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    if not tables:
+        if not create:
+            raise StoreError(f"{path} is an empty DuckDB file, not a traceq store")
+        con.execute("BEGIN")
+        con.execute(schema_sql())
+        con.execute(
+            "INSERT INTO traceq_meta VALUES ('schema_version', ?), ('created_by', ?)",
+            [SCHEMA_VERSION, _traceq_version()],
+        )
+        con.execute("COMMIT")
+        return
+    if "traceq_meta" not in tables:
+        raise StoreError(f"{path} is a DuckDB database but not a traceq store (no traceq_meta table)")
+    row = first_row(con, "SELECT value FROM traceq_meta WHERE key = 'schema_version'")
+    found = row[0] if row else "unknown"
+    if found != SCHEMA_VERSION:
+        raise StoreError(
+            f"{path} has store schema {found}, this traceq uses {SCHEMA_VERSION}: "
+            f"delete it (or pass another --db) and re-run `traceq load`"
+        )
+
+
+def first_row(con: duckdb.DuckDBPyConnection, sql: str, params: object = None) -> tuple | None:
+    """The first row of a query, or None; fetches everything so the connection is free again."""
+    rows = con.execute(sql, params).fetchall() if params is not None else con.execute(sql).fetchall()
+    return rows[0] if rows else None
+
+
+def resolve_trace(con: duckdb.DuckDBPyConnection, ref: str | None) -> tuple[int, str]:
+    """The (trace_id, name) that `ref` names: a name, an id, or None for the latest loaded.
+
+    Raises:
+        NotFoundError: the store holds no such trace (the message lists what it holds).
+    """
+    if ref is None:
+        row = first_row(con, "SELECT trace_id, name FROM traces ORDER BY trace_id DESC LIMIT 1")
+        if row is None:
+            raise NotFoundError("the store holds no traces: load one with `traceq load TRACE`")
+        return int(row[0]), str(row[1])
+    row = first_row(con, "SELECT trace_id, name FROM traces WHERE name = ?", [ref])
+    if row is None and ref.isdigit():
+        row = first_row(con, "SELECT trace_id, name FROM traces WHERE trace_id = ?", [int(ref)])
+    if row is None:
+        names = [r[0] for r in con.execute("SELECT name FROM traces ORDER BY trace_id").fetchall()]
+        held = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "") if names else "nothing"
+        raise NotFoundError(f"no trace {ref!r} in the store (it holds: {held})")
+    return int(row[0]), str(row[1])
+
+
+def event_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Every table that carries a trace_id column, the traces table included."""
+    rows = con.execute(
+        "SELECT DISTINCT table_name FROM duckdb_columns() "
+        "WHERE column_name = 'trace_id' AND NOT internal AND table_name IN "
+        "(SELECT table_name FROM duckdb_tables())"
+    ).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def delete_trace(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
+    """Delete every row of one trace (the caller owns the transaction)."""
+    for table in event_tables(con):
+        if table != "traces":
+            con.execute(f'DELETE FROM "{table}" WHERE trace_id = ?', [trace_id])
+    con.execute("DELETE FROM traces WHERE trace_id = ?", [trace_id])
+
+
+def _traceq_version() -> str:
+    from traceq import __version__
+
+    return __version__
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def schema_markdown() -> str:
+    """docs/schema.md, generated from the comments in schema.sql."""
+    out = [
+        "# The traceq store schema",
+        "",
+        "Generated from `schema.sql` by `python -m traceq.store --markdown`; do not edit by hand.",
+        f"Store schema version: {SCHEMA_VERSION}.",
+        "",
+    ]
+    intro: list[str] = []
+    lines = schema_sql().splitlines()
+    i = 0
+    while i < len(lines) and lines[i].startswith("--"):
+        intro.append(lines[i][2:].strip())
+        i += 1
+    out += [" ".join(p.split()) for p in "\n".join(intro).split("\n\n") if p.strip()]
+    out = [out[0], "", *out[1:]]
+    columns = re.compile(r"^\s+(\w+) ([A-Z]+)[^,]*,?\s*(?:--\s*(.*))?$")
+    multi = re.compile(r"^\s+(\w+ [A-Z]+, ?)+\w+ [A-Z]+,?\s*$")
+    for line in lines[i:]:
+        if line.startswith("-- table ") or line.startswith("-- view "):
+            kind, rest = line[3:].split(" ", 1)
+            name, _, what = rest.partition(":")
+            out += ["", f"## {kind} `{name}`", "", what.strip(), ""]
+            if kind == "table":
+                out += ["| column | type | meaning |", "|---|---|---|"]
+        elif multi.match(line):
+            for part in line.strip().rstrip(",").split(","):
+                col, typ = part.split()
+                out.append(f"| `{col}` | {typ} | |")
+        elif m := columns.match(line):
+            if m.group(1) not in {"SELECT", "FROM", "LEFT", "ON", "AND"}:
+                out.append(f"| `{m.group(1)}` | {m.group(2)} | {m.group(3) or ''} |")
+    return "\n".join(out).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["--markdown"]:
+        sys.stdout.write(schema_markdown())
+    else:
+        sys.exit("usage: python -m traceq.store --markdown")
