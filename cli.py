@@ -7,7 +7,7 @@ usage errors exit 2 (typer's convention). Anything else is a bug and shows a tra
 
 from __future__ import annotations
 
-import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -80,10 +80,8 @@ def _emit(text: str, out: Path | None) -> None:
 
 
 def _terminal_width() -> int:
-    try:
-        return max(os.get_terminal_size(sys.stdout.fileno()).columns, 100)
-    except OSError:
-        return 160
+    """The terminal's width ($COLUMNS first), at least 100; 160 when output is not a terminal."""
+    return max(shutil.get_terminal_size(fallback=(160, 24)).columns, 100)
 
 
 class _LazyProgress:
@@ -117,13 +115,18 @@ class _LazyProgress:
             self.bar.stop()
 
 
-@app.callback()
-def _main(
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit")] = False,
-) -> None:
-    if version:
+def _print_version(value: bool) -> None:
+    if value:
         typer.echo(f"traceq {__version__}")
         raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit")] = False,
+) -> None:
+    """Which kernels, libraries and layers a GPU trace spent its time in."""
 
 
 @app.command()
@@ -245,6 +248,45 @@ def rm(
             raise
         con.execute("CHECKPOINT")
         typer.echo(f"removed {trace_name!r} (trace {trace_id})")
+
+
+@app.command()
+def occupancy(
+    cc: Annotated[str, typer.Option("--cc", help="Compute capability, e.g. 9.0", show_default=False)],
+    threads: Annotated[int, typer.Option("--threads", min=1, help="Threads per block", show_default=False)],
+    regs: Annotated[int, typer.Option("--regs", min=0, help="Registers per thread", show_default=False)],
+    smem_static: Annotated[int, typer.Option("--smem-static", min=0, help="Static shared memory per block, bytes")] = 0,
+    smem_dynamic: Annotated[int, typer.Option("--smem-dynamic", min=0, help="Dynamic shared memory per block, bytes")] = 0,
+    carveout: Annotated[Optional[int], typer.Option("--carveout", min=0,
+                        help="Shared memory per SM the driver configured, bytes [default: the maximum]")] = None,
+    opt_in: Annotated[bool, typer.Option("--opt-in", help="The kernel opted in to more than 48 KiB per block")] = False,
+    grid: Annotated[Optional[int], typer.Option("--grid", min=1, help="Blocks in the grid (gives waves and RU)")] = None,
+    sms: Annotated[Optional[int], typer.Option("--sms", min=1, help="SMs on the GPU (needed with --grid)")] = None,
+    fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json")] = Format.table,
+) -> None:
+    """Offline occupancy calculator (like NVIDIA's spreadsheet): blocks per SM, limiter, waves, RU."""
+    import json
+
+    import polars as pl
+
+    from traceq.analysis.gpu_specs import limits_for_cc
+    from traceq.analysis.occupancy import occupancy_dict
+
+    with user_errors():
+        major, _, minor = cc.partition(".")
+        if not (major.isdigit() and minor.isdigit()):
+            raise typer.BadParameter(f"{cc!r} is not a compute capability like 9.0", param_hint="--cc")
+        result = occupancy_dict(threads, regs, limits_for_cc(int(major), int(minor)),
+                                static_smem=smem_static, dynamic_smem=smem_dynamic, carveout=carveout,
+                                opt_in=opt_in, grid_blocks=grid, sms=sms)
+        if fmt is Format.json:
+            typer.echo(json.dumps(result, indent=1))
+            return
+        rows = [(k, ", ".join(v) if isinstance(v, list) else ("" if v is None else
+                 f"{v:.4g}" if isinstance(v, float) else str(v))) for k, v in result.items()]
+        frame = pl.DataFrame(rows, schema=["quantity", "value"], orient="row")
+        typer.echo(render(frame, Format.table, title=f"Occupancy on CC {cc}: {threads} threads, {regs} registers"),
+                   nl=False)
 
 
 def main() -> None:

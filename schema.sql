@@ -8,7 +8,7 @@
 -- trace_id of the trace it came from.
 --
 -- docs/schema.md is generated from the comments here (`python -m traceq.store --markdown`);
--- tests/test_schema.py fails when the two drift. Bump SCHEMA_VERSION in store.py whenever a
+-- tests/test_docs.py fails when the two drift. Bump SCHEMA_VERSION in store.py whenever a
 -- change here would break an existing store.
 
 -- table traceq_meta: facts about the store itself.
@@ -16,6 +16,9 @@ CREATE TABLE traceq_meta (
     key VARCHAR PRIMARY KEY,  -- 'schema_version', 'created_by'
     value VARCHAR             -- the value, as text
 );
+
+-- sequence trace_ids: trace ids are never reused, even after `traceq rm`.
+CREATE SEQUENCE trace_ids START 1;
 
 -- table traces: one row per loaded trace file.
 CREATE TABLE traces (
@@ -64,7 +67,7 @@ CREATE TABLE gpus (
 -- table kernels: one row per kernel launch that ran on a GPU.
 CREATE TABLE kernels (
     trace_id INTEGER NOT NULL,
-    kernel_id BIGINT NOT NULL,             -- 0-based, in order of start time within the trace
+    kernel_id BIGINT NOT NULL,             -- 0-based, in the source file's row order
     start_ns BIGINT NOT NULL,
     end_ns BIGINT NOT NULL,
     dur_ns BIGINT NOT NULL,                -- end_ns - start_ns

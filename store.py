@@ -191,8 +191,9 @@ def schema_markdown() -> str:
     while i < len(lines) and lines[i].startswith("--"):
         intro.append(lines[i][2:].strip())
         i += 1
-    out += [" ".join(p.split()) for p in "\n".join(intro).split("\n\n") if p.strip()]
-    out = [out[0], "", *out[1:]]
+    for paragraph in "\n".join(intro).split("\n\n"):
+        if paragraph.strip():
+            out += [" ".join(paragraph.split()), ""]
     columns = re.compile(r"^\s+(\w+) ([A-Z]+)[^,]*,?\s*(?:--\s*(.*))?$")
     multi = re.compile(r"^\s+(\w+ [A-Z]+, ?)+\w+ [A-Z]+,?\s*$")
     for line in lines[i:]:

@@ -91,7 +91,7 @@ def load_trace(
     try:
         for tid in sorted(stale):
             delete_trace(con, tid)
-        trace_id = int(first_row(con, "SELECT coalesce(max(trace_id), 0) + 1 FROM traces")[0])
+        trace_id = int(first_row(con, "SELECT nextval('trace_ids')")[0])
         total = max(reader.estimate_rows(src), 1)
         done = 0
 

@@ -110,4 +110,4 @@ def render_table(frame: pl.DataFrame, *, title: str | None = None, width: int | 
     console.print(table)
     if frame.is_empty():
         console.print("(no rows)")
-    return buffer.getvalue()
+    return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())

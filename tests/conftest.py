@@ -1,0 +1,67 @@
+"""Shared fixtures: the bundled sample traces, ../shared when present, and loaded stores."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_traces"
+SHARED = ROOT.parent / "shared"
+
+
+def sample(name: str) -> Path:
+    """A file in sample_traces/; fails loudly when it is missing."""
+    path = SAMPLES / name
+    assert path.exists(), f"missing sample trace {path}"
+    return path
+
+
+def shared(*parts: str) -> Path:
+    """A path under ../shared; skips the test when ../shared is not beside the checkout."""
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} is absent: tests on the team's and public real traces skipped")
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent")
+    return path
+
+
+def shared_files(folder: str, pattern: str) -> list[Path]:
+    """Files for parametrizing; an empty list (the test then skips) when ../shared is absent."""
+    base = SHARED / folder
+    return sorted(base.glob(pattern)) if base.is_dir() else []
+
+
+def source_count(path: Path, table: str, where: str = "") -> int:
+    """Rows in a table of an SQLite file, counted independently of traceq (0 when absent)."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if table not in tables:
+            return 0
+        return con.execute(f'SELECT count(*) FROM "{table}" {where}').fetchone()[0]
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="session")
+def sample_store(tmp_path_factory: pytest.TempPathFactory):
+    """A store holding every bundled nsys sample, loaded once for the session (read-only use)."""
+    from traceq.ingest import load_trace
+    from traceq.store import open_store
+
+    db = tmp_path_factory.mktemp("store") / "samples.duckdb"
+    con = open_store(db, create=True)
+    for path in sorted(SAMPLES.glob("*.sqlite")):
+        load_trace(con, path)
+    yield con
+    con.close()
+
+
+def trace_id(con, name: str) -> int:
+    from traceq.store import resolve_trace
+
+    return resolve_trace(con, name)[0]
