@@ -8,6 +8,7 @@ transaction is rolled back, so the store is exactly as it was.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import tempfile
@@ -23,9 +24,10 @@ from traceq.errors import TraceFormatError, TraceqError
 from traceq.ingest.base import Reader, Sink, SourceInfo, open_sqlite
 from traceq.ingest.detect import reader_for
 from traceq.ingest.nsys import NsysReader
+from traceq.ingest.nvprof import NvprofReader
 from traceq.store import delete_trace, first_row
 
-READERS: tuple[Reader, ...] = (NsysReader(),)
+READERS: tuple[Reader, ...] = (NsysReader(), NvprofReader())
 
 
 @dataclass(frozen=True)
@@ -154,12 +156,20 @@ def _record_trace(
 
 
 def export_report(path: Path) -> Path:
-    """Run `nsys export --type sqlite` on an .nsys-rep/.qdrep; returns the .sqlite it wrote."""
+    """Run `nsys export --type sqlite` on an .nsys-rep/.qdrep; returns the .sqlite it wrote.
+
+    The export goes beside the report (as `nsys export` itself does), or to a temporary folder
+    when that folder is not writable; an existing export there is loaded as it is.
+    """
+    out = path.with_suffix(".sqlite")
+    if out.exists():
+        return out
+    if not os.access(path.parent, os.W_OK):
+        out = Path(tempfile.mkdtemp(prefix="traceq-export-")) / out.name
     nsys = shutil.which("nsys")
     if nsys is None:
         raise TraceFormatError(f"{path}: --export needs `nsys` on PATH; export it elsewhere with "
                                f"`nsys export --type sqlite {path}`")
-    out = Path(tempfile.mkdtemp(prefix="traceq-export-")) / (path.stem + ".sqlite")
     done = subprocess.run([nsys, "export", "--type", "sqlite", "--output", str(out), str(path)],
                           capture_output=True, text=True)
     if done.returncode != 0 or not out.exists():

@@ -127,3 +127,47 @@ def test_console_script_and_module_run(tmp_path: Path) -> None:
         cmd = [str(exe), *argv[1:]] if exe else argv
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0 and done.stdout.startswith("traceq "), done.stderr
+
+
+def test_export_runs_nsys_on_a_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--export runs `nsys export --type sqlite` (here a stand-in nsys on PATH) and loads the result."""
+    fake = tmp_path / "bin" / "nsys"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        "# stand-in for: nsys export --type sqlite --output OUT REPORT\n"
+        f'[ "$1 $2 $3" = "export --type sqlite" ] && [ "$4" = "--output" ] || exit 3\n'
+        f'cp "{sample("lenet_b256_cudnn.sqlite")}" "$5"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{__import__('os').environ['PATH']}")
+    report = tmp_path / "run.nsys-rep"
+    report.write_bytes(b"NVIDIA Tegra Profiler Report 2025.3\n" + b"\0" * 100)
+    db = tmp_path / "s.duckdb"
+    refused = runner.invoke(app, ["load", str(report), "--db", str(db)])
+    assert refused.exit_code == 1 and "pass --export to let traceq run it" in refused.stderr
+    result = runner.invoke(app, ["load", str(report), "--export", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert "loaded 'run' (trace 1)" in result.stdout and "260 kernels" in result.stdout
+
+
+def test_progress_bar_appears_on_a_terminal_after_a_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from traceq import cli
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    fake = Tty()
+    monkeypatch.setattr(cli.sys, "stderr", fake)
+    quick = cli._LazyProgress("loading", delay_s=3600)
+    quick(10, 100)
+    assert quick.bar is None  # a fast load shows nothing
+    slow = cli._LazyProgress("loading", delay_s=0)
+    slow(10, 100)
+    slow(100, 100)
+    assert slow.bar is not None and slow.bar.tasks[0].completed == 100
+    slow.close()
+    monkeypatch.setattr(cli.sys, "stderr", io.StringIO())
+    assert cli._LazyProgress("loading", delay_s=0).enabled is False  # not a terminal: no bar
