@@ -131,7 +131,7 @@ def _main(
 
 @app.command()
 def load(
-    paths: Annotated[list[Path], typer.Argument(help="Nsight Systems SQLite exports (nsys export --type sqlite)",
+    paths: Annotated[list[Path], typer.Argument(help="Nsight Systems SQLite exports or nvprof databases",
                                                show_default=False)],
     db: DbOpt = None,
     name: Annotated[Optional[str], typer.Option(help="Name in the store [default: the file's stem]")] = None,

@@ -1,7 +1,7 @@
-"""CUPTI enumeration values shared by nsys exports and nvprof databases.
+"""Enumeration values of Nsight Systems exports (its ENUM_* tables, which some exports lack).
 
-The numbers are CUPTI's (cupti_activity.h); nsys copies them into its ENUM_* tables, which
-some exports lack, so traceq ships them. The labels are the words `nsys stats` prints.
+The memcpy kinds are CUPTI's numbering too; nsys renumbers memory kinds and launch types, so
+nvprof's own CUPTI maps live in ingest/nvprof.py. The labels are the words `nsys stats` prints.
 """
 
 MEMCPY_KIND = {

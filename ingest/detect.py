@@ -39,8 +39,6 @@ def reader_for(path: Path, readers: tuple[Reader, ...]) -> Reader:
         for reader in readers:
             if reader.sniff(tables):
                 return reader
-        if "StringTable" in tables and any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in tables):
-            raise TraceFormatError(f"{path} is an nvprof database, which this traceq cannot read yet")
         raise TraceFormatError(
             f"{path} is an SQLite database but not a profiler export (no Nsight Systems or nvprof tables)"
         )

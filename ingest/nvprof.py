@@ -1,0 +1,524 @@
+"""Legacy nvprof databases (`nvprof -o run.nvvp`, also .sqlite/.prof/.nvprof), Version 8 to 22.
+
+Each table holds CUPTI activity records of one kind, a column per field (notes/trace-formats.md
+§4.11). What this reader decides, checked on the 13 real databases in realtraces/nvprof_sqlite:
+
+- Time: nvprof stores nanoseconds since the Unix epoch. The earliest timestamp among kernels,
+  memcpy/memset, API calls and markers is time zero and `session_start_utc_ns`, so times are
+  session-relative as with nsys. Records with start 0 or end < start are dropped: they are kernels
+  still running when nvprof stopped (start = end = 0 in one qcu file).
+- Kernels: CONCURRENT_KERNEL, plus KERNEL (filled instead with --analysis-metrics or
+  --concurrent-kernels off) less the rows whose (correlationId, deviceId) CONCURRENT_KERNEL also
+  holds, which are the same launches. `name` is a StringTable id of the mangled symbol; cxxfilt
+  demangles each distinct symbol once; unmangled names (cuBLAS's `volta_sgemm_128x64_nn`, PGI's
+  `main_69_gpu`) stay as they are.
+- Processes: GPU records carry no pid. A database holds one process, whose id the API calls and
+  the NAME table give; if a database holds several, each GPU record takes the pid of the API call
+  with its correlationId.
+- API calls: RUNTIME and DRIVER name calls by callback id (`cupti_cbid`); `threadId` is stored
+  signed, so it is masked to 32 bits. It is `pthread_self()` cut to 32 bits, not the OS tid.
+- objectId (MARKER, NAME) is CUPTI's CUpti_ActivityObjectKindId union, 12 bytes: little-endian
+  uint32 processId, uint32 threadId, then 4 bytes of the union's other member (zero in marker
+  rows, left-over bytes in NAME rows). The threadId equals the API calls' masked threadId.
+  PyProf's reading (int32 pid + int64 tid) agrees only while those last 4 bytes are zero.
+- NVTX: a range is a start row (flag 2) and an end row (flag 4) with the same id; marks (flag 1)
+  have no end. CUPTI records nvtxRangePush/Pop and nvtxRangeStart/End alike, so the kind comes
+  from the shape: a range that ends on its own thread, nested inside the ranges still open in its
+  (thread, domain), is 'pushpop'; one that ends on another thread, or ends after the range it
+  opened in, is 'startend'. A start/end pair that happens to nest reads as 'pushpop', which
+  behaves the same. Starts without an end are dropped. `domain` is a StringTable id, 0 for the
+  default domain. MARKER_DATA gives color (ARGB, when its flags say so) and category.
+- Devices: DEVICE clocks are kHz and bandwidth kB/s (cupti_activity.h), stored as Hz and B/s.
+- Enumerations use CUPTI's numbering, which differs from nsys's ENUM tables for memory kinds
+  (CUPTI 0 = unknown, nsys 0 = pageable) and launch types (CUPTI 0 = regular).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+from functools import lru_cache
+from typing import ClassVar
+
+import cxxfilt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from traceq.errors import TraceFormatError
+from traceq.ingest import cupti, cupti_cbid
+from traceq.ingest.base import (
+    Sink,
+    SourceInfo,
+    Strings,
+    column_names,
+    enum_lookup,
+    fetch_batches,
+    row_estimate,
+    select_list,
+    table_names,
+)
+
+_KIND = "CUPTI_ACTIVITY_KIND_"
+CONCURRENT_KERNEL = _KIND + "CONCURRENT_KERNEL"
+KERNEL = _KIND + "KERNEL"
+RUNTIME = _KIND + "RUNTIME"
+DRIVER = _KIND + "DRIVER"
+MEMCPY = _KIND + "MEMCPY"
+MEMCPY2 = _KIND + "MEMCPY2"  # peer-to-peer copies
+MEMSET = _KIND + "MEMSET"
+MARKER = _KIND + "MARKER"
+MARKER_DATA = _KIND + "MARKER_DATA"
+DEVICE = _KIND + "DEVICE"
+NAME = _KIND + "NAME"
+KERNEL_TABLES = (CONCURRENT_KERNEL, KERNEL)
+API_TABLES = {RUNTIME: ("runtime", cupti_cbid.RUNTIME), DRIVER: ("driver", cupti_cbid.DRIVER)}
+SPAN_TABLES = (*KERNEL_TABLES, RUNTIME, DRIVER, MEMCPY, MEMCPY2, MEMSET)
+EVENT_TABLES = (*SPAN_TABLES, MARKER)
+REQUIRED = {t: ("start", "end") for t in SPAN_TABLES} | {MARKER: ("flags", "timestamp", "id")}
+VALID = 'start > 0 AND "end" >= start'
+
+# cupti_activity.h enumerations.
+MEMORY_KIND = {0: "Unknown", 1: "Pageable", 2: "Pinned", 3: "Device", 4: "Array", 5: "Managed",
+               6: "Device Static", 7: "Managed Static"}
+LAUNCH_TYPE = {0: "regular", 1: "cooperative", 2: "cooperative_multi_device"}
+OBJECT_PROCESS, OBJECT_THREAD = 1, 2
+MARKER_INSTANT, MARKER_START, MARKER_END = 1, 2, 4
+MARKER_COLOR_ARGB = 2
+SHMEM_LIMIT_OPTIN = 1
+
+I64, STR, BIN = pa.int64(), pa.string(), pa.binary()
+
+
+class NvprofReader:
+    """Reads an nvprof database."""
+
+    name: ClassVar[str] = "nvprof"
+
+    def sniff(self, tables: set[str]) -> bool:
+        return "StringTable" in tables and any(t.startswith(_KIND) for t in tables)
+
+    def estimate_rows(self, src: sqlite3.Connection) -> int:
+        return row_estimate(src, EVENT_TABLES)
+
+    def read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
+        try:
+            return _read(src, sink)
+        except sqlite3.DatabaseError as e:
+            raise TraceFormatError(f"the SQLite file is damaged or truncated ({e})") from None
+
+
+def _read(src: sqlite3.Connection, sink: Sink) -> SourceInfo:
+    tables = table_names(src)
+    _check_columns(src, tables)
+    t0 = _time_zero(src, tables)
+    # _id_ 0 is the '-- null --' placeholder: no name, the default NVTX domain.
+    strings = Strings.from_query(src, "SELECT _id_, value FROM StringTable WHERE _id_ > 0")
+    pid = _pid_sql(src, tables)
+    if DEVICE in tables:
+        _read_gpus(src, strings, sink)
+    if NAME in tables:
+        _read_names(src, strings, sink)
+    _read_kernels(src, tables, strings, t0, pid, sink)
+    for table in API_TABLES:
+        if table in tables:
+            _read_api_calls(src, table, t0, sink)
+    for table in (MEMCPY, MEMCPY2, MEMSET):
+        if table in tables:
+            _read_memops(src, table, t0, pid, sink)
+    if MARKER in tables:
+        _read_nvtx(src, tables, strings, t0, sink)
+    version = None
+    if "Version" in tables:
+        row = src.execute("SELECT * FROM Version LIMIT 1").fetchone()
+        version = str(row[0]) if row else None
+    return SourceInfo(format="nvprof", schema_version=version,
+                      session_start_utc_ns=t0 or None)
+
+
+def _check_columns(src: sqlite3.Connection, tables: set[str]) -> None:
+    for table, needed in REQUIRED.items():
+        if table in tables:
+            missing = [c for c in needed if c not in column_names(src, table)]
+            if missing:
+                raise TraceFormatError(f"{table} lacks column {', '.join(missing)}: not an nvprof database "
+                                       "traceq understands")
+
+
+def _time_zero(src: sqlite3.Connection, tables: set[str]) -> int:
+    """The earliest event timestamp (ns since the epoch), or 0 when there are no events."""
+    parts = [f'SELECT min(start) AS t FROM "{t}" WHERE {VALID}' for t in SPAN_TABLES if t in tables]
+    if MARKER in tables:
+        parts.append(f"SELECT min(timestamp) AS t FROM {MARKER} WHERE timestamp > 0")
+    if not parts:
+        return 0
+    row = src.execute(f"SELECT min(t) FROM ({' UNION ALL '.join(parts)})").fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def _pid_sql(src: sqlite3.Connection, tables: set[str]) -> str:
+    """SQL for the pid of a GPU record `x`: the one process, or its API call's when several."""
+    pids: set[int] = set()
+    for table in API_TABLES:
+        if table in tables:
+            pids |= {int(r[0]) for r in src.execute(f"SELECT DISTINCT processId FROM {table}") if r[0] is not None}
+    if NAME in tables:
+        for kind, obj in src.execute(f"SELECT objectKind, objectId FROM {NAME}"):
+            if kind == OBJECT_PROCESS and isinstance(obj, bytes) and len(obj) >= 4:
+                pids.add(int.from_bytes(obj[:4], "little"))
+    if len(pids) <= 1:
+        return str(pids.pop()) if pids else "NULL"
+    lookups = [f"(SELECT processId FROM {t} a WHERE a.correlationId = x.correlationId LIMIT 1)"
+               for t in API_TABLES if t in tables]
+    return f"coalesce({', '.join(lookups)}, NULL)"
+
+
+def _read_kernels(src: sqlite3.Connection, tables: set[str], strings: Strings, t0: int, pid: str,
+                  sink: Sink) -> None:
+    present = [t for t in KERNEL_TABLES if t in tables]
+    if not present:
+        return
+    selects = []
+    for table in present:
+        have = column_names(src, table)
+        total = "coalesce(localMemoryTotal_v2, localMemoryTotal)" if "localMemoryTotal_v2" in have \
+            else "localMemoryTotal"
+        wanted = [
+            ("start_ns", f"start - {t0}", ["start"]),
+            ("end_ns", f'"end" - {t0}', ["end"]),
+            ("device_id", "deviceId", ["deviceId"]),
+            ("context_id", "contextId", ["contextId"]),
+            ("stream_id", "streamId", ["streamId"]),
+            ("correlation_id", "correlationId", ["correlationId"]),
+            ("pid", pid, ["correlationId"]),
+            ("name_id", "name", ["name"]),
+            ("grid_x", "gridX", ["gridX"]), ("grid_y", "gridY", ["gridY"]), ("grid_z", "gridZ", ["gridZ"]),
+            ("block_x", "blockX", ["blockX"]), ("block_y", "blockY", ["blockY"]),
+            ("block_z", "blockZ", ["blockZ"]),
+            ("registers_per_thread", "registersPerThread", ["registersPerThread"]),
+            ("smem_static_bytes", "staticSharedMemory", ["staticSharedMemory"]),
+            ("smem_dynamic_bytes", "dynamicSharedMemory", ["dynamicSharedMemory"]),
+            ("smem_carveout_bytes", "sharedMemoryExecuted", ["sharedMemoryExecuted"]),
+            ("smem_optin", "shmemLimitConfig", ["shmemLimitConfig"]),
+            ("local_memory_per_thread_bytes", "localMemoryPerThread", ["localMemoryPerThread"]),
+            ("local_memory_total_bytes", total, ["localMemoryTotal"]),
+            ("launch_type", "launchType", ["launchType"]),
+            ("graph_node_id", "NULLIF(graphNodeId, 0)", ["graphNodeId"]),
+        ]
+        where = VALID
+        if table == KERNEL and CONCURRENT_KERNEL in tables:
+            where += (f" AND NOT EXISTS (SELECT 1 FROM {CONCURRENT_KERNEL} c "
+                      "WHERE c.correlationId = x.correlationId AND c.deviceId = x.deviceId)")
+        selects.append(f"SELECT {select_list(have, wanted)} FROM {table} x WHERE {where}")
+    names = _kernel_names(src, present, strings)
+    schema = pa.schema([(w[0], I64) for w in wanted])
+    offset = 0
+    for batch in fetch_batches(src, " UNION ALL ".join(selects), schema):
+        ids = batch["name_id"].combine_chunks()
+        mangled = strings.lookup(ids)
+        name = pc.coalesce(names.demangled.lookup(ids), mangled, pa.scalar("<unnamed kernel>"))
+        dims = {c: batch[c] for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")}
+        sink.append("kernels", pa.table({
+            "kernel_id": pa.array(range(offset, offset + batch.num_rows), type=I64),
+            "start_ns": batch["start_ns"],
+            "end_ns": batch["end_ns"],
+            "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
+            "device_id": batch["device_id"],
+            "context_id": batch["context_id"],
+            "stream_id": batch["stream_id"],
+            "correlation_id": batch["correlation_id"],
+            "pid": batch["pid"],
+            "name": name,
+            "short_name": pc.coalesce(names.short.lookup(ids), name),
+            "mangled_name": mangled,
+            **dims,
+            "grid_blocks": pc.multiply(pc.multiply(dims["grid_x"], dims["grid_y"]), dims["grid_z"]),
+            "block_threads": pc.multiply(pc.multiply(dims["block_x"], dims["block_y"]), dims["block_z"]),
+            "registers_per_thread": batch["registers_per_thread"],
+            "smem_static_bytes": batch["smem_static_bytes"],
+            "smem_dynamic_bytes": batch["smem_dynamic_bytes"],
+            "smem_carveout_bytes": batch["smem_carveout_bytes"],
+            "smem_optin": pc.equal(batch["smem_optin"], SHMEM_LIMIT_OPTIN),
+            "local_memory_per_thread_bytes": batch["local_memory_per_thread_bytes"],
+            "local_memory_total_bytes": batch["local_memory_total_bytes"],
+            "launch_type": enum_lookup(batch["launch_type"].combine_chunks(), LAUNCH_TYPE),
+            "graph_node_id": batch["graph_node_id"],
+        }))
+        offset += batch.num_rows
+
+
+class _KernelNames:
+    """Demangled and short names for the StringTable ids kernels use."""
+
+    def __init__(self, ids: list[int], symbols: list[str | None]):
+        pairs = [demangle(s) if s is not None else (None, None) for s in symbols]
+        self.demangled = Strings(ids, [p[0] for p in pairs])
+        self.short = Strings(ids, [p[1] for p in pairs])
+
+
+def _kernel_names(src: sqlite3.Connection, tables: Iterable[str], strings: Strings) -> _KernelNames:
+    ids: set[int] = set()
+    for table in tables:
+        ids |= {int(r[0]) for r in src.execute(f"SELECT DISTINCT name FROM {table}") if r[0] is not None}
+    ordered = sorted(ids)
+    return _KernelNames(ordered, strings.lookup(pa.array(ordered, type=I64)).to_pylist())
+
+
+@lru_cache(maxsize=1 << 16)
+def demangle(symbol: str) -> tuple[str, str]:
+    """(demangled name, short name) of a kernel symbol.
+
+    The short name is the function's own name without namespaces, template arguments or
+    parameters, like nsys's shortName. Names that are not mangled C++ come back unchanged.
+    """
+    if not symbol.startswith("_Z"):
+        return symbol, symbol
+    try:
+        full = cxxfilt.demangle(symbol, external_only=False)
+    except cxxfilt.InvalidName:
+        return symbol, symbol
+    return full, base_name(full) or full
+
+
+_OPEN, _CLOSE = "<([{", ">)]}"
+
+
+def base_name(demangled: str) -> str:
+    """'void ns::kernel<int, 4>(float*, int) const' -> 'kernel', from cxxfilt's output.
+
+    Brackets are masked out first, so '::', spaces and parentheses inside template arguments
+    (lambdas, function types) are not mistaken for the name's own.
+    """
+    mask = _mask(demangled)
+    head = len(demangled)
+    args = mask.rfind("(")
+    if args > 0 and "::" not in mask[args:]:  # the last top-level (...) is the parameter list
+        head = args
+    while head and mask[head - 1] == " ":
+        head -= 1
+    if head and mask[head - 1] == ">":  # template arguments of the function itself
+        head = mask.rfind("<", 0, head)
+    scope = mask.rfind("::", 0, head)
+    start = max(scope + 2 if scope >= 0 else 0, mask.rfind(" ", 0, head) + 1)
+    return demangled[start:head].strip()
+
+
+def _mask(text: str) -> str:
+    """`text` with everything inside brackets blanked, keeping the outermost brackets in place."""
+    out, depth = list(text), 0
+    for i, ch in enumerate(text):
+        if ch in "<>" and text[:i].rstrip("<>=").endswith("operator"):
+            bracket = False  # operator<, operator>>, ...
+        else:
+            bracket = ch in _OPEN or (ch in _CLOSE and depth > 0 and text[i - 1 : i] + ch != "->")
+        if bracket and ch in _OPEN:
+            depth += 1
+            if depth > 1:
+                out[i] = " "
+        elif bracket:
+            depth -= 1
+            if depth:
+                out[i] = " "
+        elif depth:
+            out[i] = " "
+    return "".join(out)
+
+
+def _read_api_calls(src: sqlite3.Connection, table: str, t0: int, sink: Sink) -> None:
+    api, names = API_TABLES[table]
+    wanted = [
+        ("start_ns", f"start - {t0}", ["start"]),
+        ("end_ns", f'"end" - {t0}', ["end"]),
+        ("cbid", "cbid", ["cbid"]),
+        ("correlation_id", "correlationId", ["correlationId"]),
+        ("pid", "processId", ["processId"]),
+        ("tid", "threadId & 4294967295", ["threadId"]),
+        ("return_value", "returnValue", ["returnValue"]),
+    ]
+    sql = f"SELECT {select_list(column_names(src, table), wanted)} FROM {table} WHERE {VALID}"
+    for batch in fetch_batches(src, sql, pa.schema([(w[0], I64) for w in wanted])):
+        cbid = batch["cbid"].combine_chunks()
+        unknown = pc.binary_join_element_wise("cbid_", pc.cast(cbid, STR), "")
+        sink.append("api_calls", pa.table({
+            "start_ns": batch["start_ns"],
+            "end_ns": batch["end_ns"],
+            "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
+            "api": pa.array([api] * batch.num_rows, type=STR),
+            "name": pc.coalesce(enum_lookup(cbid, names), unknown),
+            "correlation_id": batch["correlation_id"],
+            "pid": batch["pid"],
+            "tid": batch["tid"],
+            "return_value": batch["return_value"],
+        }))
+
+
+def _read_memops(src: sqlite3.Connection, table: str, t0: int, pid: str, sink: Sink) -> None:
+    have = column_names(src, table)
+    wanted = [
+        ("start_ns", f"start - {t0}", ["start"]),
+        ("end_ns", f'"end" - {t0}', ["end"]),
+        ("bytes", "bytes", ["bytes"]),
+        ("device_id", "deviceId", ["deviceId"]),
+        ("context_id", "contextId", ["contextId"]),
+        ("stream_id", "streamId", ["streamId"]),
+        ("correlation_id", "correlationId", ["correlationId"]),
+        ("pid", pid, ["correlationId"]),
+    ]
+    if table == MEMSET:
+        op = "memset"
+        wanted += [("value", "value", ["value"]), ("dst_kind", "memoryKind", ["memoryKind"])]
+    else:
+        op = "memcpy"
+        wanted += [("copy_kind", "copyKind", ["copyKind"]), ("src_kind", "srcKind", ["srcKind"]),
+                   ("dst_kind", "dstKind", ["dstKind"])]
+    sql = f"SELECT {select_list(have, wanted)} FROM {table} x WHERE {VALID}"
+    for batch in fetch_batches(src, sql, pa.schema([(w[0], I64) for w in wanted])):
+        cols = {c: batch[c] for c in batch.column_names}
+        cols["dur_ns"] = pc.subtract(cols["end_ns"], cols["start_ns"])
+        cols["op"] = pa.array([op] * batch.num_rows, type=STR)
+        for kind in ("src_kind", "dst_kind"):
+            if kind in cols:
+                cols[kind] = enum_lookup(cols[kind].combine_chunks(), MEMORY_KIND)
+        if "copy_kind" in cols:
+            cols["copy_kind"] = enum_lookup(cols["copy_kind"].combine_chunks(), cupti.MEMCPY_KIND)
+        sink.append("memops", pa.table(cols))
+
+
+def _read_nvtx(src: sqlite3.Connection, tables: set[str], strings: Strings, t0: int, sink: Sink) -> None:
+    have = column_names(src, MARKER)
+    domain = "s.domain" if "domain" in have else "NULL"
+    data_join, data_cols = "", "NULL, NULL, NULL"
+    if MARKER_DATA in tables and {"id", "flags", "color", "category"} <= column_names(src, MARKER_DATA):
+        data_join = (f"LEFT JOIN (SELECT id, flags, color, category FROM {MARKER_DATA} GROUP BY id) d "
+                     "ON d.id = s.id")
+        data_cols = "d.flags, d.color, d.category"
+    schema = pa.schema([("start_ns", I64), ("end_ns", I64), ("name_id", I64), ("domain_id", I64),
+                        ("kind", I64), ("object", BIN), ("end_kind", I64), ("end_object", BIN),
+                        ("start_row", I64), ("end_row", I64),
+                        ("data_flags", I64), ("color", I64), ("category", I64)])
+    ranges = f"""
+        SELECT s.timestamp - {t0}, e.timestamp - {t0}, s.name, {domain}, s.objectKind, s.objectId,
+               e.objectKind, e.objectId, s._id_, e._id_, {data_cols}
+        FROM {MARKER} s
+        JOIN {MARKER} e ON e.id = s.id AND (e.flags & {MARKER_END}) != 0 AND e.timestamp >= s.timestamp
+        {data_join}
+        WHERE (s.flags & {MARKER_START}) != 0 AND s.timestamp > 0
+        ORDER BY substr(s.objectId, 1, 8), {domain}, s.timestamp, s._id_"""
+    nesting = _Nesting()
+    for batch in fetch_batches(src, ranges, schema):
+        sink.append("nvtx", _nvtx_table(batch, strings, nesting), source_rows=2 * batch.num_rows)
+    marks = f"""
+        SELECT s.timestamp - {t0}, NULL, s.name, {domain}, s.objectKind, s.objectId,
+               NULL, NULL, s._id_, NULL, {data_cols}
+        FROM {MARKER} s {data_join}
+        WHERE (s.flags & {MARKER_INSTANT}) != 0 AND s.timestamp > 0"""
+    for batch in fetch_batches(src, marks, schema):
+        sink.append("nvtx", _nvtx_table(batch, strings, None))
+
+
+class _Nesting:
+    """Tells push/pop ranges from start/end ones, fed ranges by (thread, domain, start)."""
+
+    def __init__(self) -> None:
+        self.group: tuple[object, ...] | None = None
+        self.open_ends: list[tuple[int, int]] = []  # (end time, end row) of enclosing push ranges
+
+    def kind(self, group: tuple[object, ...], start: tuple[int, int], end: tuple[int, int],
+             same_thread: bool) -> str:
+        if group != self.group:
+            self.group, self.open_ends = group, []
+        while self.open_ends and self.open_ends[-1] <= start:
+            self.open_ends.pop()
+        if same_thread and (not self.open_ends or end <= self.open_ends[-1]):
+            self.open_ends.append(end)
+            return "pushpop"
+        return "startend"
+
+
+def _object_ids(objects: list[bytes | None], kinds: list[int | None]) -> tuple[list[int | None], list[int | None]]:
+    """(pids, tids) from CUpti_ActivityObjectKindId blobs; see the module docstring."""
+    pids: list[int | None] = []
+    tids: list[int | None] = []
+    for obj, kind in zip(objects, kinds):
+        ok = isinstance(obj, bytes) and len(obj) >= 8
+        pids.append(int.from_bytes(obj[:4], "little") if ok and kind in (OBJECT_PROCESS, OBJECT_THREAD) else None)
+        tids.append(int.from_bytes(obj[4:8], "little") if ok and kind == OBJECT_THREAD else None)
+    return pids, tids
+
+
+def _nvtx_table(batch: pa.Table, strings: Strings, nesting: _Nesting | None) -> pa.Table:
+    pids, tids = _object_ids(batch["object"].to_pylist(), batch["kind"].to_pylist())
+    n = batch.num_rows
+    if nesting is None:
+        kinds = ["mark"] * n
+        end_tids: list[int | None] = [None] * n
+    else:
+        _, ends = _object_ids(batch["end_object"].to_pylist(), batch["end_kind"].to_pylist())
+        kinds, end_tids = [], []
+        rows = zip(pids, tids, ends, batch["domain_id"].to_pylist(), batch["start_ns"].to_pylist(),
+                   batch["start_row"].to_pylist(), batch["end_ns"].to_pylist(), batch["end_row"].to_pylist())
+        for pid, tid, end_tid, dom, start, start_row, end, end_row in rows:
+            kind = nesting.kind((pid, tid, dom), (start, start_row), (end, end_row),
+                                tid is not None and tid == end_tid)
+            kinds.append(kind)
+            end_tids.append(end_tid if kind == "startend" else None)
+    argb = pc.equal(pc.bit_wise_and(batch["data_flags"], MARKER_COLOR_ARGB), MARKER_COLOR_ARGB)
+    color = pc.if_else(argb, pc.bit_wise_and(batch["color"], 0xFFFFFFFF), pa.scalar(None, type=I64))
+    category = batch["category"]
+    return pa.table({
+        "start_ns": batch["start_ns"],
+        "end_ns": batch["end_ns"],
+        "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
+        "kind": pa.array(kinds, type=STR),
+        "name": strings.lookup(batch["name_id"].combine_chunks()),
+        "domain": strings.lookup(batch["domain_id"].combine_chunks()),
+        "category": pc.if_else(pc.equal(category, 0), pa.scalar(None, type=I64), category),
+        "color": color,
+        "pid": pa.array(pids, type=I64),
+        "tid": pa.array(tids, type=I64),
+        "end_tid": pa.array(end_tids, type=I64),
+    })
+
+
+def _read_gpus(src: sqlite3.Connection, strings: Strings, sink: Sink) -> None:
+    wanted = [
+        ("device_id", "id", ["id"]),
+        ("name_id", "name", ["name"]),
+        ("cc_major", "computeCapabilityMajor", ["computeCapabilityMajor"]),
+        ("cc_minor", "computeCapabilityMinor", ["computeCapabilityMinor"]),
+        ("sm_count", "numMultiprocessors", ["numMultiprocessors"]),
+        ("clock_hz", "coreClockRate * 1000", ["coreClockRate"]),  # kHz
+        ("memory_bytes", "globalMemorySize", ["globalMemorySize"]),
+        ("memory_bandwidth_bytes_per_s", "globalMemoryBandwidth * 1000", ["globalMemoryBandwidth"]),  # kB/s
+        ("l2_cache_bytes", "l2CacheSize", ["l2CacheSize"]),
+        ("threads_per_warp", "numThreadsPerWarp", ["numThreadsPerWarp"]),
+        ("max_threads_per_block", "maxThreadsPerBlock", ["maxThreadsPerBlock"]),
+        ("max_warps_per_sm", "maxWarpsPerMultiprocessor", ["maxWarpsPerMultiprocessor"]),
+        ("max_blocks_per_sm", "maxBlocksPerMultiprocessor", ["maxBlocksPerMultiprocessor"]),
+        ("max_registers_per_sm", "maxRegistersPerMultiprocessor", ["maxRegistersPerMultiprocessor"]),
+        ("max_registers_per_block", "maxRegistersPerBlock", ["maxRegistersPerBlock"]),
+        ("max_smem_per_sm_bytes", "maxSharedMemoryPerMultiprocessor", ["maxSharedMemoryPerMultiprocessor"]),
+        ("max_smem_per_block_bytes", "maxSharedMemoryPerBlock", ["maxSharedMemoryPerBlock"]),
+    ]
+    sql = f"SELECT DISTINCT {select_list(column_names(src, DEVICE), wanted)} FROM {DEVICE} ORDER BY 1"
+    for batch in fetch_batches(src, sql, pa.schema([(w[0], I64) for w in wanted])):
+        cols = {c: batch[c] for c in batch.column_names if c != "name_id"}
+        cols["name"] = strings.lookup(batch["name_id"].combine_chunks())
+        sink.append("gpus", pa.table(cols))
+
+
+def _read_names(src: sqlite3.Connection, strings: Strings, sink: Sink) -> None:
+    """Process command lines and thread names from the NAME table (a handful of rows)."""
+    rows = src.execute(f"SELECT objectKind, objectId, name FROM {NAME} WHERE objectKind IN (?, ?)",
+                       [OBJECT_PROCESS, OBJECT_THREAD]).fetchall()
+    kinds = [r[0] for r in rows]
+    pids, tids = _object_ids([r[1] for r in rows], kinds)
+    names = strings.lookup(pa.array([r[2] for r in rows], type=I64)).to_pylist()
+    procs = [(p, n) for k, p, n in zip(kinds, pids, names) if k == OBJECT_PROCESS]
+    threads = [(p, t, n) for k, p, t, n in zip(kinds, pids, tids, names) if k == OBJECT_THREAD]
+    if procs:
+        sink.append("processes", pa.table({"pid": pa.array([p for p, _ in procs], type=I64),
+                                           "name": pa.array([n for _, n in procs], type=STR)}))
+    if threads:
+        sink.append("threads", pa.table({"pid": pa.array([p for p, _, _ in threads], type=I64),
+                                         "tid": pa.array([t for _, t, _ in threads], type=I64),
+                                         "name": pa.array([n for _, _, n in threads], type=STR)}))
