@@ -1,0 +1,215 @@
+"""Kernel classification by name: which library a kernel came from, what it computes, and how.
+
+The rules are data: `kernel_rules.toml` in this package, optionally preceded by a user rules
+file in the same format (so the user's rules win). The file has one ordered list per question
+(`[[library]]`, `[[operation]]`, `[[direction]]`, `[[algorithm]]`, `[[collective]]`,
+`[[gemm_variant]]`, `[[tensor_cores]]`), and each question is answered by the first rule of its
+list whose regex matches. A rule is a table with
+
+    match = 'regex'          # or a list of regexes, any of which may match; Python `re`
+                             # syntax, searched (not anchored) in the name
+    value = "label"          # what the rule answers (true/false for tensor_cores); when
+                             # absent, the regex's first capture group, lowercased
+    field = "mangled"        # optional: search the mangled name instead of the demangled one
+
+Names are classified one distinct name at a time: traces hold millions of launches of a few
+hundred distinct kernels, so `classify_names` works on the distinct names only.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterable, Iterator
+from dataclasses import astuple, dataclass, fields
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import polars as pl
+
+from traceq.errors import TraceqError
+
+QUESTIONS = ("library", "operation", "direction", "algorithm", "collective", "gemm_variant",
+             "tensor_cores")
+RULE_KEYS = ("match", "value", "field")
+FIELDS = ("name", "mangled")
+
+
+@dataclass(frozen=True)
+class Classification:
+    """What a kernel's name says about it; None where the name does not tell."""
+
+    name: str
+    library: str = "other"  # "custom": application code; "other": no rule recognised it
+    operation: str = "other"
+    direction: str | None = None  # convolutions: forward, data_gradient, weight_gradient
+    algorithm: str | None = None  # convolutions: implicit_gemm, winograd, fft, gemm
+    collective: str | None = None  # all_reduce, broadcast, all_gather, send_recv
+    gemm_variant: str | None = None  # operand transposes: nn, nt, tn, tt
+    tensor_cores: bool = False
+
+
+SCHEMA = {f.name: (pl.Boolean if f.name == "tensor_cores" else pl.String)
+          for f in fields(Classification)}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One compiled rule: regexes over one name field and the answer they give."""
+
+    patterns: tuple[re.Pattern[str], ...]  # the rule matches when any of them does
+    value: str | bool | None  # None: the first capture group, lowercased
+    field: str  # "name" or "mangled"
+    where: str  # "<file>: [[library]] rule 3", for explanations and error messages
+
+    def answer(self, name: str, mangled: str | None) -> str | bool | None:
+        """The rule's answer for this kernel, or None when it does not match."""
+        text = mangled if self.field == "mangled" else name
+        if not text:
+            return None
+        for pattern in self.patterns:
+            found = pattern.search(text)
+            if found is None:
+                continue
+            if self.value is not None:
+                return self.value
+            if found.group(1):
+                return found.group(1).lower()
+        return None
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """Ordered rule lists, one per question, ready to classify names."""
+
+    rules: dict[str, tuple[Rule, ...]]
+
+    def classify(self, name: str, mangled: str | None = None) -> Classification:
+        """Answer every question with the first matching rule of its list."""
+        answers = {question: answer for question, (answer, _) in self._decide(name, mangled)}
+        return Classification(name, **answers)  # type: ignore[arg-type]
+
+    def explain(self, name: str, mangled: str | None = None) -> dict[str, str]:
+        """Which rule answered each question, e.g. {"library": "...: [[library]] rule 7"};
+        questions that no rule answered are left out."""
+        return {question: rule.where for question, (_, rule) in self._decide(name, mangled)}
+
+    def _decide(self, name: str, mangled: str | None
+                ) -> Iterator[tuple[str, tuple[str | bool, Rule]]]:
+        if mangled is None and name.startswith("_Z"):
+            mangled = name  # some Kineto traces record only the mangled name
+        for question, rules in self.rules.items():
+            for rule in rules:
+                answer = rule.answer(name, mangled)
+                if answer is not None:
+                    yield question, (answer, rule)
+                    break
+
+
+def _parse_rules(text: str, source: str) -> dict[str, list[Rule]]:
+    """Validate and compile one rules document; errors name the source and the rule."""
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise TraceqError(f"{source}: not valid TOML ({e}); fix the file's syntax") from None
+    parsed: dict[str, list[Rule]] = {}
+    for question, tables in document.items():
+        if question not in QUESTIONS:
+            raise TraceqError(f"{source}: unknown rule list [[{question}]]; expected one of "
+                              f"{', '.join(QUESTIONS)}")
+        if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+            raise TraceqError(f"{source}: {question} must be a list of [[{question}]] tables")
+        parsed[question] = [_parse_rule(table, question, f"{source}: [[{question}]] rule {i}")
+                            for i, table in enumerate(tables, start=1)]
+    return parsed
+
+
+def _parse_rule(table: dict[str, object], question: str, where: str) -> Rule:
+    unknown = sorted(set(table) - set(RULE_KEYS))
+    if unknown:
+        raise TraceqError(f"{where}: unknown key {unknown[0]!r}; a rule has only "
+                          f"{', '.join(RULE_KEYS)}")
+    match, value, field = table.get("match"), table.get("value"), table.get("field", "name")
+    regexes = [match] if isinstance(match, str) else match
+    if not (isinstance(regexes, list) and regexes and all(isinstance(r, str) for r in regexes)):
+        raise TraceqError(f"{where}: needs match = 'regex' or a list of regexes")
+    patterns = tuple(_compile(str(regex), where) for regex in regexes)
+    if field not in FIELDS:
+        raise TraceqError(f"{where}: field must be \"name\" or \"mangled\", not {field!r}")
+    wanted = bool if question == "tensor_cores" else str
+    if value is None and (wanted is bool or any(p.groups == 0 for p in patterns)):
+        raise TraceqError(f"{where}: needs a value" + ("" if wanted is bool else
+                                                        " (or a capture group in match)"))
+    if value is not None and not isinstance(value, wanted):
+        raise TraceqError(f"{where}: value must be a {'boolean' if wanted is bool else 'string'}")
+    return Rule(patterns, value, str(field), where)
+
+
+def _compile(regex: str, where: str) -> re.Pattern[str]:
+    try:
+        return re.compile(regex)
+    except re.error as e:
+        raise TraceqError(f"{where}: bad regex {regex!r} ({e}); fix or remove the rule") from None
+
+
+@lru_cache(maxsize=1)
+def _packaged_rules() -> dict[str, list[Rule]]:
+    text = resources.files("traceq.analysis").joinpath("kernel_rules.toml").read_text("utf-8")
+    return _parse_rules(text, "traceq/analysis/kernel_rules.toml")
+
+
+def load_rules(user_rules: str | Path | None = None) -> RuleSet:
+    """The packaged rules, with the rules of a user TOML file (same format) in front of them.
+
+    Raises TraceqError when the user file is missing, is not valid TOML, or has a rule with
+    a bad regex, an unknown key or a value of the wrong type.
+    """
+    combined = {question: list(rules) for question, rules in _packaged_rules().items()}
+    if user_rules is not None:
+        path = Path(user_rules)
+        try:
+            text = path.read_text("utf-8")
+        except OSError as e:
+            raise TraceqError(f"cannot read rules file {path}: {e.strerror}") from None
+        for question, rules in _parse_rules(text, str(path)).items():
+            combined[question] = rules + combined.get(question, [])
+    return RuleSet({question: tuple(rules) for question, rules in combined.items()})
+
+
+@lru_cache(maxsize=1)
+def default_rules() -> RuleSet:
+    """The packaged rules alone, compiled once."""
+    return load_rules()
+
+
+def classify(name: str, mangled: str | None = None, rules: RuleSet | None = None) -> Classification:
+    """Classify one kernel by its demangled name (and mangled name, when known)."""
+    return (rules or default_rules()).classify(name, mangled)
+
+
+def classify_names(
+    names: pl.Series | Iterable[str],
+    mangled: pl.Series | Iterable[str | None] | None = None,
+    rules: RuleSet | None = None,
+) -> pl.DataFrame:
+    """Classify each distinct name once.
+
+    `mangled`, when given, runs parallel to `names`; the first mangled name seen for a name is
+    used. Returns one row per distinct non-null name, in order of first appearance, with the
+    columns name, library, operation, direction, algorithm, collective, gemm_variant (strings,
+    null where the name does not tell) and tensor_cores (boolean); join it back on `name`.
+    """
+    frame = pl.DataFrame({"name": _strings(names)}).with_columns(
+        mangled=pl.lit(None, pl.String) if mangled is None else _strings(mangled))
+    distinct = frame.drop_nulls("name").unique("name", keep="first", maintain_order=True)
+    ruleset = rules or default_rules()
+    rows = [astuple(ruleset.classify(name, mangled_name))
+            for name, mangled_name in distinct.iter_rows()]
+    return pl.DataFrame(rows, schema=SCHEMA, orient="row")
+
+
+def _strings(values: pl.Series | Iterable[str | None]) -> pl.Series:
+    if isinstance(values, pl.Series):
+        return values.cast(pl.String)
+    return pl.Series(list(values), dtype=pl.String)
