@@ -177,6 +177,43 @@ def enum_lookup(codes: pa.Array, labels: dict[int, str]) -> pa.Array:
     return pc.take(dense, pc.if_else(valid, codes, pa.scalar(None, type=codes.type)))
 
 
+_KERNEL_PASSTHROUGH = (
+    "start_ns", "end_ns", "device_id", "context_id", "stream_id", "correlation_id", "pid",
+    "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread",
+    "smem_static_bytes", "smem_dynamic_bytes", "smem_carveout_bytes",
+    "local_memory_per_thread_bytes", "local_memory_total_bytes", "graph_node_id",
+)
+
+
+def kernel_batch(
+    batch: pa.Table, first_id: int, *, demangled: pa.Array, short: pa.Array | None,
+    mangled: pa.Array, smem_optin: pa.Array, launch_type: pa.Array,
+) -> pa.Table:
+    """The `kernels` columns for one batch of a reader's kernel rows.
+
+    `batch` carries the columns of _KERNEL_PASSTHROUGH under their store names; the reader
+    supplies the resolved names and its own decoding of the opt-in flag and launch type.
+    A kernel always gets a name: demangled, else short, else mangled.
+    """
+    import pyarrow.compute as pc
+
+    name = pc.coalesce(*(a for a in (demangled, short, mangled) if a is not None),
+                       pa.scalar("<unnamed kernel>"))
+    cols = {c: batch[c] for c in _KERNEL_PASSTHROUGH}
+    return pa.table({
+        "kernel_id": pa.array(range(first_id, first_id + batch.num_rows), type=pa.int64()),
+        **cols,
+        "dur_ns": pc.subtract(cols["end_ns"], cols["start_ns"]),
+        "name": name,
+        "short_name": name if short is None else pc.coalesce(short, name),
+        "mangled_name": mangled,
+        "grid_blocks": pc.multiply(pc.multiply(cols["grid_x"], cols["grid_y"]), cols["grid_z"]),
+        "block_threads": pc.multiply(pc.multiply(cols["block_x"], cols["block_y"]), cols["block_z"]),
+        "smem_optin": smem_optin,
+        "launch_type": launch_type,
+    })
+
+
 def open_sqlite(path: Path) -> sqlite3.Connection:
     """Open an SQLite file read-only, never creating or locking it for writing."""
     uri = path.resolve().as_uri() + "?mode=ro"

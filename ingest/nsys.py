@@ -22,6 +22,7 @@ from traceq.ingest.base import (
     column_names,
     enum_lookup,
     fetch_batches,
+    kernel_batch,
     row_estimate,
     select_list,
     table_names,
@@ -114,38 +115,14 @@ def _read_kernels(src: sqlite3.Connection, strings: Strings, sink: Sink) -> None
     sql = f"SELECT {select_list(have, wanted)} FROM {KERNEL}"
     offset = 0
     for batch in fetch_batches(src, sql, schema):
-        demangled = strings.lookup(batch["demangled_id"].combine_chunks())
-        short = strings.lookup(batch["short_id"].combine_chunks())
-        mangled = strings.lookup(batch["mangled_id"].combine_chunks())
-        name = pc.coalesce(demangled, short, mangled, pa.scalar("<unnamed kernel>"))
-        dims = {c: batch[c] for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")}
-        out = {
-            "kernel_id": pa.array(range(offset, offset + batch.num_rows), type=I64),
-            "start_ns": batch["start_ns"],
-            "end_ns": batch["end_ns"],
-            "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
-            "device_id": batch["device_id"],
-            "context_id": batch["context_id"],
-            "stream_id": batch["stream_id"],
-            "correlation_id": batch["correlation_id"],
-            "pid": batch["pid"],
-            "name": name,
-            "short_name": pc.coalesce(short, name),
-            "mangled_name": mangled,
-            **dims,
-            "grid_blocks": pc.multiply(pc.multiply(dims["grid_x"], dims["grid_y"]), dims["grid_z"]),
-            "block_threads": pc.multiply(pc.multiply(dims["block_x"], dims["block_y"]), dims["block_z"]),
-            "registers_per_thread": batch["registers_per_thread"],
-            "smem_static_bytes": batch["smem_static_bytes"],
-            "smem_dynamic_bytes": batch["smem_dynamic_bytes"],
-            "smem_carveout_bytes": batch["smem_carveout_bytes"],
-            "smem_optin": pc.equal(batch["smem_optin"], 1),
-            "local_memory_per_thread_bytes": batch["local_memory_per_thread_bytes"],
-            "local_memory_total_bytes": batch["local_memory_total_bytes"],
-            "launch_type": enum_lookup(batch["launch_type"].combine_chunks(), cupti.LAUNCH_TYPE),
-            "graph_node_id": batch["graph_node_id"],
-        }
-        sink.append("kernels", pa.table(out))
+        sink.append("kernels", kernel_batch(
+            batch, offset,
+            demangled=strings.lookup(batch["demangled_id"].combine_chunks()),
+            short=strings.lookup(batch["short_id"].combine_chunks()),
+            mangled=strings.lookup(batch["mangled_id"].combine_chunks()),
+            smem_optin=pc.equal(batch["smem_optin"], 1),
+            launch_type=enum_lookup(batch["launch_type"].combine_chunks(), cupti.LAUNCH_TYPE),
+        ))
         offset += batch.num_rows
 
 

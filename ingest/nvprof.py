@@ -53,6 +53,7 @@ from traceq.ingest.base import (
     column_names,
     enum_lookup,
     fetch_batches,
+    kernel_batch,
     row_estimate,
     select_list,
     table_names,
@@ -214,35 +215,14 @@ def _read_kernels(src: sqlite3.Connection, tables: set[str], strings: Strings, t
     offset = 0
     for batch in fetch_batches(src, " UNION ALL ".join(selects), schema):
         ids = batch["name_id"].combine_chunks()
-        mangled = strings.lookup(ids)
-        name = pc.coalesce(names.demangled.lookup(ids), mangled, pa.scalar("<unnamed kernel>"))
-        dims = {c: batch[c] for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")}
-        sink.append("kernels", pa.table({
-            "kernel_id": pa.array(range(offset, offset + batch.num_rows), type=I64),
-            "start_ns": batch["start_ns"],
-            "end_ns": batch["end_ns"],
-            "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
-            "device_id": batch["device_id"],
-            "context_id": batch["context_id"],
-            "stream_id": batch["stream_id"],
-            "correlation_id": batch["correlation_id"],
-            "pid": batch["pid"],
-            "name": name,
-            "short_name": pc.coalesce(names.short.lookup(ids), name),
-            "mangled_name": mangled,
-            **dims,
-            "grid_blocks": pc.multiply(pc.multiply(dims["grid_x"], dims["grid_y"]), dims["grid_z"]),
-            "block_threads": pc.multiply(pc.multiply(dims["block_x"], dims["block_y"]), dims["block_z"]),
-            "registers_per_thread": batch["registers_per_thread"],
-            "smem_static_bytes": batch["smem_static_bytes"],
-            "smem_dynamic_bytes": batch["smem_dynamic_bytes"],
-            "smem_carveout_bytes": batch["smem_carveout_bytes"],
-            "smem_optin": pc.equal(batch["smem_optin"], SHMEM_LIMIT_OPTIN),
-            "local_memory_per_thread_bytes": batch["local_memory_per_thread_bytes"],
-            "local_memory_total_bytes": batch["local_memory_total_bytes"],
-            "launch_type": enum_lookup(batch["launch_type"].combine_chunks(), LAUNCH_TYPE),
-            "graph_node_id": batch["graph_node_id"],
-        }))
+        sink.append("kernels", kernel_batch(
+            batch, offset,
+            demangled=names.demangled.lookup(ids),
+            short=names.short.lookup(ids),
+            mangled=strings.lookup(ids),
+            smem_optin=pc.equal(batch["smem_optin"], SHMEM_LIMIT_OPTIN),
+            launch_type=enum_lookup(batch["launch_type"].combine_chunks(), LAUNCH_TYPE),
+        ))
         offset += batch.num_rows
 
 
