@@ -61,6 +61,30 @@ def sample_store(tmp_path_factory: pytest.TempPathFactory):
     con.close()
 
 
+def assert_load_refused(db: Path, target: Path, *words: str) -> str:
+    """`traceq load target` fails as bad input must: one `traceq:` line on stderr naming `words`,
+    exit 1, no traceback, and the store file byte for byte as it was (or still absent)."""
+    import hashlib
+
+    from typer.testing import CliRunner
+
+    from traceq.cli import app
+
+    def digest() -> str | None:
+        return hashlib.sha256(db.read_bytes()).hexdigest() if db.exists() else None
+
+    before = digest()
+    result = CliRunner().invoke(app, ["load", str(target), "--db", str(db)])
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("traceq: "), result.stderr
+    assert "Traceback" not in result.output
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert digest() == before, "the store changed"
+    return lines[0]
+
+
 def trace_id(con, name: str) -> int:
     from traceq.store import resolve_trace
 

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import sample, shared
+from conftest import assert_load_refused, sample, shared
 from typer.testing import CliRunner
 
 from traceq.cli import app
 
 runner = CliRunner()
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.fixture()
@@ -30,44 +25,31 @@ def store(tmp_path: Path) -> Path:
     return db
 
 
-def _assert_refused(db: Path, target: Path, *words: str) -> str:
-    before = _digest(db)
-    result = runner.invoke(app, ["load", str(target), "--db", str(db)])
-    assert result.exit_code == 1, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("traceq: "), result.stderr
-    assert "Traceback" not in result.output
-    for word in words:
-        assert word in lines[0], lines[0]
-    assert _digest(db) == before, "the store changed"
-    return lines[0]
-
-
 def test_missing_path(store: Path, tmp_path: Path) -> None:
-    _assert_refused(store, tmp_path / "nope.sqlite", "no such file")
+    assert_load_refused(store, tmp_path / "nope.sqlite", "no such file")
 
 
 def test_directory(store: Path, tmp_path: Path) -> None:
-    _assert_refused(store, tmp_path, "is a directory")
+    assert_load_refused(store, tmp_path, "is a directory")
 
 
 def test_empty_file(store: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty.sqlite"
     empty.touch()
-    _assert_refused(store, empty, "empty")
+    assert_load_refused(store, empty, "empty")
 
 
 def test_not_sqlite(store: Path, tmp_path: Path) -> None:
     text = tmp_path / "notes.sqlite"
     text.write_text("hello, this is not a database\n" * 10)
-    _assert_refused(store, text, "not a trace traceq can read", "nsys export --type sqlite")
+    assert_load_refused(store, text, "not a trace traceq can read", "nsys export --type sqlite")
 
 
 def test_truncated_sqlite(store: Path, tmp_path: Path) -> None:
     whole = sample("alexnet_b256_cudnn.sqlite").read_bytes()
     cut = tmp_path / "cut.sqlite"
     cut.write_bytes(whole[: len(whole) // 2])
-    _assert_refused(store, cut, "truncated")
+    assert_load_refused(store, cut, "truncated")
 
 
 def test_damaged_sqlite_fails_mid_load_and_rolls_back(store: Path, tmp_path: Path) -> None:
@@ -78,7 +60,7 @@ def test_damaged_sqlite_fails_mid_load_and_rolls_back(store: Path, tmp_path: Pat
         data[start : start + page] = b"\xa5" * page
     bad = tmp_path / "damaged.sqlite"
     bad.write_bytes(bytes(data))
-    line = _assert_refused(store, bad)
+    line = assert_load_refused(store, bad)
     assert "damaged" in line or "malformed" in line
 
 
@@ -89,31 +71,31 @@ def test_sqlite_but_not_a_profiler_export(store: Path, tmp_path: Path) -> None:
     con.execute("INSERT INTO customers VALUES (1, 'Ada')")
     con.commit()
     con.close()
-    _assert_refused(store, other, "not a profiler export")
+    assert_load_refused(store, other, "not a profiler export")
 
 
 def test_nsys_report_says_how_to_export(store: Path, tmp_path: Path) -> None:
     rep = tmp_path / "run.nsys-rep"
     rep.write_bytes(b"NVIDIA Tegra Profiler Report 2025.3\n" + b"\0" * 200)
-    _assert_refused(store, rep, "Nsight Systems report", "nsys export --type sqlite")
+    assert_load_refused(store, rep, "Nsight Systems report", "nsys export --type sqlite")
 
 
 def test_real_qdrep_says_how_to_export(store: Path) -> None:
     rep = shared("realtraces", "nsys_rep", "skycs97__darknet__report2.qdrep")
-    _assert_refused(store, rep, "Nsight Systems report", "nsys export --type sqlite")
+    assert_load_refused(store, rep, "Nsight Systems report", "nsys export --type sqlite")
 
 
 def test_kineto_json_not_supported_yet(store: Path, tmp_path: Path) -> None:
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k"}]}))
-    _assert_refused(store, trace, "Kineto", "not support")
+    assert_load_refused(store, trace, "Kineto", "not support")
     gz = tmp_path / "trace.json.gz"
     gz.write_bytes(gzip.compress(trace.read_bytes()))
-    _assert_refused(store, gz, "Kineto")
+    assert_load_refused(store, gz, "Kineto")
 
 
 def test_real_kineto_json(store: Path) -> None:
-    _assert_refused(store, shared("reference", "alexnet_b256_kineto.json"), "Kineto")
+    assert_load_refused(store, shared("reference", "alexnet_b256_kineto.json"), "Kineto")
 
 
 def test_failed_first_load_leaves_no_store(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ through traceq. The 13 real databases live in ../shared/realtraces/nvprof_sqlite
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import shutil
 import sqlite3
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import cxxfilt
 import pytest
+from conftest import assert_load_refused
 from typer.testing import CliRunner
 
 from traceq.cli import app
@@ -359,36 +359,20 @@ def test_several_processes_and_peer_copies(store, tmp_path: Path) -> None:
     assert scalar(store, "SELECT count(*) FROM memops WHERE trace_id = $t AND op = 'memcpy'", tid) == 124 + 3
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _refused(db: Path, target: Path, *words: str) -> None:
-    before = _digest(db) if db.exists() else None
-    result = runner.invoke(app, ["load", str(target), "--db", str(db)])
-    assert result.exit_code == 1, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("traceq: "), result.stderr
-    assert "Traceback" not in result.output
-    for word in words:
-        assert word in lines[0], lines[0]
-    assert (_digest(db) if db.exists() else None) == before, "the store changed"
-
-
 def test_bad_nvprof_files_leave_the_store_alone(tmp_path: Path) -> None:
     path = nvprof("josiahdavis__profiling-lm")
     data = path.read_bytes()
     cut = tmp_path / "cut.nvvp"
     cut.write_bytes(data[: len(data) // 2])
-    _refused(tmp_path / "never.duckdb", cut, "truncated")  # no store is created either
+    assert_load_refused(tmp_path / "never.duckdb", cut, "truncated")  # no store is created either
 
     db = tmp_path / "store.duckdb"
     result = runner.invoke(app, ["load", str(nvprof("dipsankarb__csl7520")), "--db", str(db)])
     assert result.exit_code == 0, result.output
-    _refused(db, cut, "truncated")
+    assert_load_refused(db, cut, "truncated")
     tiny = tmp_path / "tiny.prof"
     tiny.write_bytes(data[:4096])
-    _refused(db, tiny, "truncated")
+    assert_load_refused(db, tiny, "truncated")
 
     bare = tmp_path / "bare.sqlite"  # the activity tables are gone
     shutil.copy(path, bare)
@@ -398,7 +382,7 @@ def test_bad_nvprof_files_leave_the_store_alone(tmp_path: Path) -> None:
         con.execute(f'DROP TABLE "{table}"')
     con.commit()
     con.close()
-    _refused(db, bare, "not a profiler export")
+    assert_load_refused(db, bare, "not a profiler export")
 
     broken = tmp_path / "broken.nvvp"  # kernel table without its time columns
     shutil.copy(path, broken)
@@ -407,7 +391,7 @@ def test_bad_nvprof_files_leave_the_store_alone(tmp_path: Path) -> None:
     con.execute(f"CREATE TABLE {K}CONCURRENT_KERNEL (_id_ INTEGER PRIMARY KEY, name INT)")
     con.commit()
     con.close()
-    _refused(db, broken, "lacks column start")
+    assert_load_refused(db, broken, "lacks column start")
 
     damaged = bytearray(data)  # junk pages: detection passes, reading fails part-way
     page = int.from_bytes(damaged[16:18], "big")
@@ -415,7 +399,7 @@ def test_bad_nvprof_files_leave_the_store_alone(tmp_path: Path) -> None:
         damaged[start: start + page] = b"\xa5" * page
     bad = tmp_path / "damaged.nvvp"
     bad.write_bytes(bytes(damaged))
-    _refused(db, bad)
+    assert_load_refused(db, bad)
     assert runner.invoke(app, ["traces", "--db", str(db), "-f", "csv"]).output.count("\n") == 2
 
 
