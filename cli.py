@@ -204,6 +204,9 @@ def top(
     k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many rows")] = 15,
     by: Annotated[NameBy, typer.Option(help="Group kernels by this name")] = NameBy.demangled,
     instances: Annotated[bool, typer.Option("--instances", help="The k longest single launches instead")] = False,
+    context: Annotated[Optional[bool], typer.Option("--context/--no-context",
+                       help="Add layer, pass and library columns [default: with --instances only]",
+                       show_default=False)] = None,
     trace: TraceOpt = None,
     db: DbOpt = None,
     fmt: FormatOpt = None,
@@ -213,14 +216,94 @@ def top(
     with user_errors():
         con = _store(db, read_only=True)
         trace_id, trace_name = resolve_trace(con, trace)
+        fmt = format_for(fmt, out)
+        if context is None:  # --instances has the paper's Table 3 shape; grouped rows only on request
+            context = instances
         if instances:
             frame = top_instances(con, trace_id, k)
             title = f"{trace_name}: the {len(frame)} longest kernel launches"
+            if context:
+                frame = _with_instance_context(con, trace_id, frame)
         else:
             frame = top_kernels(con, trace_id, k, by)
             total = kernel_time_total(con, trace_id)
             title = (f"{trace_name}: top {len(frame)} kernels by total time "
                      f"(all kernels: {_duration(total)} of GPU time)")
+            if context:
+                frame = _with_kernel_context(con, trace_id, frame, by)
+        _emit(render(frame, fmt, title=title, width=_terminal_width()), out)
+
+
+def _with_kernel_context(con, trace_id: int, frame, by: NameBy):  # -> pl.DataFrame
+    from traceq.analysis.layers import kernel_context
+
+    column = {NameBy.demangled: "name", NameBy.short: "short_name"}.get(NameBy(by))
+    if column is None:  # mangled names: no layer context
+        return frame
+    context = kernel_context(con, trace_id, column)
+    return frame.join(context, on="name", how="left", maintain_order="left")
+
+
+def _with_instance_context(con, trace_id: int, frame):  # -> pl.DataFrame
+    from traceq.analysis.layers import instance_context
+
+    joined = frame.join(instance_context(con, trace_id), on="kernel_id", how="left", maintain_order="left")
+    first = ["rank", "layer", "pass", "name", "dur_ns"]  # the paper's Table 3: layer, function, time
+    return joined.select(*first, *[c for c in joined.columns if c not in first])
+
+
+IterOpt = Annotated[
+    Optional[str], typer.Option("--iteration-regex", help="Regex naming iteration ranges [default: 'iteration N' or 'step N']")
+]
+
+
+def _iteration_regex(value: str | None) -> str:
+    from traceq.analysis.attribution import ITERATION_REGEX
+
+    return ITERATION_REGEX if value is None else value
+
+
+@app.command()
+def layers(trace: TraceOpt = None, db: DbOpt = None, iteration_regex: IterOpt = None,
+           fmt: FormatOpt = None, out: OutOpt = None) -> None:
+    """GPU time per NVTX layer and pass, with its heaviest kernel and library split."""
+    from traceq.analysis.layers import layer_times
+
+    with user_errors():
+        con = _store(db, read_only=True)
+        trace_id, trace_name = resolve_trace(con, trace)
+        frame = layer_times(con, trace_id, _iteration_regex(iteration_regex))
+        covered = frame.filter(frame["layer"].is_not_null())["pct"].sum()
+        title = f"{trace_name}: GPU time per layer and pass ({covered:.1f} % of kernel time inside a layer)"
+        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
+
+
+@app.command()
+def libs(by_layer: Annotated[bool, typer.Option("--by-layer", help="One row per layer, pass and library")] = False,
+         trace: TraceOpt = None, db: DbOpt = None, iteration_regex: IterOpt = None,
+         fmt: FormatOpt = None, out: OutOpt = None) -> None:
+    """GPU time per library (cuDNN, cuBLAS, NCCL, PyTorch ATen, ...), optionally per layer."""
+    from traceq.analysis.layers import library_times
+
+    with user_errors():
+        con = _store(db, read_only=True)
+        trace_id, trace_name = resolve_trace(con, trace)
+        frame = library_times(con, trace_id, by_layer, _iteration_regex(iteration_regex))
+        title = f"{trace_name}: GPU time per library" + (" and layer" if by_layer else "")
+        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
+
+
+@app.command()
+def stages(trace: TraceOpt = None, db: DbOpt = None, iteration_regex: IterOpt = None,
+           fmt: FormatOpt = None, out: OutOpt = None) -> None:
+    """GPU time per iteration in data copy, forward, backward and weight update, and GPU idle time."""
+    from traceq.analysis.layers import stage_times
+
+    with user_errors():
+        con = _store(db, read_only=True)
+        trace_id, trace_name = resolve_trace(con, trace)
+        frame = stage_times(con, trace_id, _iteration_regex(iteration_regex))
+        title = f"{trace_name}: GPU time per iteration and stage"
         _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
 
 

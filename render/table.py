@@ -32,8 +32,6 @@ _HEADERS = {
     "gpus": "GPUs",
 }
 
-_WIDE_TEXT = {"name", "source_path", "tool", "gpus"}
-
 
 def header(column: str) -> str:
     if column in _HEADERS:
@@ -88,13 +86,16 @@ def render_table(frame: pl.DataFrame, *, title: str | None = None, width: int | 
     cells = {c: [format_cell(c, v) for v in frame.get_column(c).to_list()] for c in columns}
     table = Table(title=title, title_justify="left", header_style="bold")
     fits = {c: max([len(header(c)), *(len(v) for v in cells[c])]) for c in columns}
-    narrow = sum(fits[c] for c in columns if c not in _WIDE_TEXT)
-    wide_columns = [c for c in columns if c in _WIDE_TEXT]
-    room = (width or 160) - narrow - 3 * len(columns) - 1  # each column costs 3 border/padding cells
+    # Text columns longer than 24 characters (names, paths, splits) share the width that the
+    # numbers leave, in proportion to their length; numbers are never cut.
+    wide = [c for c in columns if not frame.schema[c].is_numeric() and fits[c] > 24]
+    narrow = sum(fits[c] for c in columns if c not in wide)
+    room = max((width or 160) - narrow - 3 * len(columns) - 1, 12 * len(wide))  # 3 cells of border a column
+    wanted = sum(fits[c] for c in wide)
     for column in columns:
         fit = fits[column]
-        if column in _WIDE_TEXT:
-            fit = max(12, min(fit, room // max(len(wide_columns), 1)))
+        if column in wide and wanted > room:
+            fit = max(12, room * fit // wanted)
         table.add_column(
             header(column),
             justify="right" if frame.schema[column].is_numeric() else "left",

@@ -1,0 +1,78 @@
+"""`traceq layers`, `libs`, `stages` and the context columns of `top`, end to end."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from conftest import sample
+from typer.testing import CliRunner
+
+from traceq.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("layers") / "s.duckdb"
+    result = runner.invoke(app, ["load", str(sample("alexnet_b256_cudnn.sqlite")),
+                                 str(sample("ddp_resnet18_2gpu.sqlite")), "--db", str(path)])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def _json(db: Path, *args: str) -> list[dict]:
+    result = runner.invoke(app, [*args, "--db", str(db), "-f", "json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_layers(db: Path) -> None:
+    rows = _json(db, "layers", "-t", "alexnet_b256_cudnn")
+    assert list(rows[0]) == ["layer", "pass", "kernels", "total_ns", "pct", "heaviest", "libraries"]
+    by_key = {(r["layer"], r["pass"]): r for r in rows}
+    assert by_key[("conv1", "forward")]["libraries"].startswith("cuDNN")
+    assert by_key[("bconv2", "backward")]["kernels"] > 0
+    assert sum(r["kernels"] for r in rows) == 648
+    assert abs(sum(r["pct"] for r in rows) - 100) < 1e-6
+    table = runner.invoke(app, ["layers", "-t", "1", "--db", str(db)], env={"COLUMNS": "160"}).stdout
+    assert table.startswith("alexnet_b256_cudnn: GPU time per layer and pass (")
+
+
+def test_libs_and_by_layer(db: Path) -> None:
+    rows = _json(db, "libs", "-t", "ddp_resnet18_2gpu")
+    libs = {r["library"]: r for r in rows}
+    assert libs["NCCL"]["operations"] == "communication 100%"
+    by_layer = list(csv.DictReader(io.StringIO(runner.invoke(
+        app, ["libs", "--by-layer", "-t", "alexnet_b256_cudnn", "--db", str(db), "-f", "csv"]).stdout)))
+    assert list(by_layer[0])[:3] == ["layer", "pass", "library"]
+    assert sum(int(r["kernels"]) for r in by_layer) == 648
+
+
+def test_stages(db: Path, tmp_path: Path) -> None:
+    out = tmp_path / "stages.csv"
+    result = runner.invoke(app, ["stages", "-t", "alexnet_b256_cudnn", "--db", str(db), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader(out.open()))
+    assert [r["iteration"] for r in rows] == [f"iteration {i}" for i in range(4)]
+    assert {"data_copy_ns", "forward_ns", "backward_ns", "weight_update_ns", "idle_ns"} <= set(rows[0])
+    ddp = _json(db, "stages", "-t", "ddp_resnet18_2gpu", "--iteration-regex", r"^iteration \d+$")
+    assert {r["device_id"] for r in ddp} == {0, 1}
+
+
+def test_top_context_columns(db: Path) -> None:
+    plain = _json(db, "top", "-t", "alexnet_b256_cudnn", "-k", "3")
+    assert "layer" not in plain[0]
+    rows = _json(db, "top", "-t", "alexnet_b256_cudnn", "-k", "3", "--context")
+    assert list(rows[0])[:10] == list(plain[0]) and list(rows[0])[10:] == ["layer", "pass", "library"]
+    assert rows[0]["layer"] == "conv1" and rows[0]["pass"] == "forward" and rows[0]["library"] == "cuDNN"
+    inst = _json(db, "top", "--instances", "-t", "alexnet_b256_cudnn", "-k", "2")
+    assert list(inst[0])[:5] == ["rank", "layer", "pass", "name", "dur_ns"]
+    assert inst[0]["layer"] == "conv1"
+    table = runner.invoke(app, ["top", "-t", "alexnet_b256_cudnn", "--context", "--db", str(db)],
+                          env={"COLUMNS": "160"}).stdout
+    assert "Layer" in table and "Library" in table
