@@ -22,6 +22,7 @@ from traceq.analysis.kernels import NameBy, kernel_time_total, top_instances, to
 from traceq.analysis.traces import list_traces
 from traceq.errors import TraceqError
 from traceq.render import Format, format_for, render
+from traceq.render.table import format_duration
 from traceq.store import default_store_path, delete_trace, open_store, resolve_trace
 
 app = typer.Typer(
@@ -77,6 +78,19 @@ def _emit(text: str, out: Path | None) -> None:
         except OSError as e:
             raise TraceqError(f"cannot write {out}: {e.strerror}") from None
         _err(f"wrote {out}")
+
+
+def _show_trace_table(
+    trace: str | None, db: Path | None, fmt: Format | None, out: Path | None,
+    build: Callable[[object, int, str], tuple[object, str]],
+) -> None:
+    """The body every per-trace command shares: open the store read-only, resolve the trace,
+    `build(con, trace_id, trace_name) -> (frame, title)`, render and write it."""
+    with user_errors():
+        con = _store(db, read_only=True)
+        trace_id, trace_name = resolve_trace(con, trace)
+        frame, title = build(con, trace_id, trace_name)
+        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
 
 
 def _terminal_width() -> int:
@@ -213,25 +227,21 @@ def top(
     out: OutOpt = None,
 ) -> None:
     """The heaviest kernels of a trace by total GPU time (like `nsys stats` cuda_gpu_kern_sum)."""
-    with user_errors():
-        con = _store(db, read_only=True)
-        trace_id, trace_name = resolve_trace(con, trace)
-        fmt = format_for(fmt, out)
-        if context is None:  # --instances has the paper's Table 3 shape; grouped rows only on request
-            context = instances
+    if context is None:  # --instances has the paper's Table 3 shape; grouped rows only on request
+        context = instances
+
+    def build(con, trace_id: int, trace_name: str):
         if instances:
             frame = top_instances(con, trace_id, k)
             title = f"{trace_name}: the {len(frame)} longest kernel launches"
-            if context:
-                frame = _with_instance_context(con, trace_id, frame)
-        else:
-            frame = top_kernels(con, trace_id, k, by)
-            total = kernel_time_total(con, trace_id)
-            title = (f"{trace_name}: top {len(frame)} kernels by total time "
-                     f"(all kernels: {_duration(total)} of GPU time)")
-            if context:
-                frame = _with_kernel_context(con, trace_id, frame, by)
-        _emit(render(frame, fmt, title=title, width=_terminal_width()), out)
+            return (_with_instance_context(con, trace_id, frame) if context else frame), title
+        frame = top_kernels(con, trace_id, k, by)
+        total = kernel_time_total(con, trace_id)
+        title = (f"{trace_name}: top {len(frame)} kernels by total time "
+                 f"(all kernels: {format_duration(total)} of GPU time)")
+        return (_with_kernel_context(con, trace_id, frame, by) if context else frame), title
+
+    _show_trace_table(trace, db, fmt, out, build)
 
 
 def _with_kernel_context(con, trace_id: int, frame, by: NameBy):  # -> pl.DataFrame
@@ -269,13 +279,12 @@ def layers(trace: TraceOpt = None, db: DbOpt = None, iteration_regex: IterOpt = 
     """GPU time per NVTX layer and pass, with its heaviest kernel and library split."""
     from traceq.analysis.layers import layer_times
 
-    with user_errors():
-        con = _store(db, read_only=True)
-        trace_id, trace_name = resolve_trace(con, trace)
+    def build(con, trace_id: int, trace_name: str):
         frame = layer_times(con, trace_id, _iteration_regex(iteration_regex))
         covered = frame.filter(frame["layer"].is_not_null())["pct"].sum()
-        title = f"{trace_name}: GPU time per layer and pass ({covered:.1f} % of kernel time inside a layer)"
-        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
+        return frame, f"{trace_name}: GPU time per layer and pass ({covered:.1f} % of kernel time inside a layer)"
+
+    _show_trace_table(trace, db, fmt, out, build)
 
 
 @app.command()
@@ -285,12 +294,9 @@ def libs(by_layer: Annotated[bool, typer.Option("--by-layer", help="One row per 
     """GPU time per library (cuDNN, cuBLAS, NCCL, PyTorch ATen, ...), optionally per layer."""
     from traceq.analysis.layers import library_times
 
-    with user_errors():
-        con = _store(db, read_only=True)
-        trace_id, trace_name = resolve_trace(con, trace)
-        frame = library_times(con, trace_id, by_layer, _iteration_regex(iteration_regex))
-        title = f"{trace_name}: GPU time per library" + (" and layer" if by_layer else "")
-        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
+    _show_trace_table(trace, db, fmt, out, lambda con, trace_id, trace_name: (
+        library_times(con, trace_id, by_layer, _iteration_regex(iteration_regex)),
+        f"{trace_name}: GPU time per library" + (" and layer" if by_layer else "")))
 
 
 @app.command()
@@ -299,18 +305,9 @@ def stages(trace: TraceOpt = None, db: DbOpt = None, iteration_regex: IterOpt = 
     """GPU time per iteration in data copy, forward, backward and weight update, and GPU idle time."""
     from traceq.analysis.layers import stage_times
 
-    with user_errors():
-        con = _store(db, read_only=True)
-        trace_id, trace_name = resolve_trace(con, trace)
-        frame = stage_times(con, trace_id, _iteration_regex(iteration_regex))
-        title = f"{trace_name}: GPU time per iteration and stage"
-        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
-
-
-def _duration(ns: int) -> str:
-    from traceq.render.table import format_duration
-
-    return format_duration(ns)
+    _show_trace_table(trace, db, fmt, out, lambda con, trace_id, trace_name: (
+        stage_times(con, trace_id, _iteration_regex(iteration_regex)),
+        f"{trace_name}: GPU time per iteration and stage"))
 
 
 @app.command()

@@ -28,6 +28,12 @@ def attributed_kernels(
             .join(kernel_attribution(con, trace_id, iteration_regex), on="kernel_id", how="left"))
 
 
+def _first_three(texts: pl.Expr) -> pl.Expr:
+    """The first three values joined with ', ', then '…' when there were more."""
+    return (pl.when(pl.len() > 3).then(texts.head(3).str.join(", ") + ", …")
+            .otherwise(texts.str.join(", ")))
+
+
 def _split(frame: pl.DataFrame, keys: list[str], column: str, label: str) -> pl.DataFrame:
     """Per group of `keys`: 'cuDNN 80%, PyTorch ATen 20%' over the values of `column`."""
     parts = (frame.group_by([*keys, column]).agg(pl.col("dur_ns").sum())
@@ -35,9 +41,7 @@ def _split(frame: pl.DataFrame, keys: list[str], column: str, label: str) -> pl.
              .sort([*keys, "dur_ns", column], descending=[False] * len(keys) + [True, False], nulls_last=True)
              .with_columns(text=pl.col(column).fill_null("none") + " "
                            + (pl.col("share") * 100).round(0).cast(pl.Int64).cast(pl.String) + "%"))
-    return parts.group_by(keys, maintain_order=True).agg(
-        pl.when(pl.len() > 3).then(pl.col("text").head(3).str.join(", ") + ", …")
-        .otherwise(pl.col("text").str.join(", ")).alias(label))
+    return parts.group_by(keys, maintain_order=True).agg(_first_three(pl.col("text")).alias(label))
 
 
 def layer_times(
@@ -78,8 +82,7 @@ def library_times(
     frame = (k.group_by(keys).agg(kernels=pl.len().cast(pl.Int64), total_ns=pl.col("dur_ns").sum().cast(pl.Int64))
              .join(_split(k, keys, "operation", "operations"), on=keys, how="left", nulls_equal=True)
              .with_columns(pct=100.0 * pl.col("total_ns") / grand))
-    order = (["layer", "pass", "total_ns", "library"], [False, False, True, False]) if by_layer \
-        else (["total_ns", "library"], [True, False])
+    order = (["total_ns", "library"], [True, False])
     if by_layer:  # layers heaviest first, libraries heaviest first within each
         layer_total = frame.group_by("layer", "pass").agg(layer_ns=pl.col("total_ns").sum())
         frame = frame.join(layer_total, on=["layer", "pass"], how="left", nulls_equal=True)
@@ -144,9 +147,7 @@ def kernel_context(
                  .sort(["name", "dur_ns", "layer"], descending=[False, True, False], nulls_last=True)
                  .drop_nulls("layer")
                  .group_by("name", maintain_order=True)
-                 .agg(layer=pl.when(pl.len() > 3)
-                      .then(pl.col("layer").head(3).str.join(", ") + ", …")
-                      .otherwise(pl.col("layer").str.join(", "))))
+                 .agg(layer=_first_three(pl.col("layer"))))
     passes = (k.group_by("name").agg(
         pl.when(pl.col("pass").drop_nulls().n_unique() > 1).then(pl.lit("both"))
         .otherwise(pl.col("pass").drop_nulls().first()).alias("pass"),
