@@ -18,6 +18,7 @@ from typing import Annotated, Optional
 import typer
 
 from traceq import __version__
+from traceq.analysis.efficiency import GroupBy
 from traceq.analysis.kernels import NameBy, kernel_time_total, top_instances, top_kernels
 from traceq.analysis.traces import list_traces
 from traceq.errors import TraceqError
@@ -218,18 +219,14 @@ def top(
     k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many rows")] = 15,
     by: Annotated[NameBy, typer.Option(help="Group kernels by this name")] = NameBy.demangled,
     instances: Annotated[bool, typer.Option("--instances", help="The k longest single launches instead")] = False,
-    context: Annotated[Optional[bool], typer.Option("--context/--no-context",
-                       help="Add layer, pass and library columns [default: with --instances only]",
-                       show_default=False)] = None,
+    context: Annotated[bool, typer.Option("--context/--no-context",
+                       help="Add layer, pass and library columns")] = True,
     trace: TraceOpt = None,
     db: DbOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
 ) -> None:
     """The heaviest kernels of a trace by total GPU time (like `nsys stats` cuda_gpu_kern_sum)."""
-    if context is None:  # --instances has the paper's Table 3 shape; grouped rows only on request
-        context = instances
-
     def build(con, trace_id: int, trace_name: str):
         if instances:
             frame = top_instances(con, trace_id, k)
@@ -239,7 +236,11 @@ def top(
         total = kernel_time_total(con, trace_id)
         title = (f"{trace_name}: top {len(frame)} kernels by total time "
                  f"(all kernels: {format_duration(total)} of GPU time)")
-        return (_with_kernel_context(con, trace_id, frame, by) if context else frame), title
+        if context:
+            frame = _with_kernel_context(con, trace_id, frame, by)
+            if format_for(fmt, out) is Format.table and _terminal_width() < 170:
+                frame = frame.drop("min_ns", "max_ns", "stddev_ns")  # room for the names (csv/json keep them)
+        return frame, title
 
     _show_trace_table(trace, db, fmt, out, build)
 
@@ -367,6 +368,38 @@ def occupancy(
         frame = pl.DataFrame(rows, schema=["quantity", "value"], orient="row")
         typer.echo(render(frame, Format.table, title=f"Occupancy on CC {cc}: {threads} threads, {regs} registers"),
                    nl=False)
+
+
+CcOpt = Annotated[Optional[str], typer.Option("--cc", help="Compute capability, e.g. 9.0 [default: from the trace]",
+                                               show_default=False)]
+SmsOpt = Annotated[Optional[int], typer.Option("--sms", min=1, help="SM count [default: from the trace]",
+                                                show_default=False)]
+
+
+@app.command()
+def ru(
+    by: Annotated[GroupBy, typer.Option(help="One row per kernel name, layer and pass, or library")] = GroupBy.kernel,
+    k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k heaviest rows")] = None,
+    cc: CcOpt = None,
+    sms: SmsOpt = None,
+    trace: TraceOpt = None,
+    db: DbOpt = None,
+    iteration_regex: IterOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Occupancy and resource utilization (RU) of the launches: limiter, blocks per SM, waves, RU."""
+    from traceq.analysis.efficiency import ru_table
+
+    def build(con, trace_id: int, trace_name: str):
+        frame = ru_table(con, trace_id, by, cc=cc, sms=sms, iteration_regex=_iteration_regex(iteration_regex))
+        if k is not None:
+            frame = frame.head(k)
+        title = (f"{trace_name}: occupancy and RU per {by.value} (kernel-time-weighted means; "
+                 "paper RU: registers-only maxBlocks, eq. 10; Kineto: its estimate)")
+        return frame, title
+
+    _show_trace_table(trace, db, fmt, out, build)
 
 
 def main() -> None:

@@ -30,7 +30,21 @@ _HEADERS = {
     "block_threads": "Block",
     "kernel_id": "Kernel #",
     "gpus": "GPUs",
+    "ru": "RU %",
+    "paper_ru": "Paper RU %",
+    "occupancy": "Occupancy %",
+    "kineto_occupancy": "Kineto occ. %",
+    "ce_fp32": "CE FP32 %",
+    "ce_tensor": "CE tensor %",
+    "tflops": "TFLOP/s",
+    "gflops": "GFLOP",
+    "blocks_per_sm": "Blocks/SM",
+    "registers_per_thread": "Regs",
+    "smem_bytes": "Smem",
 }
+
+FRACTIONS = frozenset({"ru", "paper_ru", "occupancy", "kineto_occupancy", "ce_fp32", "ce_tensor"})
+"""Columns holding fractions (0..1) in frames; tables show them as percentages."""
 
 
 def header(column: str) -> str:
@@ -68,6 +82,8 @@ def format_cell(column: str, value: object) -> str:
         return format_duration(value)  # type: ignore[arg-type]
     if column.endswith("_bytes"):
         return format_bytes(value)  # type: ignore[arg-type]
+    if column in FRACTIONS:
+        return f"{100 * float(value):.1f}"  # type: ignore[arg-type]
     if column == "pct" or column.endswith("_pct"):
         return f"{float(value):.1f}"  # type: ignore[arg-type]
     if isinstance(value, datetime):
@@ -92,10 +108,12 @@ def render_table(frame: pl.DataFrame, *, title: str | None = None, width: int | 
     narrow = sum(fits[c] for c in columns if c not in wide)
     room = max((width or 160) - narrow - 3 * len(columns) - 1, 12 * len(wide))  # 3 cells of border a column
     wanted = sum(fits[c] for c in wide)
+    floor = 12  # every long text column keeps this much; the rest of the room goes by length
+    spare, extra = room - floor * len(wide), sum(fits[c] - floor for c in wide)
     for column in columns:
         fit = fits[column]
         if column in wide and wanted > room:
-            fit = max(12, room * fit // wanted)
+            fit = floor + max(spare, 0) * (fit - floor) // max(extra, 1)
         table.add_column(
             header(column),
             justify="right" if frame.schema[column].is_numeric() else "left",

@@ -58,7 +58,9 @@ def test_top_csv_and_json_in_ns(db: Path) -> None:
     as_csv = runner.invoke(app, ["top", "-k", "3", "-t", "1", "--db", str(db), "-f", "csv"]).stdout
     rows = list(csv.DictReader(io.StringIO(as_csv)))
     assert list(rows[0]) == ["rank", "instances", "total_ns", "pct", "avg_ns", "median_ns", "min_ns",
-                             "max_ns", "stddev_ns", "name"]
+                             "max_ns", "stddev_ns", "name", "layer", "pass", "library"]
+    plain = runner.invoke(app, ["top", "-k", "3", "-t", "1", "--db", str(db), "-f", "csv", "--no-context"]).stdout
+    assert plain.splitlines()[0] == "rank,instances,total_ns,pct,avg_ns,median_ns,min_ns,max_ns,stddev_ns,name"
     assert rows[0]["total_ns"] == "6793368" and rows[0]["instances"] == "4"
     as_json = json.loads(runner.invoke(app, ["top", "-k", "3", "-t", "1", "--db", str(db), "-f", "json"]).stdout)
     assert [r["total_ns"] for r in as_json] == [int(r["total_ns"]) for r in rows]

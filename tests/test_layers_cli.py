@@ -65,14 +65,18 @@ def test_stages(db: Path, tmp_path: Path) -> None:
 
 
 def test_top_context_columns(db: Path) -> None:
-    plain = _json(db, "top", "-t", "alexnet_b256_cudnn", "-k", "3")
+    plain = _json(db, "top", "-t", "alexnet_b256_cudnn", "-k", "3", "--no-context")
     assert "layer" not in plain[0]
-    rows = _json(db, "top", "-t", "alexnet_b256_cudnn", "-k", "3", "--context")
+    rows = _json(db, "top", "-t", "alexnet_b256_cudnn", "-k", "3")
     assert list(rows[0])[:10] == list(plain[0]) and list(rows[0])[10:] == ["layer", "pass", "library"]
     assert rows[0]["layer"] == "conv1" and rows[0]["pass"] == "forward" and rows[0]["library"] == "cuDNN"
     inst = _json(db, "top", "--instances", "-t", "alexnet_b256_cudnn", "-k", "2")
     assert list(inst[0])[:5] == ["rank", "layer", "pass", "name", "dur_ns"]
     assert inst[0]["layer"] == "conv1"
-    table = runner.invoke(app, ["top", "-t", "alexnet_b256_cudnn", "--context", "--db", str(db)],
-                          env={"COLUMNS": "160"}).stdout
-    assert "Layer" in table and "Library" in table
+    table = runner.invoke(app, ["top", "-t", "alexnet_b256_cudnn", "--db", str(db)],
+                          env={"COLUMNS": "180"}).stdout
+    assert "Layer" in table and "Library" in table and "StdDev" in table
+    assert "6.793 ms" in table  # numbers are never cut, whatever the names need
+    narrow = runner.invoke(app, ["top", "-t", "alexnet_b256_cudnn", "--db", str(db)],
+                           env={"COLUMNS": "140"}).stdout
+    assert "Layer" in narrow and "StdDev" not in narrow and "6.793 ms" in narrow
