@@ -18,8 +18,10 @@ from typing import Annotated, Optional
 import typer
 
 from traceq import __version__
+from traceq.analysis.compare import CompareBy
 from traceq.analysis.efficiency import GroupBy
 from traceq.analysis.kernels import NameBy, kernel_time_total, top_instances, top_kernels
+from traceq.analysis.memory import MemoryBy
 from traceq.analysis.traces import list_traces
 from traceq.errors import TraceqError
 from traceq.render import Format, format_for, render
@@ -400,6 +402,124 @@ def ru(
         return frame, title
 
     _show_trace_table(trace, db, fmt, out, build)
+
+
+SpecOpt = Annotated[Optional[Path], typer.Option("--spec", help="Model spec (TOML) giving each layer's shapes "
+                                                 "(see docs/flops.md) [default: shapes recorded in the trace]")]
+BatchOpt = Annotated[Optional[int], typer.Option("--batch", min=1, help="Batch size for --spec "
+                                                 "[default: the spec's]")]
+
+
+@app.command()
+def ce(
+    by: Annotated[GroupBy, typer.Option(help="One row per layer and pass, kernel name, or library")] = GroupBy.layer,
+    spec: SpecOpt = None,
+    batch: BatchOpt = None,
+    k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k rows with most FLOPs")] = None,
+    trace: TraceOpt = None,
+    db: DbOpt = None,
+    iteration_regex: IterOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Compute efficiency (CE): FLOPs, achieved TFLOP/s, and their share of the FP32 and tensor-core peaks."""
+    from traceq.analysis.efficiency import ce_table, trace_peaks
+
+    def build(con, trace_id: int, trace_name: str):
+        frame = ce_table(con, trace_id, by, spec=spec, batch=batch,
+                         iteration_regex=_iteration_regex(iteration_regex))
+        if k is not None:
+            frame = frame.head(k)
+        fp32, tensor, gpu = trace_peaks(con, trace_id, "float32")
+        title = (f"{trace_name}: compute efficiency per {by.value} on {gpu}; CE FP32 against "
+                 f"2 x clock x FP32 lanes = {fp32 / 1e12:.1f} TFLOP/s"
+                 + (f", CE tensor against the dense TF32 tensor-core peak {tensor / 1e12:.0f} TFLOP/s" if tensor else ""))
+        return frame, title
+
+    _show_trace_table(trace, db, fmt, out, build)
+
+
+@app.command()
+def compare(
+    a: Annotated[str, typer.Argument(help="First trace (name or id)", show_default=False)],
+    b: Annotated[str, typer.Argument(help="Second trace (name or id)", show_default=False)],
+    by: Annotated[CompareBy, typer.Option(help="Rows: layer and pass, kernel name, library or stage")] = CompareBy.layer,
+    spec: SpecOpt = None,
+    k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k heaviest rows")] = None,
+    db: DbOpt = None,
+    iteration_regex: IterOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Two runs side by side: GPU time (per iteration), difference, ratio, RU and CE."""
+    from traceq.analysis.compare import compare_runs
+
+    with user_errors():
+        con = _store(db, read_only=True)
+        (ta, na), (tb, nb) = resolve_trace(con, a), resolve_trace(con, b)
+        frame, per_iteration = compare_runs(con, ta, tb, by, spec=spec,
+                                            iteration_regex=_iteration_regex(iteration_regex))
+        if k is not None:
+            frame = frame.head(k)
+        unit = "GPU time per iteration" if per_iteration else "total GPU time"
+        title = f"a = {na} vs b = {nb} by {by.value}: {unit}, b - a, b / a"
+        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
+
+
+@app.command()
+def memory(
+    by: Annotated[MemoryBy, typer.Option(help="Allocations per layer and pass, or bytes in use after each event")]
+    = MemoryBy.layer,
+    trace: TraceOpt = None,
+    db: DbOpt = None,
+    iteration_regex: IterOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """GPU memory from the CUDA memory usage events: allocations per layer, bytes in use over time, peak."""
+    from traceq.analysis.memory import memory_by_layer, memory_summary, memory_timeline
+    from traceq.render.table import format_bytes
+
+    def build(con, trace_id: int, trace_name: str):
+        regex = _iteration_regex(iteration_regex)
+        frame = (memory_by_layer if by is MemoryBy.layer else memory_timeline)(con, trace_id, regex)
+        peaks = []
+        for r in memory_summary(con, trace_id, regex).iter_rows(named=True):
+            share = f" = {r['peak_pct']:.1f} % of {format_bytes(r['memory_bytes'])}" if r["memory_bytes"] else ""
+            peaks.append(f"GPU {r['device_id']} peak {format_bytes(r['peak_bytes'])}{share}"
+                         + (f", {format_bytes(r['before_capture_bytes'])} allocated before the capture"
+                            if r["before_capture_bytes"] else ""))
+        what = "device memory allocated per layer and pass" if by is MemoryBy.layer else "device memory in use"
+        return frame, f"{trace_name}: {what} ({'; '.join(peaks)})"
+
+    _show_trace_table(trace, db, fmt, out, build)
+
+
+@app.command()
+def report(
+    traces: Annotated[Optional[list[str]], typer.Argument(
+        help="Traces (names or ids), side by side [default: the latest loaded]", show_default=False)] = None,
+    out: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write")] = Path("report.html"),
+    top_k: Annotated[int, typer.Option("--k", "-k", min=1, help="Rows of the longest-launches table")] = 15,
+    title: Annotated[Optional[str], typer.Option("--title", help="Page title [default: the trace names]")] = None,
+    spec: SpecOpt = None,
+    batch: BatchOpt = None,
+    db: DbOpt = None,
+    iteration_regex: IterOpt = None,
+) -> None:
+    """One self-contained HTML report (Plotly, works offline): stages, layers, CE/RU, memory, timeline."""
+    from traceq.render.report import build_report
+
+    with user_errors():
+        started = time.monotonic()
+        con = _store(db, read_only=True)
+        ids = [resolve_trace(con, t)[0] for t in (traces or [None])]  # type: ignore[list-item]
+        page = build_report(con, ids, iteration_regex=_iteration_regex(iteration_regex), top_k=top_k, title=title,
+                            spec=spec, batch=batch)
+        _emit(page, out)
+        figures = page.count('class="figure"')
+        _err(f"{len(page) / 1e6:.1f} MB, {figures} figures, "
+             f"in {time.monotonic() - started:.1f} s; open it in a browser (no network needed)")
 
 
 def main() -> None:

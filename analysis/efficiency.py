@@ -15,6 +15,7 @@ separately the dense tensor-core peak for the data type; CE is reported against 
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from pathlib import Path
 
@@ -187,3 +188,140 @@ def ru_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = 
             .agg(pl.len().cast(pl.Int64).alias("kernels"), pl.col("dur_ns").sum().cast(pl.Int64).alias("total_ns"),
                  *described, *[_weighted(c) for c in means])
             .sort(["total_ns", *keys], descending=[True] + [False] * len(keys), nulls_last=True))
+
+
+# --- compute efficiency ----------------------------------------------------------------------
+
+NO_FLOPS = ("no FLOPs: the trace has no op shapes; record it under "
+            "torch.autograd.profiler.emit_nvtx(record_shapes=True), or pass --spec model.toml (docs/flops.md)")
+
+_FLOP_OPERATIONS = ("convolution", "gemm")
+"""Kernels that do a layer's arithmetic; layout transforms, im2col and the like get no FLOPs."""
+
+
+def distribute_flops(kernels: pl.DataFrame, flops: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Spread each group's FLOPs over its kernels: kernel_id, flops (Float64).
+
+    `kernels` has kernel_id, dur_ns, operation and `keys`; `flops` has `keys` and flops. Within
+    a group the convolution and GEMM kernels share the FLOPs in proportion to their time; a
+    group with none of them shares over all its kernels. Kernels of groups without FLOPs get 0.
+    """
+    doers = pl.col("operation").is_in(_FLOP_OPERATIONS)
+    k = kernels.with_columns(
+        has_doer=doers.any().over(keys)).with_columns(
+        weight=pl.when(doers | ~pl.col("has_doer")).then(pl.col("dur_ns")).otherwise(0))
+    k = k.with_columns(share=pl.col("weight") / pl.col("weight").sum().over(keys))
+    return (k.join(flops.select(*keys, pl.col("flops").alias("group_flops")), on=keys, how="left",
+                   nulls_equal=True)
+            .select("kernel_id", flops=(pl.col("share").fill_nan(0) * pl.col("group_flops")).fill_null(0.0)))
+
+
+def trace_peaks(con: duckdb.DuckDBPyConnection, trace_id: int, dtype: str) -> tuple[float, float | None, str]:
+    """(FP32 peak FLOP/s, tensor-core peak FLOP/s for `dtype` or None, GPU description) of the
+    device that ran the most kernel time. Raises MissingDataError without a device record."""
+    from traceq.analysis.peaks import fp32_peak_flops, tensor_peak_flops
+
+    rows = con.execute(
+        "SELECT g.name, g.cc_major, g.cc_minor, g.sm_count, g.clock_hz FROM gpus g "
+        "JOIN (SELECT device_id, sum(dur_ns) AS t FROM kernels WHERE trace_id = ? GROUP BY 1) k "
+        "ON k.device_id = g.device_id WHERE g.trace_id = ? ORDER BY k.t DESC LIMIT 1",
+        [trace_id, trace_id]).fetchall()
+    if not rows or None in rows[0][1:]:
+        raise MissingDataError("the trace has no GPU description (compute capability, SMs, clock), "
+                               "so its peak FLOP/s is unknown")
+    name, major, minor, sms, clock = rows[0]
+    return (fp32_peak_flops(major, minor, sms, clock), tensor_peak_flops(major, minor, sms, clock, dtype),
+            f"{name} ({sms} SMs at {clock / 1e9:.2f} GHz)")
+
+
+def infer_batch(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl.DataFrame,
+                sample_bytes: int) -> int | None:
+    """The batch size a training trace copied to the GPU each iteration, or None.
+
+    Host-to-device bytes per iteration (iterations from `kernels`' iteration column) divided by
+    one fp32 sample plus an int64 label, or by the sample alone: only when it divides exactly
+    (AlexNet b256: 158,299,136 B = 256 x (3 x 227 x 227 x 4 + 8)), so a guess is never made.
+    """
+    iterations = kernels["iteration"].drop_nulls().n_unique()
+    rows = con.execute("SELECT coalesce(sum(bytes), 0) FROM memops WHERE trace_id = ? AND op = 'memcpy' "
+                       "AND copy_kind = 'Host-to-Device'", [trace_id]).fetchall()
+    total = int(rows[0][0])
+    if not iterations or not total or total % iterations or sample_bytes <= 0:
+        return None
+    per_iteration = total // iterations
+    for unit in (sample_bytes + 8, sample_bytes):
+        if per_iteration % unit == 0:
+            return per_iteration // unit
+    return None
+
+
+def kernel_ce(con: duckdb.DuckDBPyConnection, trace_id: int, *, spec: Path | None = None,
+              batch: int | None = None, iteration_regex: str = ITERATION_REGEX) -> pl.DataFrame:
+    """Every kernel with its FLOPs: kernel_id, name, library, operation, tensor_cores, layer,
+    pass, dur_ns, flops, dtype.
+
+    FLOPs come from the model spec when given (a layer's FLOPs per step times the times its
+    range occurs, spread over its convolution and GEMM kernels by `distribute_flops`; the batch
+    is `batch`, else what `infer_batch` finds in the trace, else the spec's), else from the op shapes PyTorch recorded in the trace
+    (`flops.kernel_flops`). Raises MissingDataError when the trace has neither.
+    """
+    from traceq.analysis.classify import classify_names
+    from traceq.analysis.flops import kernel_flops, load_spec, spec_layer_flops
+
+    k = attributed_kernels(con, trace_id, iteration_regex)
+    tensor = classify_names(k["name"].unique()).select("name", "tensor_cores")
+    k = k.join(tensor, on="name", how="left")
+    if spec is not None:
+        if batch is None:
+            batch = infer_batch(con, trace_id, k, math.prod(load_spec(spec).input_shape) * 4)
+        layers = spec_layer_flops(spec, batch)
+        # The spec counts one step; a layer's range occurs once per step the trace recorded.
+        occurrences = con.sql(
+            f"SELECT name AS layer, count(*) AS n FROM nvtx WHERE trace_id = {int(trace_id)} "
+            f"AND kind = 'pushpop' GROUP BY name").pl()
+        layers = (layers.join(occurrences, on="layer", how="left")
+                  .with_columns(flops=pl.col("flops") * pl.col("n").fill_null(1)))
+        flops = distribute_flops(k, layers, ["layer", "pass"])
+        dtype = layers["dtype"][0] if layers.height else "float32"
+    else:
+        per_kernel = kernel_flops(con, trace_id)
+        flops = per_kernel.select("kernel_id", pl.col("flops").cast(pl.Float64))
+        dtype = per_kernel["dtype"][0] if "dtype" in per_kernel.columns and per_kernel.height else "float32"
+    return (k.join(flops, on="kernel_id", how="left")
+            .with_columns(pl.col("flops").fill_null(0.0), dtype=pl.lit(dtype))
+            .select("kernel_id", "name", "library", "operation", "tensor_cores", "layer", "pass",
+                    "dur_ns", "flops", "dtype"))
+
+
+def ce_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = GroupBy.layer, *,
+             spec: Path | None = None, batch: int | None = None,
+             iteration_regex: str = ITERATION_REGEX) -> pl.DataFrame:
+    """Compute efficiency per layer and pass, kernel name or library, most FLOPs first.
+
+    Columns: the keys (layer, pass | name | library), kernels, total_ns (GPU time of all the
+    group's kernels), flops, tflops (achieved TFLOP/s), ce_fp32 (achieved / the paper's peak,
+    2 x clock x FP32 lanes x SMs), ce_tensor (achieved / the dense tensor-core peak for the data
+    type; null where the GPU has none), tensor_core_pct (share of the group's time in kernels
+    whose names show tensor cores: which of the two peaks applies). Groups without FLOPs are
+    left out. Raises MissingDataError without shapes or spec (with how to get them).
+    """
+    by = GroupBy(by)
+    k = kernel_ce(con, trace_id, spec=spec, batch=batch, iteration_regex=iteration_regex)
+    if not k["flops"].sum() > 0:
+        raise MissingDataError(NO_FLOPS if spec is None else f"{spec}: no layer of the spec matches an NVTX "
+                               "range of the trace (names must be the ranges' names: conv1, fc6, ...)")
+    dtype = k["dtype"][0] if k.height else "float32"
+    fp32_peak, tensor_peak, _gpu = trace_peaks(con, trace_id, dtype)
+    keys = _KEYS[by]
+    seconds = pl.col("total_ns") * 1e-9
+    return (k.group_by(keys)
+            .agg(pl.len().cast(pl.Int64).alias("kernels"), pl.col("dur_ns").sum().cast(pl.Int64).alias("total_ns"),
+                 pl.col("flops").sum(),
+                 (100 * pl.col("dur_ns").filter(pl.col("tensor_cores").fill_null(False)).sum()
+                  / pl.col("dur_ns").sum()).alias("tensor_core_pct"))
+            .filter(pl.col("flops") > 0)
+            .with_columns(tflops=pl.col("flops") / seconds / 1e12,
+                          ce_fp32=pl.col("flops") / seconds / fp32_peak,
+                          ce_tensor=(pl.col("flops") / seconds / tensor_peak) if tensor_peak else pl.lit(None, pl.Float64))
+            .select(*keys, "kernels", "total_ns", "flops", "tflops", "ce_fp32", "ce_tensor", "tensor_core_pct")
+            .sort(["flops", *keys], descending=[True] + [False] * len(keys), nulls_last=True))

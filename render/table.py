@@ -37,7 +37,8 @@ _HEADERS = {
     "ce_fp32": "CE FP32 %",
     "ce_tensor": "CE tensor %",
     "tflops": "TFLOP/s",
-    "gflops": "GFLOP",
+    "flops": "FLOP",
+    "tensor_core_pct": "Tensor core %",
     "blocks_per_sm": "Blocks/SM",
     "registers_per_thread": "Regs",
     "smem_bytes": "Smem",
@@ -75,9 +76,22 @@ def format_bytes(n: float | int | None) -> str:
     return f"{value:.0f} B"
 
 
+def format_count(n: float | int | None) -> str:
+    """917290000000 -> '917.29 G': SI prefixes for large counts such as FLOPs."""
+    if n is None:
+        return ""
+    value = float(n)
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f}"
+
+
 def format_cell(column: str, value: object) -> str:
     if value is None:
         return ""
+    if column == "flops" or column.endswith("_flops"):
+        return format_count(value)  # type: ignore[arg-type]
     if column.endswith("_ns"):
         return format_duration(value)  # type: ignore[arg-type]
     if column.endswith("_bytes"):

@@ -131,3 +131,94 @@ def test_ru_cli(tmp_path: Path) -> None:
     assert len([line for line in table.stdout.splitlines() if line.startswith("│")]) == 5
     bad = runner.invoke(app, ["ru", "--cc", "x", "--db", str(db)])
     assert bad.exit_code == 1 and bad.stderr.startswith("traceq: ")
+
+
+# --- compute efficiency ----------------------------------------------------------------------
+
+ALEXNET = SAMPLES / "alexnet.model.toml"
+H200_FP32_PEAK = 2 * 1.98e9 * 128 * 132  # 2 x clock x FP32 lanes per SM x SMs (the trace's clock)
+
+
+def test_batch_is_inferred_from_the_input_copies(sample_store) -> None:
+    from traceq.analysis.efficiency import infer_batch
+    from traceq.analysis.layers import attributed_kernels
+
+    for name, sample_bytes, batch in (("alexnet_b256_cudnn", 3 * 227 * 227 * 4, 256),
+                                      ("alexnet_b128_cudnn", 3 * 227 * 227 * 4, 128),
+                                      ("lenet_b256_cudnn", 28 * 28 * 4, 256)):
+        t = trace_id(sample_store, name)
+        assert infer_batch(sample_store, t, attributed_kernels(sample_store, t), sample_bytes) == batch
+    t = trace_id(sample_store, "alexnet_b256_cudnn")  # a wrong sample size divides nothing
+    assert infer_batch(sample_store, t, attributed_kernels(sample_store, t), 3 * 224 * 224 * 4) is None
+
+
+def test_ce_by_layer_is_equation_8(sample_store) -> None:
+    from traceq.analysis.efficiency import ce_table, kernel_ce
+    from traceq.analysis.flops import spec_layer_flops
+
+    t = trace_id(sample_store, "alexnet_b256_cudnn")
+    frame = ce_table(sample_store, t, "layer", spec=ALEXNET)
+    spec = spec_layer_flops(ALEXNET, 256)
+    kernels = kernel_ce(sample_store, t, spec=ALEXNET)
+    for layer in ("conv1", "bconv3", "fc6"):
+        row = frame.filter(pl.col("layer") == layer).row(0, named=True)
+        step = spec.filter(pl.col("layer") == layer)["flops"][0]
+        assert row["flops"] == pytest.approx(4 * step)  # four iterations, one range each
+        time_ns = kernels.filter(pl.col("layer") == layer)["dur_ns"].sum()
+        assert row["total_ns"] == time_ns
+        assert row["ce_fp32"] == pytest.approx(4 * step / (time_ns * 1e-9) / H200_FP32_PEAK, rel=1e-3)
+        assert row["tflops"] == pytest.approx(4 * step / time_ns / 1e3)
+    # every FLOP of a layer with kernels lands on some kernel, and the groupings agree. (bconv1
+    # has none: the module hook's range closes before autograd launches conv1's weight gradient,
+    # which runs in the backward stage outside every layer range.)
+    with_kernels = spec.filter(pl.col("layer").is_in(kernels["layer"].drop_nulls().unique().implode()))
+    assert set(spec["layer"]) - set(with_kernels["layer"]) == {"bconv1"}
+    assert kernels["flops"].sum() == pytest.approx(4 * with_kernels["flops"].sum())
+    by_library = ce_table(sample_store, t, "library", spec=ALEXNET)
+    assert by_library["flops"].sum() == pytest.approx(frame["flops"].sum())
+    assert set(by_library["library"]) == {"cuDNN", "cuBLAS"}  # only convs and GEMMs do the arithmetic
+    # cuDNN runs the convolutions on TF32 tensor cores: above the FP32 peak, below the tensor one
+    conv2 = frame.filter(pl.col("layer") == "conv2").row(0, named=True)
+    assert conv2["ce_fp32"] > 1 > conv2["ce_tensor"] > 0 and conv2["tensor_core_pct"] > 50
+
+
+def test_paper_finding_cudnn_conv_ce_beats_cublas(sample_store) -> None:
+    """The paper: cuDNN's convolution CE is about 2x cuBLAS's (here: far more, TF32 tensor cores)."""
+    from traceq.analysis.compare import compare_runs
+
+    a, b = trace_id(sample_store, "alexnet_b256_cudnn"), trace_id(sample_store, "alexnet_b256_nocudnn")
+    frame, _ = compare_runs(sample_store, a, b, "layer", spec=ALEXNET)
+    conv = frame.filter(pl.col("layer").str.contains(r"^b?conv\d$"))
+    assert conv.height == 9 and (conv["a_ce"] > 2 * conv["b_ce"]).all()  # all but bconv1 (no kernels)
+    fc = frame.filter(pl.col("layer").str.contains(r"^b?fc\d$"))  # the same cuBLAS GEMMs in both
+    assert ((fc["a_ce"] / fc["b_ce"] - 1).abs() < 0.15).all()
+
+
+def test_ce_without_flops_says_how_to_get_them(tmp_path: Path) -> None:
+    db = tmp_path / "s.duckdb"
+    assert runner.invoke(app, ["load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db)]).exit_code == 0
+    result = runner.invoke(app, ["ce", "--db", str(db)])
+    assert result.exit_code == 1 and "emit_nvtx(record_shapes=True)" in result.stderr and "--spec" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    rows = json.loads(runner.invoke(app, ["ce", "--spec", str(SAMPLES / "lenet.model.toml"), "--db", str(db),
+                                          "-f", "json"]).stdout)
+    assert {r["layer"] for r in rows} == {"conv1", "conv2", "fc1", "fc2", "bconv2", "bfc1", "bfc2"}
+    bad = runner.invoke(app, ["ce", "--spec", str(tmp_path / "missing.toml"), "--db", str(db)])
+    assert bad.exit_code == 1 and bad.stderr.startswith("traceq: ")
+
+
+def test_ce_from_recorded_shapes(tmp_path: Path) -> None:
+    from conftest import shared
+    from traceq.analysis.efficiency import ce_table
+    from traceq.ingest import load_trace
+    from traceq.store import open_store
+
+    con = open_store(tmp_path / "r.duckdb", create=True)
+    t = load_trace(con, shared("reference", "resnet50_b32_autograd_40it.sqlite")).trace_id
+    frame = ce_table(con, t, "layer")
+    forward = frame.filter(pl.col("layer") == "aten::cudnn_convolution").row(0, named=True)
+    # ~4.09 G multiply-adds per 224x224 image in the convs, batch 32, 40 iterations
+    assert forward["flops"] == pytest.approx(2 * 4.09e9 * 32 * 40, rel=0.01)
+    assert forward["ce_fp32"] > 1 and forward["tensor_core_pct"] > 50
+    backward = frame.filter(pl.col("layer") == "aten::convolution_backward")["flops"][0]
+    assert 1.9 < backward / forward["flops"] < 2.0  # twice the forward, less conv1's data gradient

@@ -1,0 +1,111 @@
+"""Two runs side by side: `traceq compare A B` (cuDNN vs cuBLAS, batch 128 vs 256, before and
+after a change). Rows are layers, kernels, libraries or stages present in either run; times are
+per iteration when both traces mark iterations (runs of different lengths compare fairly), else
+totals. RU (kernel-time-weighted) comes with every grouping but stages; CE comes where FLOPs are
+known (shapes in the trace or a model spec).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from traceq.analysis.attribution import ITERATION_REGEX
+from traceq.analysis.efficiency import GroupBy, ru_table
+from traceq.analysis.layers import attributed_kernels, stage_times
+from traceq.errors import MissingDataError
+
+
+class CompareBy(str, Enum):
+    layer = "layer"
+    kernel = "kernel"
+    library = "library"
+    stage = "stage"
+
+
+_KEYS = {CompareBy.layer: ["layer", "pass"], CompareBy.kernel: ["name"], CompareBy.library: ["library"],
+         CompareBy.stage: ["stage"]}
+
+
+def iteration_count(kernels: pl.DataFrame) -> int:
+    """Distinct iterations the kernels ran in (0 when the trace marks none)."""
+    return kernels["iteration"].drop_nulls().n_unique()
+
+
+def _times(con: duckdb.DuckDBPyConnection, trace_id: int, by: CompareBy, iteration_regex: str,
+           per_iteration: bool) -> pl.DataFrame:
+    """keys, kernels, time_ns for one trace (per iteration when asked)."""
+    if by is CompareBy.stage:
+        stages = stage_times(con, trace_id, iteration_regex)
+        if per_iteration:
+            stages = stages.filter(pl.col("iteration").is_not_null())
+        columns = ["data_copy_ns", "forward_ns", "backward_ns", "weight_update_ns", "other_ns", "idle_ns", "span_ns"]
+        sums = stages.select(pl.col(columns).sum())
+        frame = pl.DataFrame({"stage": [c.removesuffix("_ns") for c in columns],
+                              "kernels": [None] * len(columns),
+                              "time_ns": [int(sums[c][0]) for c in columns]},
+                             schema={"stage": pl.String, "kernels": pl.Int64, "time_ns": pl.Int64})
+        divisor = stages["iteration"].n_unique() if per_iteration else 1
+    else:
+        k = attributed_kernels(con, trace_id, iteration_regex)
+        divisor = iteration_count(k) if per_iteration else 1
+        if per_iteration:
+            k = k.filter(pl.col("iteration").is_not_null())
+        frame = k.group_by(_KEYS[by]).agg(kernels=pl.len().cast(pl.Int64), time_ns=pl.col("dur_ns").sum())
+    return frame.with_columns(kernels=pl.col("kernels") // divisor, time_ns=pl.col("time_ns") // divisor)
+
+
+def compare_runs(
+    con: duckdb.DuckDBPyConnection, a: int, b: int, by: CompareBy | str = CompareBy.layer, *,
+    iteration_regex: str = ITERATION_REGEX, spec: Path | None = None,
+) -> tuple[pl.DataFrame, bool]:
+    """Runs `a` and `b` side by side, heaviest (in either) first.
+
+    Returns (frame, per_iteration). Columns: the keys (layer, pass | name | library | stage),
+    a_kernels, b_kernels (not for stages), a_ns, b_ns (GPU time: per iteration when per_iteration, else total),
+    diff_ns (b - a), ratio (b / a), and except for stages: a_ru, b_ru (fractions); with FLOPs
+    for both runs (layer and library): a_ce, b_ce (fractions of the FP32 peak). A row missing
+    from one run has nulls there.
+    """
+    by = CompareBy(by)
+    keys = _KEYS[by]
+    ka, kb = (attributed_kernels(con, t, iteration_regex) for t in (a, b))
+    per_iteration = iteration_count(ka) > 0 and iteration_count(kb) > 0
+    ta, tb = (_times(con, t, by, iteration_regex, per_iteration) for t in (a, b))
+    frame = ta.join(tb, on=keys, how="full", coalesce=True, suffix="_b", nulls_equal=True).rename(
+        {"kernels": "a_kernels", "time_ns": "a_ns", "kernels_b": "b_kernels", "time_ns_b": "b_ns"})
+    frame = frame.with_columns(
+        diff_ns=pl.col("b_ns").fill_null(0) - pl.col("a_ns").fill_null(0),
+        ratio=pl.when(pl.col("a_ns") > 0).then(pl.col("b_ns") / pl.col("a_ns")))
+    if by is not CompareBy.stage:
+        group = {CompareBy.layer: GroupBy.layer, CompareBy.kernel: GroupBy.kernel,
+                 CompareBy.library: GroupBy.library}[by]
+        for side, trace in (("a", a), ("b", b)):
+            ru = ru_table(con, trace, group, iteration_regex=iteration_regex).select(*keys, pl.col("ru").alias(f"{side}_ru"))
+            frame = frame.join(ru, on=keys, how="left", nulls_equal=True)
+        if by in (CompareBy.layer, CompareBy.library):
+            frame = _with_ce(con, frame, a, b, keys, group, spec, iteration_regex)
+    order = pl.max_horizontal(pl.col("a_ns").fill_null(0), pl.col("b_ns").fill_null(0))
+    if by is CompareBy.stage:  # in the stages' own order; kernel counts mean nothing here
+        return frame.drop("a_kernels", "b_kernels"), per_iteration
+    return frame.sort(order, *keys, descending=[True] + [False] * len(keys), nulls_last=True), per_iteration
+
+
+def _with_ce(con, frame: pl.DataFrame, a: int, b: int, keys: list[str], group: GroupBy,
+             spec: Path | None, iteration_regex: str) -> pl.DataFrame:
+    """Adds a_ce and b_ce when both runs have FLOPs; leaves the frame as it is otherwise."""
+    from traceq.analysis.efficiency import ce_table
+
+    sides = []
+    for side, trace in (("a", a), ("b", b)):
+        try:
+            ce = ce_table(con, trace, group, spec=spec, iteration_regex=iteration_regex)
+        except MissingDataError:
+            return frame
+        sides.append(ce.select(*keys, pl.col("ce_fp32").alias(f"{side}_ce")))
+    for ce in sides:
+        frame = frame.join(ce, on=keys, how="left", nulls_equal=True)
+    return frame
