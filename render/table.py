@@ -48,9 +48,17 @@ FRACTIONS = frozenset({"ru", "paper_ru", "occupancy", "kineto_occupancy", "ce_fp
 """Columns holding fractions (0..1) in frames; tables show them as percentages."""
 
 
+def _side(column: str) -> str | None:
+    """'a_ru' -> 'ru': the columns `traceq compare` prefixes with its runs' letters."""
+    return column[2:] if column[:2] in ("a_", "b_") else None
+
+
 def header(column: str) -> str:
     if column in _HEADERS:
         return _HEADERS[column]
+    side = _side(column)
+    if side in FRACTIONS or side in {"ce"}:
+        return f"{column[0].upper()} " + ("CE FP32 %" if side == "ce" else _HEADERS[side])
     base = column.removesuffix("_ns").removesuffix("_bytes")
     return base.replace("_", " ").capitalize()
 
@@ -96,7 +104,7 @@ def format_cell(column: str, value: object) -> str:
         return format_duration(value)  # type: ignore[arg-type]
     if column.endswith("_bytes"):
         return format_bytes(value)  # type: ignore[arg-type]
-    if column in FRACTIONS:
+    if column in FRACTIONS or _side(column) in FRACTIONS | {"ce"}:
         return f"{100 * float(value):.1f}"  # type: ignore[arg-type]
     if column == "pct" or column.endswith("_pct"):
         return f"{float(value):.1f}"  # type: ignore[arg-type]
