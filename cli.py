@@ -142,8 +142,16 @@ def _print_version(value: bool) -> None:
 def _main(
     version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
                                           help="Print the version and exit")] = False,
+    rules: Annotated[Optional[Path], typer.Option(
+        "--rules", envvar="TRACEQ_RULES", show_default=False,
+        help="Kernel classification rules (TOML, the format of analysis/kernel_rules.toml) "
+             "tried before the packaged ones")] = None,
 ) -> None:
     """Which kernels, libraries and layers a GPU trace spent its time in."""
+    from traceq.analysis.classify import use_rules
+
+    with user_errors():
+        use_rules(rules)  # a bad rules file fails here, in one line, before any work
 
 
 @app.command()

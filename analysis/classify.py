@@ -18,6 +18,7 @@ hundred distinct kernels, so `classify_names` works on the distinct names only.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from collections.abc import Iterable, Iterator
@@ -177,10 +178,35 @@ def load_rules(user_rules: str | Path | None = None) -> RuleSet:
     return RuleSet({question: tuple(rules) for question, rules in combined.items()})
 
 
-@lru_cache(maxsize=1)
+RULES_ENV = "TRACEQ_RULES"
+"""Environment variable naming a user rules file that every analysis puts in front of the
+packaged rules (the CLI's `--rules FILE` sets it)."""
+
+
+_chosen_rules: list[str | None] = [None]
+
+
+def use_rules(user_rules: str | Path | None) -> RuleSet | None:
+    """Make `user_rules` the file `default_rules` puts in front (None: back to $TRACEQ_RULES or
+    none); returns its rules, so a bad file fails here and changes nothing. The CLI's `--rules`
+    calls this."""
+    if user_rules is None:
+        _chosen_rules[0] = None
+        return None
+    rules = _rules_for(str(user_rules))  # raises before choosing
+    _chosen_rules[0] = str(user_rules)
+    return rules
+
+
 def default_rules() -> RuleSet:
-    """The packaged rules alone, compiled once."""
-    return load_rules()
+    """The rules analyses use: the file given to `use_rules`, else $TRACEQ_RULES's, in front of
+    the packaged rules, or the packaged rules alone; compiled once per file."""
+    return _rules_for(_chosen_rules[0] or os.environ.get(RULES_ENV) or None)
+
+
+@lru_cache(maxsize=4)
+def _rules_for(user_rules: str | None) -> RuleSet:
+    return load_rules(user_rules)
 
 
 def classify(name: str, mangled: str | None = None, rules: RuleSet | None = None) -> Classification:

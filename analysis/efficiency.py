@@ -218,20 +218,20 @@ def distribute_flops(kernels: pl.DataFrame, flops: pl.DataFrame, keys: list[str]
 
 def trace_peaks(con: duckdb.DuckDBPyConnection, trace_id: int, dtype: str) -> tuple[float, float | None, str]:
     """(FP32 peak FLOP/s, tensor-core peak FLOP/s for `dtype` or None, GPU description) of the
-    device that ran the most kernel time. Raises MissingDataError without a device record."""
-    from traceq.analysis.peaks import fp32_peak_flops, tensor_peak_flops
+    device that ran the most kernel time (`peaks.trace_peaks` has every device). Raises
+    MissingDataError without a device record."""
+    from traceq.analysis.peaks import trace_peaks as device_peaks
 
-    rows = con.execute(
-        "SELECT g.name, g.cc_major, g.cc_minor, g.sm_count, g.clock_hz FROM gpus g "
-        "JOIN (SELECT device_id, sum(dur_ns) AS t FROM kernels WHERE trace_id = ? GROUP BY 1) k "
-        "ON k.device_id = g.device_id WHERE g.trace_id = ? ORDER BY k.t DESC LIMIT 1",
-        [trace_id, trace_id]).fetchall()
-    if not rows or None in rows[0][1:]:
+    devices = device_peaks(con, trace_id, dtype)
+    busy = con.sql(f"SELECT device_id, sum(dur_ns) AS busy_ns FROM kernels WHERE trace_id = {int(trace_id)} "
+                   "GROUP BY 1").pl()
+    devices = devices.join(busy, on="device_id", how="left").sort("busy_ns", descending=True, nulls_last=True)
+    if devices.is_empty():
         raise MissingDataError("the trace has no GPU description (compute capability, SMs, clock), "
                                "so its peak FLOP/s is unknown")
-    name, major, minor, sms, clock = rows[0]
-    return (fp32_peak_flops(major, minor, sms, clock), tensor_peak_flops(major, minor, sms, clock, dtype),
-            f"{name} ({sms} SMs at {clock / 1e9:.2f} GHz)")
+    gpu = devices.row(0, named=True)
+    return (gpu["fp32_peak_flops"], gpu["tensor_peak_flops"],
+            f"{gpu['name']} ({gpu['sm_count']} SMs at {gpu['clock_hz'] / 1e9:.2f} GHz)")
 
 
 def infer_batch(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl.DataFrame,

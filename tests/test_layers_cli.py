@@ -80,3 +80,21 @@ def test_top_context_columns(db: Path) -> None:
     narrow = runner.invoke(app, ["top", "-t", "alexnet_b256_cudnn", "--db", str(db)],
                            env={"COLUMNS": "140"}).stdout
     assert "Layer" in narrow and "StdDev" not in narrow and "6.793 ms" in narrow
+
+
+def test_user_rules_file_for_every_command(db: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[[library]]\nmatch = '^sm80_xmma_fprop'\nvalue = \"MyLib\"\n")
+    from traceq.analysis.classify import use_rules
+
+    request.addfinalizer(lambda: use_rules(None))  # later tests classify with the packaged rules
+    rows = json.loads(runner.invoke(app, ["--rules", str(rules), "libs", "-t", "alexnet_b256_cudnn",
+                                          "--db", str(db), "-f", "json"]).stdout)
+    mine = [r for r in rows if r["library"] == "MyLib"]
+    assert len(mine) == 1 and mine[0]["kernels"] == 4  # conv1's forward kernel, 4 iterations
+    env = {"TRACEQ_RULES": str(rules)}
+    top = json.loads(runner.invoke(app, ["top", "-k", "1", "-t", "alexnet_b256_cudnn", "--db", str(db),
+                                         "-f", "json"], env=env).stdout)
+    assert top[0]["library"] == "MyLib"
+    bad = runner.invoke(app, ["--rules", str(tmp_path / "none.toml"), "libs", "--db", str(db)])
+    assert bad.exit_code == 1 and bad.stderr.startswith("traceq: cannot read rules file")
