@@ -99,7 +99,7 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str) -> st
         FROM pd ASOF LEFT JOIN rd
           ON pd.pid = rd.pid AND pd.tid = rd.tid AND rd.depth = pd.depth AND pd.t >= rd.start_ns
     ),
-    by_time_ranges AS (
+    by_time_ranges AS MATERIALIZED (
         SELECT pid, tid, kind, coalesce(name, '') AS name, start_ns, coalesce(end_ns, {_FOREVER}) AS end_ns,
                regexp_replace(coalesce(name, ''), '{_SUFFIX_REGEX}', '') AS nm,
                regexp_matches(coalesce(name, ''), {it}) AS is_iter,
@@ -109,6 +109,26 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str) -> st
           AND (kind = 'startend' OR regexp_matches(coalesce(name, ''), {it})
                OR lower(coalesce(name, '')) IN ({stages}))
     ),
+    -- Iteration ranges do not overlap one another, nor do stage ranges: the one that began last
+    -- before a point is the only candidate (an ASOF join, not a range join of every point with
+    -- every range). Other start/end ranges may overlap freely and are range-joined; they are few.
+    iter_hits AS (
+        SELECT p.id, n.* FROM pts p ASOF JOIN (SELECT * FROM by_time_ranges WHERE is_iter) n
+          ON n.pid = p.pid AND p.t >= n.start_ns
+        WHERE p.t < n.end_ns
+    ),
+    stage_hits AS (
+        SELECT p.id, n.* FROM pts p ASOF JOIN (SELECT * FROM by_time_ranges WHERE is_stage AND NOT is_iter) n
+          ON n.pid = p.pid AND p.t >= n.start_ns
+        WHERE p.t < n.end_ns
+    ),
+    other_hits AS (
+        SELECT p.id, n.* FROM pts p JOIN (SELECT * FROM by_time_ranges WHERE NOT is_iter AND NOT is_stage) n
+          ON n.pid = p.pid AND n.start_ns <= p.t AND p.t < n.end_ns
+    ),
+    hits AS (
+        SELECT * FROM iter_hits UNION ALL SELECT * FROM stage_hits UNION ALL SELECT * FROM other_hits
+    ),
     by_time AS (
         SELECT p.id,
                arg_max(n.nm, n.start_ns) FILTER (WHERE n.is_iter) AS iteration,
@@ -117,8 +137,7 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str) -> st
                arg_max(n.name, n.start_ns) AS time_innermost,
                string_agg(n.nm, '/' ORDER BY n.start_ns, n.end_ns DESC)
                    FILTER (WHERE n.kind = 'startend' OR n.tid IS DISTINCT FROM p.tid) AS prefix
-        FROM pts p JOIN by_time_ranges n
-          ON n.pid = p.pid AND n.start_ns <= p.t AND p.t < n.end_ns
+        FROM hits n JOIN pts p USING (id)
         GROUP BY p.id
     ),
     forward_names AS (SELECT DISTINCT nm FROM r WHERE NOT is_iter AND NOT is_stage),
