@@ -61,6 +61,19 @@ def sample_store(tmp_path_factory: pytest.TempPathFactory):
     con.close()
 
 
+@pytest.fixture(scope="session")
+def resnet50_store(tmp_path_factory: pytest.TempPathFactory):
+    """(connection, trace id) of the team's ResNet-50 emit_nvtx trace (26 MB, 107k NVTX ranges),
+    loaded once for the session; skips without ../shared."""
+    from traceq.ingest import load_trace
+    from traceq.store import open_store
+
+    path = shared("reference", "resnet50_b32_autograd_40it.sqlite")
+    con = open_store(tmp_path_factory.mktemp("resnet50") / "r50.duckdb", create=True)
+    yield con, load_trace(con, path).trace_id
+    con.close()
+
+
 def assert_load_refused(db: Path, target: Path, *words: str) -> str:
     """`traceq load target` fails as bad input must: one `traceq:` line on stderr naming `words`,
     exit 1, no traceback, and the store file byte for byte as it was (or still absent)."""

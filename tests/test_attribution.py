@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import polars as pl
 import pytest
-from conftest import shared, trace_id
+from conftest import trace_id
 
 from traceq.analysis.attribution import STAGES, kernel_attribution
 from traceq.analysis.layers import attributed_kernels, library_times, stage_times
@@ -107,20 +107,9 @@ def test_stage_times_add_up(sample_store) -> None:
 _SUFFIX = re.compile(r",\s*(seq|op_id|sizes|input_op_ids)\s*=.*$")
 
 
-@pytest.fixture(scope="module")
-def resnet50():
-    from traceq.ingest import load_trace
-    from traceq.store import open_store
-
-    path = shared("reference", "resnet50_b32_autograd_40it.sqlite")
-    import tempfile
-    from pathlib import Path
-
-    db = Path(tempfile.mkdtemp()) / "r50.duckdb"
-    con = open_store(db, create=True)
-    tid = load_trace(con, path).trace_id
-    yield con, tid
-    con.close()
+@pytest.fixture
+def resnet50(resnet50_store):
+    return resnet50_store
 
 
 def test_resnet50_every_kernel_maps_to_its_aten_op_and_pass(resnet50) -> None:

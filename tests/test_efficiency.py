@@ -207,14 +207,10 @@ def test_ce_without_flops_says_how_to_get_them(tmp_path: Path) -> None:
     assert bad.exit_code == 1 and bad.stderr.startswith("traceq: ")
 
 
-def test_ce_from_recorded_shapes(tmp_path: Path) -> None:
-    from conftest import shared
+def test_ce_from_recorded_shapes(resnet50_store) -> None:
     from traceq.analysis.efficiency import ce_table
-    from traceq.ingest import load_trace
-    from traceq.store import open_store
 
-    con = open_store(tmp_path / "r.duckdb", create=True)
-    t = load_trace(con, shared("reference", "resnet50_b32_autograd_40it.sqlite")).trace_id
+    con, t = resnet50_store
     frame = ce_table(con, t, "layer")
     forward = frame.filter(pl.col("layer") == "aten::cudnn_convolution").row(0, named=True)
     # ~4.09 G multiply-adds per 224x224 image in the convs, batch 32, 40 iterations

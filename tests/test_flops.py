@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import sample, shared, trace_id
+from conftest import sample, trace_id
 
 from traceq.analysis.classify import classify_names
 from traceq.analysis.flops import (kernel_flops, layer_flops, load_spec, op_flops,
@@ -224,16 +224,9 @@ def _resnet50_conv_macs() -> list[int]:
     return macs
 
 
-@pytest.fixture(scope="module")
-def resnet(tmp_path_factory: pytest.TempPathFactory):
-    from traceq.ingest import load_trace
-    from traceq.store import open_store
-
-    path = shared("reference", "resnet50_b32_autograd_40it.sqlite")
-    con = open_store(tmp_path_factory.mktemp("resnet") / "x.duckdb", create=True)
-    t = load_trace(con, path).trace_id
-    yield con, t
-    con.close()
+@pytest.fixture
+def resnet(resnet50_store):
+    return resnet50_store
 
 
 def test_resnet50_forward_conv_flops_are_analytic(resnet) -> None:
