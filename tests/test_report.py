@@ -1,0 +1,162 @@
+"""`traceq report`: the HTML holds every figure once, embeds plotly.js once, needs no network,
+and renders in a real browser (headless Chromium) without script errors."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import plotly.offline
+import pytest
+from conftest import sample, trace_id
+from typer.testing import CliRunner
+
+from traceq.cli import app
+from traceq.render import figures
+from traceq.render.report import FIGURE_KEYS, build_report
+
+runner = CliRunner()
+SPEC = sample("alexnet.model.toml")
+PAIR = ["alexnet_b256_cudnn", "alexnet_b256_nocudnn"]
+ALL = ["alexnet_b256_cudnn", "alexnet_b256_nocudnn", "alexnet_b128_cudnn", "lenet_b256_cudnn", "ddp_resnet18_2gpu"]
+
+
+@pytest.fixture(scope="module")
+def pair_html(sample_store) -> str:
+    """cuDNN vs cuBLAS at batch 256, with the AlexNet spec for CE: every figure can be drawn."""
+    return build_report(sample_store, [trace_id(sample_store, n) for n in PAIR], spec=SPEC)
+
+
+@pytest.fixture(scope="module")
+def all_html(sample_store) -> str:
+    """Every bundled sample side by side, no spec: some traces lack layers, FLOPs or memory events."""
+    return build_report(sample_store, [trace_id(sample_store, n) for n in ALL])
+
+
+def _figure_ids(page: str) -> list[str]:
+    return re.findall(r'<div id="(fig-[a-z-]+)" class="plotly-graph-div"', page)
+
+
+def _section(page: str, key: str) -> str:
+    start = page.index(f'<section id="sec-{key}"')
+    return page[start:page.index("</section>", start)]
+
+
+def test_every_figure_is_present_with_title_and_caption(pair_html: str) -> None:
+    assert _figure_ids(pair_html) == [f"fig-{k}" for k in FIGURE_KEYS]
+    for key in FIGURE_KEYS:
+        section = _section(pair_html, key)
+        assert re.search(r'<p class="caption">[^<]{60,}</p>', section), key
+        assert '"title":{"text":"' in section, key  # the figure's own title
+    assert pair_html.count('class="caption"') == len(FIGURE_KEYS)
+    assert "Not drawn" not in pair_html
+
+
+def test_axis_titles_carry_units() -> None:
+    """Every figure function labels its axes, and time, memory and efficiency axes say their unit."""
+    import polars as pl
+
+    stages = {"a": pl.DataFrame({"iteration": ["iteration 0"], "device_id": [0], "data_copy_ns": [1],
+                                 "forward_ns": [2], "backward_ns": [3], "weight_update_ns": [0], "other_ns": [0],
+                                 "idle_ns": [1]})}
+    chart = figures.stage_chart(stages)
+    assert chart.figure.layout.yaxis.title.text == "GPU time (ms)"
+    assert chart.figure.layout.xaxis.title.text == "iteration"
+    assert chart.title.startswith("Stage breakdown") and chart.caption.endswith(".")
+
+
+def test_self_contained(pair_html: str) -> None:
+    assert not re.search(r"<script[^>]*\bsrc=", pair_html), "no external scripts"
+    assert not re.search(r"""<(link|img|iframe)[^>]*\b(href|src)=["']?https?:""", pair_html)
+    bundle = plotly.offline.get_plotlyjs()
+    assert pair_html.count(bundle[:200]) == 1 and bundle in pair_html, "plotly.js embedded exactly once"
+    assert not re.search(r"https?://", pair_html.replace(bundle, "")), "no URL outside plotly.js itself"
+    assert pair_html.count("<html") == 1 and pair_html.rstrip().endswith("</html>")
+    assert len(pair_html) < 8_000_000
+
+
+def test_side_by_side_names_every_trace(pair_html: str, all_html: str) -> None:
+    for name in PAIR:
+        assert _section(pair_html, "stages").count(name) >= 1
+        assert f"{name}: iteration 0" in _section(pair_html, "timeline")
+    for name in ALL:
+        assert name in _section(all_html, "stages")
+    # the DDP trace has no memory events, and only NCCL's own ranges for layers; CE has no
+    # FLOPs without a spec
+    assert "ddp_resnet18_2gpu: no memory events: capture with `nsys profile --cuda-memory-usage=true" in all_html
+    assert "ncclAllReduce" in _section(all_html, "layer-time")
+    assert "fig-ce" not in all_html
+    assert re.search(r'<section class="note"><h2>Compute efficiency per layer[^<]*</h2><p>Not drawn: ', all_html)
+    assert set(_figure_ids(all_html)) == {f"fig-{k}" for k in FIGURE_KEYS if k != "ce"}
+
+
+def test_cli_writes_the_report(tmp_path: Path) -> None:
+    db = tmp_path / "s.duckdb"
+    loaded = runner.invoke(app, ["load", str(sample("lenet_b256_cudnn.sqlite")),
+                                 str(sample("alexnet_b128_cudnn.sqlite")), "--db", str(db)])
+    assert loaded.exit_code == 0, loaded.output
+    out = tmp_path / "report.html"
+    result = runner.invoke(app, ["report", "lenet_b256_cudnn", "2", "--db", str(db), "-o", str(out),
+                                 "--title", "LeNet vs AlexNet"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == f"traceq: wrote {out}"
+    page = out.read_text()
+    assert "<title>LeNet vs AlexNet</title>" in page and "alexnet_b128_cudnn" in page
+    latest = tmp_path / "latest.html"
+    result = runner.invoke(app, ["report", "--db", str(db), "-o", str(latest)])
+    assert result.exit_code == 0, result.output
+    assert "traceq report: alexnet_b128_cudnn</title>" in latest.read_text()
+    missing = runner.invoke(app, ["report", "nope", "--db", str(db), "-o", str(tmp_path / "x.html")])
+    assert missing.exit_code == 1 and missing.stderr.startswith("traceq: no trace 'nope' in the store")
+    assert not (tmp_path / "x.html").exists()
+
+
+# --------------------------------------------------------------------------- in a real browser
+
+def _chromium() -> str:
+    for candidate in ("/usr/bin/chromium", shutil.which("chromium")):
+        if candidate and Path(candidate).exists():
+            return candidate
+    pytest.skip("no headless Chromium (Debian: apt-get install chromium): the browser test is skipped")
+
+
+def _open(page: Path, tmp_path: Path) -> tuple[str, str]:
+    """(DOM after scripts ran, browser log) of `page` in headless Chromium, offline."""
+    profile = tmp_path / f"profile-{page.stem}"
+    command = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               "--disable-extensions", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+               "--virtual-time-budget=15000", "--dump-dom", page.as_uri()]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout, result.stderr
+
+
+def _console_errors(log: str) -> list[str]:
+    return [line for line in log.splitlines() if ":CONSOLE" in line and ("Uncaught" in line or "Error" in line)]
+
+
+def test_browser_check_sees_script_errors(tmp_path: Path) -> None:
+    """The check below is not vacuous: a page that throws is caught by it."""
+    page = tmp_path / "broken.html"
+    page.write_text('<!DOCTYPE html><html><body><script>throw new Error("boom")</script></body></html>')
+    _dom, log = _open(page, tmp_path)
+    assert any("Uncaught Error: boom" in line for line in _console_errors(log))
+
+
+@pytest.mark.parametrize("which", ["pair", "all"])
+def test_report_renders_in_chromium(which: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    html_text = request.getfixturevalue(f"{which}_html")
+    page = tmp_path / f"{which}.html"
+    page.write_text(html_text, encoding="utf-8")
+    dom, log = _open(page, tmp_path)
+    assert _console_errors(log) == []
+    assert 'data-script-errors="0"' in dom, "the page's own error hook saw errors (or never ran)"
+    ids = _figure_ids(html_text)
+    assert ids
+    for fig_id in ids:
+        start = dom.index(f'id="{fig_id}"')
+        end = dom.find("</section>", start)
+        assert 'class="main-svg"' in dom[start:end], f"{fig_id} did not render"
