@@ -39,6 +39,7 @@ _HEADERS = {
     "tflops": "TFLOP/s",
     "flops": "FLOP",
     "tensor_core_pct": "Tensor core %",
+    "share_of_device_pct": "Device %",
     "blocks_per_sm": "Blocks/SM",
     "registers_per_thread": "Regs",
     "smem_bytes": "Smem",
