@@ -126,19 +126,41 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str) -> st
         SELECT p.id, n.* FROM pts p JOIN (SELECT * FROM by_time_ranges WHERE NOT is_iter AND NOT is_stage) n
           ON n.pid = p.pid AND n.start_ns <= p.t AND p.t < n.end_ns
     ),
-    hits AS (
-        SELECT * FROM iter_hits UNION ALL SELECT * FROM stage_hits UNION ALL SELECT * FROM other_hits
+    other_agg AS (
+        SELECT id, arg_max(nm, start_ns) AS nm, arg_max(name, start_ns) AS name, max(start_ns) AS start_ns,
+               string_agg(nm, '/' ORDER BY start_ns, end_ns DESC) AS prefix
+        FROM other_hits GROUP BY id
     ),
+    -- At most one iteration and one stage range per point: plain joins, no aggregation. The path
+    -- prefix is the by-time ranges in start order that the thread's own push/pop path lacks:
+    -- those of other threads and every start/end range. Sorting a list of them is kept for the
+    -- few points inside other start/end ranges; the rest order two names by a comparison.
     by_time AS (
-        SELECT p.id,
-               arg_max(n.nm, n.start_ns) FILTER (WHERE n.is_iter) AS iteration,
-               arg_max(lower(n.nm), n.start_ns) FILTER (WHERE n.is_stage) AS stage,
-               arg_max(n.nm, n.start_ns) FILTER (WHERE NOT n.is_iter AND NOT n.is_stage) AS startend_layer,
-               arg_max(n.name, n.start_ns) AS time_innermost,
-               string_agg(n.nm, '/' ORDER BY n.start_ns, n.end_ns DESC)
-                   FILTER (WHERE n.kind = 'startend' OR n.tid IS DISTINCT FROM p.tid) AS prefix
-        FROM hits n JOIN pts p USING (id)
-        GROUP BY p.id
+        SELECT id, iteration, stage, startend_layer,
+               CASE WHEN has_other THEN ranges[-1].name
+                    WHEN sh_start >= ih_start OR ih_start IS NULL THEN coalesce(sh_name, ih_name)
+                    ELSE ih_name END AS time_innermost,
+               CASE WHEN has_other THEN nullif(array_to_string([x.nm FOR x IN ranges IF x.keep], '/'), '')
+                    WHEN sh_start < ih_start THEN nullif(concat_ws('/', sh_part, ih_part), '')
+                    ELSE nullif(concat_ws('/', ih_part, sh_part), '') END AS prefix
+        FROM (
+            SELECT p.id, ih.nm AS iteration, lower(sh.nm) AS stage, oa.nm AS startend_layer,
+                   ih.start_ns AS ih_start, sh.start_ns AS sh_start, ih.name AS ih_name, sh.name AS sh_name,
+                   CASE WHEN ih.kind = 'startend' OR ih.tid IS DISTINCT FROM p.tid THEN ih.nm END AS ih_part,
+                   CASE WHEN sh.kind = 'startend' OR sh.tid IS DISTINCT FROM p.tid THEN sh.nm END AS sh_part,
+                   oa.id IS NOT NULL AS has_other,
+                   CASE WHEN oa.id IS NOT NULL THEN list_sort([x FOR x IN [
+                       {{'start': ih.start_ns, 'neg_end': -ih.end_ns, 'nm': ih.nm, 'name': ih.name,
+                         'keep': ih.kind = 'startend' OR ih.tid IS DISTINCT FROM p.tid}},
+                       {{'start': sh.start_ns, 'neg_end': -sh.end_ns, 'nm': sh.nm, 'name': sh.name,
+                         'keep': sh.kind = 'startend' OR sh.tid IS DISTINCT FROM p.tid}},
+                       {{'start': oa.start_ns, 'neg_end': NULL, 'nm': oa.prefix, 'name': oa.name, 'keep': true}}
+                   ] IF x.start IS NOT NULL]) END AS ranges
+            FROM pts p
+            LEFT JOIN iter_hits ih USING (id)
+            LEFT JOIN stage_hits sh USING (id)
+            LEFT JOIN other_agg oa USING (id)
+        )
     ),
     forward_names AS (SELECT DISTINCT nm FROM r WHERE NOT is_iter AND NOT is_stage),
     joined AS (
