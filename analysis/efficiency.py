@@ -9,7 +9,7 @@ come from the trace's own device record (`gpus`), over the compute-capability ta
 
 CE needs FLOPs, which a trace has only when PyTorch recorded the op shapes
 (`emit_nvtx(record_shapes=True)`) or the user describes the model in a spec file
-(`analysis.flops`). Peaks come from `analysis.peaks`: the paper's 2 x clock x FP32 lanes, and
+(`analysis.modelspec`, `analysis.flops`). Peaks come from `analysis.peaks`: the paper's 2 x clock x FP32 lanes, and
 separately the dense tensor-core peak for the data type; CE is reported against each, labelled.
 """
 
@@ -266,7 +266,8 @@ def kernel_ce(con: duckdb.DuckDBPyConnection, trace_id: int, *, spec: Path | Non
     (`flops.kernel_flops`). Raises MissingDataError when the trace has neither.
     """
     from traceq.analysis.classify import classify_names
-    from traceq.analysis.flops import kernel_flops, load_spec, spec_layer_flops
+    from traceq.analysis.flops import kernel_flops
+    from traceq.analysis.modelspec import load_spec, spec_layer_flops
 
     k = attributed_kernels(con, trace_id, iteration_regex)
     tensor = classify_names(k["name"].unique()).select("name", "tensor_cores")
