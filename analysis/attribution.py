@@ -52,11 +52,14 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str) -> st
     WITH RECURSIVE
     pts AS MATERIALIZED ({points_sql}),
     r AS (
-        SELECT CAST(row_number() OVER (ORDER BY pid, tid, start_ns, end_ns DESC, name) AS BIGINT) AS rid,
+        -- hash(name), not name, breaks ties: sorting millions of long op names is the costly part
+        SELECT CAST(row_number() OVER (ORDER BY pid, tid, start_ns, end_ns DESC, hash(name)) AS BIGINT) AS rid,
                pid, tid, name, start_ns, end_ns,
                regexp_replace(name, '{_SUFFIX_REGEX}', '') AS nm,
                regexp_matches(name, {it}) AS is_iter,
-               lower(name) IN ({stages}) AS is_stage
+               lower(name) IN ({stages}) AS is_stage,
+               name LIKE '%Backward%' AS is_backward,
+               name LIKE 'Optimizer.step%' AS is_optimizer
         FROM (SELECT pid, tid, coalesce(name, '') AS name, start_ns,
                      coalesce(end_ns, {_FOREVER}) AS end_ns
               FROM nvtx WHERE trace_id = {t} AND kind = 'pushpop')
@@ -74,7 +77,12 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str) -> st
             FROM ev)
         WHERE o > 0
     ),
-    rd AS MATERIALIZED (SELECT r.*, depth.depth FROM r JOIN depth USING (rid)),
+    -- the ranges without their full names (long for emit_nvtx ops): only the result needs them
+    rd AS MATERIALIZED (
+        SELECT r.rid, r.pid, r.tid, r.start_ns, r.nm, r.is_iter, r.is_stage, r.is_backward, r.is_optimizer,
+               depth.depth
+        FROM r JOIN depth USING (rid)
+    ),
     rp AS MATERIALIZED (
         SELECT c.*, p.rid AS parent
         FROM rd c ASOF LEFT JOIN rd p
@@ -83,19 +91,19 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str) -> st
     paths AS (
         SELECT rid, nm AS path,
                CASE WHEN is_iter OR is_stage THEN NULL ELSE nm END AS layer,
-               (name LIKE '%Backward%') AS autograd_backward,
-               (name LIKE 'Optimizer.step%') AS optimizer
+               is_backward AS autograd_backward,
+               is_optimizer AS optimizer
         FROM rp WHERE parent IS NULL
         UNION ALL
         SELECT c.rid, p.path || '/' || c.nm,
                CASE WHEN c.is_iter OR c.is_stage THEN p.layer ELSE c.nm END,
-               p.autograd_backward OR c.name LIKE '%Backward%',
-               p.optimizer OR c.name LIKE 'Optimizer.step%'
+               p.autograd_backward OR c.is_backward,
+               p.optimizer OR c.is_optimizer
         FROM rp c JOIN paths p ON c.parent = p.rid
     ),
     pd AS MATERIALIZED (SELECT pts.*, depth.depth FROM pts JOIN depth USING (id)),
     inner_range AS (
-        SELECT pd.id, rd.rid, rd.name AS innermost
+        SELECT pd.id, rd.rid
         FROM pd ASOF LEFT JOIN rd
           ON pd.pid = rd.pid AND pd.tid = rd.tid AND rd.depth = pd.depth AND pd.t >= rd.start_ns
     ),
@@ -164,11 +172,13 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str) -> st
     ),
     forward_names AS (SELECT DISTINCT nm FROM r WHERE NOT is_iter AND NOT is_stage),
     joined AS (
-        SELECT pts.id, coalesce(i.innermost, bt.time_innermost) AS innermost, paths.path, paths.autograd_backward, paths.optimizer,
+        SELECT pts.id, coalesce(inner_name.name, bt.time_innermost) AS innermost, paths.path,
+               paths.autograd_backward, paths.optimizer,
                coalesce(paths.layer, bt.startend_layer) AS layer,
                bt.iteration, bt.stage, bt.prefix
         FROM pts
         LEFT JOIN inner_range i USING (id)
+        LEFT JOIN r inner_name ON inner_name.rid = i.rid
         LEFT JOIN paths ON paths.rid = i.rid
         LEFT JOIN by_time bt USING (id)
     ),
