@@ -26,7 +26,7 @@ from traceq.analysis.traces import list_traces
 from traceq.errors import TraceqError
 from traceq.render import Format, format_for, render
 from traceq.render.table import format_duration
-from traceq.store import default_store_path, delete_trace, open_store, resolve_trace
+from traceq.store import default_store_path, delete_trace, first_row, open_store, resolve_trace
 
 app = typer.Typer(
     name="traceq",
@@ -229,8 +229,9 @@ def top(
     k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many rows")] = 15,
     by: Annotated[NameBy, typer.Option(help="Group kernels by this name")] = NameBy.demangled,
     instances: Annotated[bool, typer.Option("--instances", help="The k longest single launches instead")] = False,
-    context: Annotated[bool, typer.Option("--context/--no-context",
-                       help="Add layer, pass and library columns")] = True,
+    context: Annotated[Optional[bool], typer.Option(
+        "--context/--no-context", show_default=False,
+        help="Add layer, pass and library columns [default: on up to 1M kernels; above, library only]")] = None,
     trace: TraceOpt = None,
     db: DbOpt = None,
     fmt: FormatOpt = None,
@@ -238,21 +239,42 @@ def top(
 ) -> None:
     """The heaviest kernels of a trace by total GPU time (like `nsys stats` cuda_gpu_kern_sum)."""
     def build(con, trace_id: int, trace_name: str):
+        attribute = context
+        if context is None:  # NVTX attribution costs seconds per million kernels; names cost nothing
+            kernels = first_row(con, "SELECT count(*) FROM kernels WHERE trace_id = ?", [trace_id])[0]
+            attribute = kernels <= AUTO_CONTEXT_MAX_KERNELS
+            if not attribute:
+                _err(f"note: {kernels:,} kernels: layer and pass columns left out "
+                     "(NVTX attribution takes a while at this size); --context adds them")
         if instances:
             frame = top_instances(con, trace_id, k)
             title = f"{trace_name}: the {len(frame)} longest kernel launches"
-            return (_with_instance_context(con, trace_id, frame) if context else frame), title
+            if attribute:
+                return _with_instance_context(con, trace_id, frame), title
+            return (frame if context is False else _with_library(frame)), title
         frame = top_kernels(con, trace_id, k, by)
         total = kernel_time_total(con, trace_id)
         title = (f"{trace_name}: top {len(frame)} kernels by total time "
                  f"(all kernels: {format_duration(total)} of GPU time)")
-        if context:
-            frame = _with_kernel_context(con, trace_id, frame, by)
+        if context is not False:
+            frame = _with_kernel_context(con, trace_id, frame, by) if attribute else _with_library(frame)
             if format_for(fmt, out) is Format.table and _terminal_width() < 170:
                 frame = frame.drop("min_ns", "max_ns", "stddev_ns")  # room for the names (csv/json keep them)
         return frame, title
 
     _show_trace_table(trace, db, fmt, out, build)
+
+
+AUTO_CONTEXT_MAX_KERNELS = 1_000_000
+"""Above this many kernels `traceq top` shows the library alone unless --context is given."""
+
+
+def _with_library(frame):  # -> pl.DataFrame
+    """The library column alone: classified from the names already in `frame`, no attribution."""
+    from traceq.analysis.classify import classify_names
+
+    classes = classify_names(frame["name"]).select("name", "library")
+    return frame.join(classes, on="name", how="left", maintain_order="left")
 
 
 def _with_kernel_context(con, trace_id: int, frame, by: NameBy):  # -> pl.DataFrame

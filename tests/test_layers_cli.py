@@ -98,3 +98,16 @@ def test_user_rules_file_for_every_command(db: Path, tmp_path: Path, request: py
     assert top[0]["library"] == "MyLib"
     bad = runner.invoke(app, ["--rules", str(tmp_path / "none.toml"), "libs", "--db", str(db)])
     assert bad.exit_code == 1 and bad.stderr.startswith("traceq: cannot read rules file")
+
+
+def test_top_leaves_attribution_out_on_big_traces(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import traceq.cli
+
+    monkeypatch.setattr(traceq.cli, "AUTO_CONTEXT_MAX_KERNELS", 100)  # the samples have more
+    result = runner.invoke(app, ["top", "-k", "2", "-t", "alexnet_b256_cudnn", "--db", str(db), "-f", "json"])
+    rows = json.loads(result.stdout)
+    assert list(rows[0])[-2:] == ["name", "library"] and rows[0]["library"] == "cuDNN"
+    assert "layer and pass columns left out" in result.stderr and "--context" in result.stderr
+    forced = json.loads(runner.invoke(app, ["top", "-k", "2", "-t", "alexnet_b256_cudnn", "--context",
+                                            "--db", str(db), "-f", "json"]).stdout)
+    assert forced[0]["layer"] == "conv1"
