@@ -29,6 +29,13 @@ from traceq.store import delete_trace, first_row
 
 READERS: tuple[Reader, ...] = (NsysReader(), NvprofReader())
 
+LOAD_SETTINGS = {"memory_limit": "400MB", "threads": "1"}
+"""DuckDB settings while a load runs (the connection's own are restored afterwards). Rows a load
+has written sit in DuckDB's buffer pool until evicted: without a limit (80 % of RAM by default)
+a 10M-kernel load held 1.5 GiB, with it 0.6 GiB. One thread: inserting one ordered stream, a
+second DuckDB thread only added CPU time, which the SQLite reader threads need
+(docs/performance.md has the figures)."""
+
 
 @dataclass(frozen=True)
 class LoadResult:
@@ -57,6 +64,7 @@ def load_trace(
     name: str | None = None,
     replace: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    engine: str | None = None,
 ) -> LoadResult:
     """Load the trace file at `path` into the store `con`.
 
@@ -64,6 +72,9 @@ def load_trace(
         name: the trace's name in the store (default: the file's stem).
         replace: replace a trace with the same content or the same name instead of refusing.
         progress: called with (rows read so far, rows expected) while reading.
+        engine: how big tables are read from SQLite: 'auto' (the default, or
+            `$TRACEQ_SQLITE_READER`), 'adbc' or 'stdlib'; see `traceq.ingest.base.open_sqlite`.
+            Every engine gives the same store contents.
 
     Raises:
         TraceFormatError: the file is not a trace traceq reads, or is damaged.
@@ -88,7 +99,10 @@ def load_trace(
         )
     stale = {int(r[0]) for r in same} | ({int(named[0])} if named else set())
 
-    src = open_sqlite(path)
+    src = open_sqlite(path, engine or os.environ.get("TRACEQ_SQLITE_READER") or "auto")
+    saved = {k: first_row(con, f"SELECT current_setting('{k}')")[0] for k in LOAD_SETTINGS}
+    for key, value in LOAD_SETTINGS.items():
+        con.execute(f"SET {key} = '{value}'")
     con.execute("BEGIN TRANSACTION")
     try:
         for tid in sorted(stale):
@@ -112,6 +126,8 @@ def load_trace(
         raise
     finally:
         src.close()
+        for key, value in saved.items():
+            con.execute(f"SET {key} = '{value}'")
     kernels = sink.rows.get("kernels", 0)
     return LoadResult(trace_id, name, "replaced" if stale else "loaded", kernels,
                       time.perf_counter() - started, dict(sink.rows))

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import duckdb
 import pyarrow as pa
 
-from traceq.errors import TraceFormatError
+from traceq.errors import TraceFormatError, TraceqError
 
 BATCH_ROWS = 50_000
 """Rows fetched from a source per batch: bounds the memory a load uses whatever the trace size."""
@@ -66,25 +67,82 @@ class Sink:
 
     def append(self, table: str, batch: pa.Table, source_rows: int | None = None) -> None:
         """Insert `batch` into `table`, matching columns by name; unknown columns are an error."""
+        self._check(table, batch.schema)
+        if batch.num_rows:
+            self._insert(table, batch)
+            self.rows[table] = self.rows.get(table, 0) + batch.num_rows
+        if self.progress is not None:
+            self.progress(batch.num_rows if source_rows is None else source_rows)
+
+    def append_all(self, table: str, batches: Iterable[pa.Table]) -> None:
+        """Insert every table of `batches` into `table` in one statement, streaming.
+
+        For big tables: one INSERT keeps DuckDB's transaction-local storage flushing full row
+        groups to the file as it goes, where thousands of small INSERTs held them in memory.
+        Every batch is cast to the first one's schema. An exception raised while producing the
+        batches propagates as itself, not as DuckDB's wrapping of it.
+        """
+        it = iter(batches)
+        first = next(it, None)
+        if first is None:
+            return
+        schema = first.schema
+        self._check(table, schema)
+        failure: list[BaseException] = []
+
+        def stream() -> Iterator[pa.RecordBatch]:
+            try:
+                for t in chain([first], it):
+                    self.rows[table] = self.rows.get(table, 0) + t.num_rows
+                    if self.progress is not None:
+                        self.progress(t.num_rows)
+                    yield from _conform(t, schema).to_batches()
+            except BaseException as e:
+                failure.append(e)
+                raise
+
+        try:
+            self._insert(table, pa.RecordBatchReader.from_batches(schema, stream()))
+        except BaseException:
+            if failure:
+                raise failure[0] from None
+            raise
+
+    def _check(self, table: str, schema: pa.Schema) -> None:
         known = self._columns.get(table)
         if known is None:
             known = {r[0] for r in self.con.execute(
                 "SELECT column_name FROM duckdb_columns() WHERE table_name = ?", [table]).fetchall()}
             self._columns[table] = known
-        extra = set(batch.column_names) - known
+        extra = set(schema.names) - known
         if extra:
             raise AssertionError(f"reader sent columns {sorted(extra)} that {table} lacks")
-        if batch.num_rows:
-            self.con.register("_traceq_batch", batch)
-            try:
-                self.con.execute(
-                    f'INSERT INTO "{table}" BY NAME SELECT {self.trace_id} AS trace_id, * FROM _traceq_batch'
-                )
-            finally:
-                self.con.unregister("_traceq_batch")
-            self.rows[table] = self.rows.get(table, 0) + batch.num_rows
-        if self.progress is not None:
-            self.progress(batch.num_rows if source_rows is None else source_rows)
+
+    def _insert(self, table: str, data: pa.Table | pa.RecordBatchReader) -> None:
+        self.con.register("_traceq_batch", data)
+        try:
+            self.con.execute(
+                f'INSERT INTO "{table}" BY NAME SELECT {self.trace_id} AS trace_id, * FROM _traceq_batch'
+            )
+        finally:
+            self.con.unregister("_traceq_batch")
+
+
+def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`t` with `schema`'s types, strings dictionary-encoded or decoded to match."""
+    if t.schema == schema:
+        return t
+    import pyarrow.compute as pc
+
+    columns = []
+    for field in schema:
+        col = t[field.name]
+        if pa.types.is_dictionary(field.type) and not pa.types.is_dictionary(col.type):
+            col = pc.dictionary_encode(col.cast(field.type.value_type)).cast(field.type)
+        elif pa.types.is_dictionary(col.type) and not pa.types.is_dictionary(field.type):
+            col = col.cast(field.type)
+        columns.append(col.cast(field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def table_names(src: sqlite3.Connection) -> set[str]:
@@ -135,6 +193,33 @@ def fetch_batches(
         raise TraceFormatError(f"the SQLite file is damaged or truncated ({e})") from None
 
 
+def scan_table(
+    src: sqlite3.Connection, table: str, select: str, schema: pa.Schema, where: str = "1"
+) -> Iterator[pa.Table]:
+    """`SELECT {select} FROM table WHERE {where}` as Arrow tables of `schema`, in rowid order.
+
+    `select` names each column `AS` its field of `schema`. A source opened with the ADBC engine
+    (see `open_sqlite`) reads the table in parallel rowid ranges; otherwise, or for a table
+    without rowids, this is `fetch_batches` over the plain query. Both give the same rows in
+    the same order.
+    """
+    sql = f'SELECT {select} FROM "{table}" WHERE ({where})'
+    scanner = getattr(src, "scanner", None)
+    if scanner is not None:
+        try:
+            src.execute(f'SELECT rowid FROM "{table}" LIMIT 0')
+        except sqlite3.OperationalError:  # WITHOUT ROWID
+            scanner = None
+    if scanner is None:
+        yield from fetch_batches(src, sql, schema)
+        return
+    try:
+        yield from scanner.scan(src, table, select, schema, where,
+                                lambda chunk_sql: fetch_batches(src, chunk_sql, schema))
+    except sqlite3.DatabaseError as e:
+        raise TraceFormatError(f"the SQLite file is damaged or truncated ({e})") from None
+
+
 class Strings:
     """An id -> text table (nsys StringIds, nvprof StringTable) for vectorised lookups."""
 
@@ -149,6 +234,28 @@ class Strings:
             self._dense = None
         self._ids = pa.array(ids, type=pa.int64())
         self._values = pa.array(values, type=pa.string())
+        self._present: pa.Array | None = None
+
+    def dictionary(self, ids: pa.Array) -> pa.DictionaryArray:
+        """As `lookup`, dictionary-encoded: no string is copied, however many rows.
+
+        An index is null wherever the text is (an unknown id or a NULL string), so
+        `pyarrow.compute.coalesce` over such arrays falls through as it does over strings.
+        """
+        import pyarrow.compute as pc
+
+        if self._dense is None:
+            return pa.DictionaryArray.from_arrays(
+                pc.cast(pc.index_in(ids, value_set=self._ids), pa.int32()), self._values)
+        if self._present is None:
+            self._present = pc.is_valid(self._dense)
+        size = len(self._dense)
+        ids = pc.cast(ids, pa.int64())
+        inside = pc.and_(pc.greater_equal(ids, 0), pc.less(ids, size))
+        safe = pc.if_else(inside, ids, pa.scalar(None, type=pa.int64()))
+        keep = pc.fill_null(pc.take(self._present, safe), False)
+        indices = pc.if_else(keep, pc.cast(ids, pa.int32(), safe=False), pa.scalar(None, type=pa.int32()))
+        return pa.DictionaryArray.from_arrays(indices, self._dense)
 
     @classmethod
     def from_query(cls, src: sqlite3.Connection, sql: str) -> Strings:
@@ -167,14 +274,19 @@ class Strings:
         return pc.take(self._values, pc.index_in(ids, value_set=self._ids))
 
 
-def enum_lookup(codes: pa.Array, labels: dict[int, str]) -> pa.Array:
-    """Map small integer codes to labels; unknown codes become null."""
+def enum_lookup(codes: pa.Array, labels: dict[int, str]) -> pa.DictionaryArray:
+    """Map small integer codes to labels, dictionary-encoded; unknown codes become null."""
     import pyarrow.compute as pc
 
     size = max(labels) + 1
     dense = pa.array([labels.get(i) for i in range(size)], type=pa.string())
-    valid = pc.and_(pc.greater_equal(codes, 0), pc.less(codes, size))
-    return pc.take(dense, pc.if_else(valid, codes, pa.scalar(None, type=codes.type)))
+    known = pa.array([i in labels and labels[i] is not None for i in range(size)])
+    codes = pc.cast(codes, pa.int64())
+    inside = pc.and_(pc.greater_equal(codes, 0), pc.less(codes, size))
+    safe = pc.if_else(inside, codes, pa.scalar(None, type=pa.int64()))
+    keep = pc.fill_null(pc.take(known, safe), False)
+    indices = pc.if_else(keep, pc.cast(codes, pa.int32(), safe=False), pa.scalar(None, type=pa.int32()))
+    return pa.DictionaryArray.from_arrays(indices, dense)
 
 
 _KERNEL_PASSTHROUGH = (
@@ -197,15 +309,16 @@ def kernel_batch(
     """
     import pyarrow.compute as pc
 
-    name = pc.coalesce(*(a for a in (demangled, short, mangled) if a is not None),
-                       pa.scalar("<unnamed kernel>"))
+    name = demangled if demangled.null_count == 0 else coalesce_text(demangled, short, mangled)
+    if name.null_count:
+        name = pc.coalesce(decoded(name), pa.scalar("<unnamed kernel>"))
     cols = {c: batch[c] for c in _KERNEL_PASSTHROUGH}
     return pa.table({
-        "kernel_id": pa.array(range(first_id, first_id + batch.num_rows), type=pa.int64()),
+        "kernel_id": pc.add(row_numbers(batch.num_rows), pa.scalar(first_id, type=pa.int64())),
         **cols,
         "dur_ns": pc.subtract(cols["end_ns"], cols["start_ns"]),
         "name": name,
-        "short_name": name if short is None else pc.coalesce(short, name),
+        "short_name": name if short is None else short if short.null_count == 0 else coalesce_text(short, name),
         "mangled_name": mangled,
         "grid_blocks": pc.multiply(pc.multiply(cols["grid_x"], cols["grid_y"]), cols["grid_z"]),
         "block_threads": pc.multiply(pc.multiply(cols["block_x"], cols["block_y"]), cols["block_z"]),
@@ -214,9 +327,65 @@ def kernel_batch(
     })
 
 
-def open_sqlite(path: Path) -> sqlite3.Connection:
-    """Open an SQLite file read-only, never creating or locking it for writing."""
+def decoded(a: pa.Array) -> pa.Array:
+    """`a` as plain strings when it is dictionary-encoded."""
+    return a.dictionary_decode() if pa.types.is_dictionary(a.type) else a
+
+
+def coalesce_text(*arrays: pa.Array | None) -> pa.Array:
+    """The first non-null of `arrays` (Nones skipped), kept dictionary-encoded when all are."""
+    import pyarrow.compute as pc
+
+    given = [a for a in arrays if a is not None]
+    if len({str(a.type) for a in given}) > 1:
+        given = [decoded(a) for a in given]
+    return given[0] if len(given) == 1 else pc.coalesce(*given)
+
+
+def row_numbers(n: int) -> pa.Array:
+    """0, 1, ..., n - 1 as int64, without a Python loop."""
+    import pyarrow.compute as pc
+
+    return pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), n)), 1)
+
+
+class SourceConnection(sqlite3.Connection):
+    """A read-only SQLite source; `scanner` (an ArrowScanner or None) streams big tables fast."""
+
+    scanner: Any = None
+
+    def close(self) -> None:
+        if self.scanner is not None:
+            self.scanner.close()
+            self.scanner = None
+        super().close()
+
+
+def open_sqlite(path: Path, engine: str = "stdlib") -> sqlite3.Connection:
+    """Open an SQLite file read-only, never creating or locking it for writing.
+
+    `engine` says how `scan_table` reads big tables: 'stdlib' (the sqlite3 module, always
+    there), 'adbc' (the ADBC SQLite driver on several threads; TraceFormatError when it is not
+    installed) or 'auto' (adbc when it imports, else stdlib).
+    """
+    from traceq.ingest import arrow_sqlite
+
+    if engine not in arrow_sqlite.ENGINES:
+        raise TraceqError(f"the SQLite reader (TRACEQ_SQLITE_READER) must be one of "
+                          f"{', '.join(arrow_sqlite.ENGINES)}, not {engine!r}")
     uri = path.resolve().as_uri() + "?mode=ro"
-    con = sqlite3.connect(uri, uri=True)
+    # DuckDB pulls `Sink.append_all`'s stream, and so runs these queries, on its own threads;
+    # only one of them at a time, while the loading thread waits in DuckDB.
+    con = sqlite3.connect(uri, uri=True, factory=SourceConnection, check_same_thread=False)
     con.execute("PRAGMA query_only = 1")
+    if engine != "stdlib":
+        try:
+            con.scanner = arrow_sqlite.ArrowScanner(path)
+        except Exception as e:  # not installed, or its library does not load here
+            if engine == "adbc":
+                con.close()
+                raise TraceqError(
+                    f"the ADBC SQLite reader cannot be used ({e}): `pip install adbc-driver-sqlite`, "
+                    "or read with the standard library (TRACEQ_SQLITE_READER=stdlib)"
+                ) from None
     return con

@@ -2,13 +2,14 @@
 
 Tables are created lazily by nsys, columns come and go between versions (see
 notes/trace-formats.md §4), so every column is looked up before it is selected and a missing
-optional one becomes NULL. Rows stream through `fetch_batches`; names stay integer ids in
+optional one becomes NULL. Rows stream through `scan_table`; names stay integer ids in
 SQLite and are resolved in Arrow against StringIds.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from typing import ClassVar
 
 import pyarrow as pa
@@ -19,11 +20,13 @@ from traceq.ingest.base import (
     Sink,
     SourceInfo,
     Strings,
+    coalesce_text,
     column_names,
     enum_lookup,
     fetch_batches,
     kernel_batch,
     row_estimate,
+    scan_table,
     select_list,
     table_names,
 )
@@ -71,21 +74,21 @@ class NsysReader:
         _read_gpus(src, tables, sink)
         _read_processes(src, tables, strings, sink)
         if KERNEL in tables:
-            _read_kernels(src, strings, sink)
+            sink.append_all("kernels", _kernels(src, strings))
         if RUNTIME in tables:
-            _read_api_calls(src, strings, sink)
+            sink.append_all("api_calls", _api_calls(src, strings))
         if MEMCPY in tables:
-            _read_memcpy(src, sink)
+            sink.append_all("memops", _memcpy(src))
         if MEMSET in tables:
-            _read_memset(src, sink)
+            sink.append_all("memops", _memset(src))
         if NVTX in tables:
-            _read_nvtx(src, strings, sink)
+            sink.append_all("nvtx", _nvtx(src, strings))
         if MEMORY in tables:
-            _read_memory_events(src, sink)
+            sink.append_all("memory_events", _memory_events(src))
         return _source_info(src, tables)
 
 
-def _read_kernels(src: sqlite3.Connection, strings: Strings, sink: Sink) -> None:
+def _kernels(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
     have = column_names(src, KERNEL)
     wanted = [
         ("start_ns", "start", ["start"]),
@@ -112,21 +115,20 @@ def _read_kernels(src: sqlite3.Connection, strings: Strings, sink: Sink) -> None
         ("graph_node_id", "NULLIF(graphNodeId, 0)", ["graphNodeId"]),
     ]
     schema = _schema(*[(w[0], I64) for w in wanted])
-    sql = f"SELECT {select_list(have, wanted)} FROM {KERNEL}"
     offset = 0
-    for batch in fetch_batches(src, sql, schema):
-        sink.append("kernels", kernel_batch(
+    for batch in scan_table(src, KERNEL, select_list(have, wanted), schema):
+        yield kernel_batch(
             batch, offset,
-            demangled=strings.lookup(batch["demangled_id"].combine_chunks()),
-            short=strings.lookup(batch["short_id"].combine_chunks()),
-            mangled=strings.lookup(batch["mangled_id"].combine_chunks()),
+            demangled=strings.dictionary(batch["demangled_id"].combine_chunks()),
+            short=strings.dictionary(batch["short_id"].combine_chunks()),
+            mangled=strings.dictionary(batch["mangled_id"].combine_chunks()),
             smem_optin=pc.equal(batch["smem_optin"], 1),
             launch_type=enum_lookup(batch["launch_type"].combine_chunks(), cupti.LAUNCH_TYPE),
-        ))
+        )
         offset += batch.num_rows
 
 
-def _read_api_calls(src: sqlite3.Connection, strings: Strings, sink: Sink) -> None:
+def _api_calls(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
     have = column_names(src, RUNTIME)
     wanted = [
         ("start_ns", "start", ["start"]),
@@ -138,24 +140,24 @@ def _read_api_calls(src: sqlite3.Connection, strings: Strings, sink: Sink) -> No
         ("return_value", "returnValue", ["returnValue"]),
     ]
     schema = _schema(*[(w[0], I64) for w in wanted])
-    for batch in fetch_batches(src, f"SELECT {select_list(have, wanted)} FROM {RUNTIME}", schema):
+    for batch in scan_table(src, RUNTIME, select_list(have, wanted), schema):
         gtid = batch["global_tid"]
         api = enum_lookup(batch["event_class"].combine_chunks(), API_KIND)
-        sink.append("api_calls", pa.table({
+        yield pa.table({
             "start_ns": batch["start_ns"],
             "end_ns": batch["end_ns"],
             "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
             "api": pc.coalesce(api, pa.scalar("other")),
-            "name": strings.lookup(batch["name_id"].combine_chunks()),
+            "name": strings.dictionary(batch["name_id"].combine_chunks()),
             "correlation_id": batch["correlation_id"],
             "pid": _pid(gtid),
             "tid": _tid(gtid),
             "global_tid": gtid,
             "return_value": batch["return_value"],
-        }))
+        })
 
 
-def _read_memcpy(src: sqlite3.Connection, sink: Sink) -> None:
+def _memcpy(src: sqlite3.Connection) -> Iterator[pa.Table]:
     have = column_names(src, MEMCPY)
     wanted = [
         ("start_ns", "start", ["start"]), ("end_ns", '"end"', ["end"]),
@@ -166,17 +168,17 @@ def _read_memcpy(src: sqlite3.Connection, sink: Sink) -> None:
         ("pid", PID.format(col="globalPid"), ["globalPid"]),
     ]
     schema = _schema(*[(w[0], I64) for w in wanted])
-    for batch in fetch_batches(src, f"SELECT {select_list(have, wanted)} FROM {MEMCPY}", schema):
+    for batch in scan_table(src, MEMCPY, select_list(have, wanted), schema):
         cols = {c: batch[c] for c in batch.column_names}
         cols["dur_ns"] = pc.subtract(cols["end_ns"], cols["start_ns"])
         cols["op"] = pa.array(["memcpy"] * batch.num_rows, type=STR)
         cols["copy_kind"] = enum_lookup(cols["copy_kind"].combine_chunks(), cupti.MEMCPY_KIND)
         cols["src_kind"] = enum_lookup(cols["src_kind"].combine_chunks(), cupti.MEMORY_KIND)
         cols["dst_kind"] = enum_lookup(cols["dst_kind"].combine_chunks(), cupti.MEMORY_KIND)
-        sink.append("memops", pa.table(cols))
+        yield pa.table(cols)
 
 
-def _read_memset(src: sqlite3.Connection, sink: Sink) -> None:
+def _memset(src: sqlite3.Connection) -> Iterator[pa.Table]:
     have = column_names(src, MEMSET)
     wanted = [
         ("start_ns", "start", ["start"]), ("end_ns", '"end"', ["end"]),
@@ -187,15 +189,15 @@ def _read_memset(src: sqlite3.Connection, sink: Sink) -> None:
         ("pid", PID.format(col="globalPid"), ["globalPid"]),
     ]
     schema = _schema(*[(w[0], I64) for w in wanted])
-    for batch in fetch_batches(src, f"SELECT {select_list(have, wanted)} FROM {MEMSET}", schema):
+    for batch in scan_table(src, MEMSET, select_list(have, wanted), schema):
         cols = {c: batch[c] for c in batch.column_names}
         cols["dur_ns"] = pc.subtract(cols["end_ns"], cols["start_ns"])
         cols["op"] = pa.array(["memset"] * batch.num_rows, type=STR)
         cols["dst_kind"] = enum_lookup(cols["dst_kind"].combine_chunks(), cupti.MEMORY_KIND)
-        sink.append("memops", pa.table(cols))
+        yield pa.table(cols)
 
 
-def _read_nvtx(src: sqlite3.Connection, strings: Strings, sink: Sink) -> None:
+def _nvtx(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
     have = column_names(src, NVTX)
     domains = {}
     if "domainId" in have:
@@ -219,33 +221,35 @@ def _read_nvtx(src: sqlite3.Connection, strings: Strings, sink: Sink) -> None:
     types = {"text": STR}
     schema = _schema(*[(w[0], types.get(w[0], I64)) for w in wanted])
     kinds = ", ".join(str(k) for k in NVTX_KIND)
-    sql = f"SELECT {select_list(have, wanted)} FROM {NVTX} WHERE eventType IN ({kinds})"
-    for batch in fetch_batches(src, sql, schema):
+    known = [(d * 16777216 + p, text) for (d, p), text in domains.items() if d is not None]
+    domain_keys = pa.array([k for k, _ in known], type=I64)
+    domain_names = pa.array([t for _, t in known], type=STR)
+    for batch in scan_table(src, NVTX, select_list(have, wanted), schema, f"eventType IN ({kinds})"):
         gtid = batch["global_tid"]
         pid = _pid(gtid)
-        domain = None
         if domains:
-            domain = pa.array(
-                [domains.get((d, p)) for d, p in zip(batch["domain_id"].to_pylist(), pid.to_pylist())],
-                type=STR,
-            )
-        sink.append("nvtx", pa.table({
+            key = pc.add(pc.multiply(batch["domain_id"], 16777216), pid)
+            domain = pc.take(domain_names, pc.index_in(key, value_set=domain_keys))
+        else:
+            domain = pa.nulls(batch.num_rows, STR)
+        yield pa.table({
             "start_ns": batch["start_ns"],
             "end_ns": batch["end_ns"],
             "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
             "kind": enum_lookup(batch["event_type"].combine_chunks(), NVTX_KIND),
-            "name": pc.coalesce(batch["text"], strings.lookup(batch["text_id"].combine_chunks())),
-            "domain": domain if domain is not None else pa.nulls(batch.num_rows, STR),
+            "name": coalesce_text(batch["text"].combine_chunks(),
+                                  strings.dictionary(batch["text_id"].combine_chunks())),
+            "domain": domain,
             "category": batch["category"],
             "color": batch["color"],
             "pid": pid,
             "tid": _tid(gtid),
             "global_tid": gtid,
             "end_tid": _tid(batch["end_global_tid"]),
-        }))
+        })
 
 
-def _read_memory_events(src: sqlite3.Connection, sink: Sink) -> None:
+def _memory_events(src: sqlite3.Connection) -> Iterator[pa.Table]:
     have = column_names(src, MEMORY)
     wanted = [
         ("ts_ns", "start", ["start"]),
@@ -258,12 +262,12 @@ def _read_memory_events(src: sqlite3.Connection, sink: Sink) -> None:
         ("pid", PID.format(col="globalPid"), ["globalPid"]),
     ]
     schema = _schema(*[(w[0], I64) for w in wanted])
-    for batch in fetch_batches(src, f"SELECT {select_list(have, wanted)} FROM {MEMORY}", schema):
+    for batch in scan_table(src, MEMORY, select_list(have, wanted), schema):
         cols = {c: batch[c] for c in batch.column_names}
         cols["op"] = enum_lookup(cols["op"].combine_chunks(), cupti.MEMORY_OPERATION)
         cols["mem_kind"] = enum_lookup(cols["mem_kind"].combine_chunks(), cupti.MEMORY_KIND)
         cols["address"] = pc.cast(cols["address"], pa.uint64(), safe=False)
-        sink.append("memory_events", pa.table(cols))
+        yield pa.table(cols)
 
 
 def _read_gpus(src: sqlite3.Connection, tables: set[str], sink: Sink) -> None:

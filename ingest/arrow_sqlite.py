@@ -1,0 +1,126 @@
+"""The fast way to stream a big SQLite table: Arrow batches from Apache Arrow's ADBC SQLite driver.
+
+The stdlib `sqlite3` module turns every value into a Python object; at tens of millions of rows
+that, not SQLite, is the cost of a load. The ADBC driver (`adbc-driver-sqlite`, a compiled
+SQLite and driver inside the wheel: nothing is downloaded at run time) fills Arrow arrays in C
+without the GIL, so several threads can read one table at once.
+
+`ArrowScanner.scan` cuts a table into rowid ranges of CHUNK_ROWS, reads them on WORKERS threads,
+each with its own read-only connection, and yields the chunks in rowid order: the rows and their
+order are exactly those of the stdlib path (`SELECT ... FROM table`, a rowid-order scan), with at
+most a few chunks in memory. A chunk the driver cannot type (it infers each column's type from
+the first row, and refuses a later value of another type) is read again with `sqlite3`.
+
+docs/performance.md has the measurements behind these choices.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sqlite3
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+CHUNK_ROWS = 65_536
+"""Rowids per chunk: big enough that a query's start-up cost is lost, small enough to bound memory."""
+
+WORKERS = max(1, min(2, os.cpu_count() or 1))
+"""Reader threads. Two: on a 2-core machine DuckDB's writer needs the rest."""
+
+ENGINES = ("auto", "adbc", "stdlib")
+"""How `open_sqlite` reads big tables: ADBC when it imports (auto), ADBC or fail, or sqlite3."""
+
+
+class ArrowScanner:
+    """Reads rowid ranges of one SQLite file through ADBC on a few threads."""
+
+    def __init__(self, path: Path, workers: int = WORKERS):
+        import adbc_driver_sqlite.dbapi as adbc
+
+        self.path = path
+        self.workers = workers
+        uri = path.resolve().as_uri() + "?mode=ro"
+        self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._all = [adbc.connect(uri) for _ in range(workers)]
+        for con in self._all:
+            self._idle.put(con)
+
+    def close(self) -> None:
+        for con in self._all:
+            try:
+                con.close()
+            except Exception:  # a closed or broken connection: nothing left to release
+                pass
+        self._all = []
+
+    def scan(
+        self, src: sqlite3.Connection, table: str, select: str, schema: pa.Schema, where: str,
+        fallback: Callable[[str], Iterator[pa.Table]],
+    ) -> Iterator[pa.Table]:
+        """The rows of `SELECT {select} FROM table WHERE {where}` in rowid order, as tables of `schema`.
+
+        `select` names each column `AS` its field in `schema`; `fallback(sql)` reads one chunk's
+        SQL with sqlite3 when the driver refuses it.
+        """
+        lo, hi = src.execute(f'SELECT min(rowid), max(rowid) FROM "{table}"').fetchone()
+        if lo is None:
+            return
+        body = f'SELECT {select} FROM "{table}" WHERE ({where}) AND rowid BETWEEN {{lo}} AND {{hi}}'
+        # A first row of the right types, dropped after reading: the driver types each column
+        # from the first row it sees, and a column that starts with NULLs would become int64.
+        typed = ", ".join(f"{_typed_value(f.type)} AS {f.name}" for f in schema)
+        ranges = iter(range(lo, hi + 1, CHUNK_ROWS))
+        pending: deque[tuple[str, Future[pa.Table | None]]] = deque()
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="traceq-sqlite") as pool:
+            try:
+                def submit() -> bool:
+                    start = next(ranges, None)
+                    if start is None:
+                        return False
+                    sql = body.format(lo=start, hi=min(start + CHUNK_ROWS - 1, hi))
+                    pending.append((sql, pool.submit(self._read, f"SELECT {typed} UNION ALL {sql}", schema)))
+                    return True
+
+                for _ in range(self.workers + 1):
+                    submit()
+                while pending:
+                    sql, future = pending.popleft()
+                    submit()
+                    chunk = future.result()
+                    if chunk is None:
+                        yield from fallback(sql)
+                    elif chunk.num_rows:
+                        yield chunk
+            finally:
+                for _, future in pending:
+                    future.cancel()
+
+    def _read(self, sql: str, schema: pa.Schema) -> pa.Table | None:
+        con = self._idle.get()
+        try:
+            cur = con.cursor()
+            try:
+                cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(CHUNK_ROWS + 1)})
+                cur.execute(sql)
+                table = cur.fetch_arrow_table()
+            finally:
+                cur.close()
+        except Exception:  # typically a value of another type than the first row's: sqlite3
+            return None     # reads the chunk again, and names the problem if it is damage
+        finally:
+            self._idle.put(con)
+        return table.slice(1).rename_columns(schema.names).cast(schema)
+
+
+def _typed_value(t: pa.DataType) -> str:
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "''"
+    if pa.types.is_floating(t):
+        return "0.0"
+    return "0"
