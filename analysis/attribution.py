@@ -43,18 +43,22 @@ def _sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str) -> str:
-    """One row per point (id, pid, tid, t) of `points_sql` with its attribution."""
+def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str, paths: bool = True) -> str:
+    """One row per point (id, pid, tid, t) of `points_sql` with its attribution. Without
+    `paths`, nvtx_path and nvtx_innermost are null: the strings are most of the cost in memory
+    on traces with millions of ranges, and no analysis needs them."""
     t = int(trace_id)
+    path_base = "nm" if paths else "NULL::VARCHAR"
+    path_step = "p.path || '/' || c.nm" if paths else "NULL::VARCHAR"
     it = _sql_string(iteration_regex)
     stages = ", ".join(_sql_string(s) for s in STAGES)
     return f"""
     WITH RECURSIVE
     pts AS MATERIALIZED ({points_sql}),
-    r AS (
+    r AS MATERIALIZED (
         -- hash(name), not name, breaks ties: sorting millions of long op names is the costly part
         SELECT CAST(row_number() OVER (ORDER BY pid, tid, start_ns, end_ns DESC, hash(name)) AS BIGINT) AS rid,
-               pid, tid, name, start_ns, end_ns,
+               pid, tid, {"name" if paths else "NULL::VARCHAR AS name"}, start_ns, end_ns,
                regexp_replace(name, '{_SUFFIX_REGEX}', '') AS nm,
                regexp_matches(name, {it}) AS is_iter,
                lower(name) IN ({stages}) AS is_stage,
@@ -89,14 +93,14 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str) -> st
           ON c.pid = p.pid AND c.tid = p.tid AND p.depth = c.depth - 1 AND c.start_ns >= p.start_ns
     ),
     paths AS (
-        SELECT rid, nm AS path,
-               CASE WHEN is_iter OR is_stage THEN NULL ELSE nm END AS layer,
+        SELECT rid, {path_base} AS path,
+               CASE WHEN is_iter OR is_stage THEN NULL ELSE rid END AS layer_rid,
                is_backward AS autograd_backward,
                is_optimizer AS optimizer
         FROM rp WHERE parent IS NULL
         UNION ALL
-        SELECT c.rid, p.path || '/' || c.nm,
-               CASE WHEN c.is_iter OR c.is_stage THEN p.layer ELSE c.nm END,
+        SELECT c.rid, {path_step},
+               CASE WHEN c.is_iter OR c.is_stage THEN p.layer_rid ELSE c.rid END,
                p.autograd_backward OR c.is_backward,
                p.optimizer OR c.is_optimizer
         FROM rp c JOIN paths p ON c.parent = p.rid
@@ -172,14 +176,15 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str) -> st
     ),
     forward_names AS (SELECT DISTINCT nm FROM r WHERE NOT is_iter AND NOT is_stage),
     joined AS (
-        SELECT pts.id, coalesce(inner_name.name, bt.time_innermost) AS innermost, paths.path,
-               paths.autograd_backward, paths.optimizer,
-               coalesce(paths.layer, bt.startend_layer) AS layer,
+        SELECT pts.id, {"coalesce(inner_name.name, bt.time_innermost)" if paths else "NULL::VARCHAR"} AS innermost,
+               paths.path, paths.autograd_backward, paths.optimizer,
+               coalesce(layer_range.nm, bt.startend_layer) AS layer,
                bt.iteration, bt.stage, bt.prefix
         FROM pts
         LEFT JOIN inner_range i USING (id)
-        LEFT JOIN r inner_name ON inner_name.rid = i.rid
+        {"LEFT JOIN r inner_name ON inner_name.rid = i.rid" if paths else ""}
         LEFT JOIN paths ON paths.rid = i.rid
+        LEFT JOIN r layer_range ON layer_range.rid = paths.layer_rid
         LEFT JOIN by_time bt USING (id)
     ),
     passes AS (
@@ -221,7 +226,8 @@ def _kernel_points(trace_id: int) -> str:
 
 
 def kernel_attribution(
-    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
+    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX, *,
+    paths: bool = True,
 ) -> pl.DataFrame:
     """Every kernel of the trace with the NVTX context of its launch, ordered by kernel_id.
 
@@ -232,9 +238,10 @@ def kernel_attribution(
     process); stage (data_copy, forward, backward, weight_update or other); nvtx_path (the
     enclosing ranges outermost first, e.g. 'iteration 0/backward/bconv1'); nvtx_innermost (the
     innermost range's full name). Kernels without a launch call or outside all ranges get nulls
-    (stage 'other').
+    (stage 'other'). With `paths=False` the last two are null and the work much lighter
+    (analyses that group by layer, pass, iteration or stage do not need them).
     """
-    sql = _attribution_sql(trace_id, _kernel_points(trace_id), iteration_regex)
+    sql = _attribution_sql(trace_id, _kernel_points(trace_id), iteration_regex, paths)
     with _real_asof_joins(con):
         return con.sql(
         f"""
@@ -261,7 +268,7 @@ def gpu_activity(
     kernels = con.sql(
         f"SELECT 'kernel' AS kind, pid, device_id, start_ns, end_ns, dur_ns, name, kernel_id "
         f"FROM kernels WHERE trace_id = {t}").pl()
-    attribution = kernel_attribution(con, trace_id, iteration_regex)
+    attribution = kernel_attribution(con, trace_id, iteration_regex, paths=False)
     kernels = kernels.join(attribution.select("kernel_id", "layer", "pass", "iteration", "stage"),
                            on="kernel_id", how="left").drop("kernel_id")
     numbered = (f"SELECT CAST(row_number() OVER (ORDER BY m.start_ns, m.end_ns, m.correlation_id) AS BIGINT) AS id, "
@@ -271,7 +278,7 @@ def gpu_activity(
                 f"WHERE m.trace_id = {t}")
     points = f"SELECT id, pid, launch_tid AS tid, launch_start_ns AS t FROM ({numbered}) WHERE launch_start_ns IS NOT NULL"
     with _real_asof_joins(con):
-        memops = _memop_frame(con, numbered, _attribution_sql(trace_id, points, iteration_regex))
+        memops = _memop_frame(con, numbered, _attribution_sql(trace_id, points, iteration_regex, paths=False))
     return pl.concat([kernels, memops.cast(kernels.schema)], how="vertical").sort("start_ns")
 
 

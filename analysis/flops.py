@@ -139,7 +139,7 @@ def layer_flops(con: duckdb.DuckDBPyConnection, trace_id: int, spec_path: str | 
     per_kernel = _kernel_shares(con, trace_id)
     if per_kernel.is_empty():
         raise MissingDataError(_NO_SHAPES)
-    context = kernel_attribution(con, trace_id).select("kernel_id", "layer", "pass")
+    context = kernel_attribution(con, trace_id, paths=False).select("kernel_id", "layer", "pass")
     return (per_kernel.drop("pass").join(context, on="kernel_id", how="left")
             .group_by("layer", "pass", maintain_order=True)
             .agg(calls=pl.col("op_row").n_unique().cast(pl.Int64), flops=pl.col("flops").sum().cast(pl.Int64))

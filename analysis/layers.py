@@ -25,7 +25,8 @@ def attributed_kernels(
         f"WHERE trace_id = {int(trace_id)} ORDER BY kernel_id").pl()
     classes = classify_names(kernels["name"].unique(maintain_order=True)).select("name", "library", "operation")
     return (kernels.join(classes, on="name", how="left")
-            .join(kernel_attribution(con, trace_id, iteration_regex), on="kernel_id", how="left"))
+            .join(kernel_attribution(con, trace_id, iteration_regex, paths=False).drop("nvtx_path", "nvtx_innermost"),
+                  on="kernel_id", how="left"))
 
 
 def _first_three(texts: pl.Expr) -> pl.Expr:

@@ -96,7 +96,7 @@ def memory_events(
                    c.id IS NULL AND s.ts_ns <= coalesce((SELECT t0 FROM first_call), s.ts_ns) AS before_capture
             FROM sized s
             LEFT JOIN ({calls}) c ON c.id = s.id
-            LEFT JOIN ({_attribution_sql(trace_id, points, iteration_regex)}) a ON a.id = s.id
+            LEFT JOIN ({_attribution_sql(trace_id, points, iteration_regex, paths=False)}) a ON a.id = s.id
             ORDER BY s.id
         """).pl()
     frame = frame.with_columns(

@@ -149,3 +149,19 @@ def test_resnet50_every_kernel_maps_to_its_aten_op_and_pass(resnet50) -> None:
     passes = dict(frame.select("kernel_id", "pass").iter_rows())
     assert {kid: passes[kid] for kid in stage_of} == stage_of
     assert frame["iteration"].n_unique() == 40
+
+
+@pytest.mark.parametrize("name", ["alexnet_b256_cudnn", "ddp_resnet18_2gpu", "alexnet_b64_nocache"])
+def test_without_paths_the_rest_is_the_same(sample_store, name: str) -> None:
+    tid = trace_id(sample_store, name)
+    full = kernel_attribution(sample_store, tid)
+    light = kernel_attribution(sample_store, tid, paths=False)
+    keys = ["kernel_id", "layer", "pass", "iteration", "stage"]
+    assert light.select(keys).equals(full.select(keys))
+    assert light["nvtx_path"].null_count() == light.height and full["nvtx_path"].null_count() < full.height
+
+
+def test_resnet50_without_paths_is_the_same(resnet50) -> None:
+    con, tid = resnet50
+    keys = ["kernel_id", "layer", "pass", "iteration", "stage"]
+    assert kernel_attribution(con, tid, paths=False).select(keys).equals(kernel_attribution(con, tid).select(keys))
