@@ -197,8 +197,8 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str, paths
     )
     SELECT id, layer, pass, iteration,
            coalesce(stage, CASE WHEN optimizer THEN 'weight_update' END, pass, 'other') AS stage,
-           CASE WHEN prefix IS NULL THEN path WHEN path IS NULL THEN prefix
-                ELSE prefix || '/' || path END AS nvtx_path,
+           {"""CASE WHEN prefix IS NULL THEN path WHEN path IS NULL THEN prefix
+                ELSE prefix || '/' || path END""" if paths else "NULL::VARCHAR"} AS nvtx_path,
            innermost AS nvtx_innermost
     FROM passes
     """
