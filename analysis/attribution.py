@@ -50,6 +50,8 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str, paths
     t = int(trace_id)
     path_base = "nm" if paths else "NULL::VARCHAR"
     path_step = "p.path || '/' || c.nm" if paths else "NULL::VARCHAR"
+    full_path = ("CASE WHEN prefix IS NULL THEN path WHEN path IS NULL THEN prefix "
+                 "ELSE prefix || '/' || path END") if paths else "NULL::VARCHAR"
     it = _sql_string(iteration_regex)
     stages = ", ".join(_sql_string(s) for s in STAGES)
     return f"""
@@ -197,8 +199,7 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str, paths
     )
     SELECT id, layer, pass, iteration,
            coalesce(stage, CASE WHEN optimizer THEN 'weight_update' END, pass, 'other') AS stage,
-           {"""CASE WHEN prefix IS NULL THEN path WHEN path IS NULL THEN prefix
-                ELSE prefix || '/' || path END""" if paths else "NULL::VARCHAR"} AS nvtx_path,
+           {full_path} AS nvtx_path,
            innermost AS nvtx_innermost
     FROM passes
     """
