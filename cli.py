@@ -436,8 +436,8 @@ def ru(
 
 SpecOpt = Annotated[Optional[Path], typer.Option("--spec", help="Model spec (TOML) giving each layer's shapes "
                                                  "(see docs/flops.md) [default: shapes recorded in the trace]")]
-BatchOpt = Annotated[Optional[int], typer.Option("--batch", min=1, help="Batch size for --spec "
-                                                 "[default: the spec's]")]
+BatchOpt = Annotated[Optional[int], typer.Option("--batch", min=1, help="Batch size for --spec [default: read "
+                                                 "from the trace's input copies, else the spec's]")]
 
 
 @app.command()

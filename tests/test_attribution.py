@@ -107,13 +107,8 @@ def test_stage_times_add_up(sample_store) -> None:
 _SUFFIX = re.compile(r",\s*(seq|op_id|sizes|input_op_ids)\s*=.*$")
 
 
-@pytest.fixture
-def resnet50(resnet50_store):
-    return resnet50_store
-
-
-def test_resnet50_every_kernel_maps_to_its_aten_op_and_pass(resnet50) -> None:
-    con, tid = resnet50
+def test_resnet50_every_kernel_maps_to_its_aten_op_and_pass(resnet50_store) -> None:
+    con, tid = resnet50_store
     frame = kernel_attribution(con, tid)
     # independent: a per-thread stack sweep in Python over ranges and launches
     ranges = con.execute("SELECT pid, tid, start_ns, end_ns, name FROM nvtx WHERE trace_id = ? AND kind = 'pushpop' "
@@ -161,7 +156,7 @@ def test_without_paths_the_rest_is_the_same(sample_store, name: str) -> None:
     assert light["nvtx_path"].null_count() == light.height and full["nvtx_path"].null_count() < full.height
 
 
-def test_resnet50_without_paths_is_the_same(resnet50) -> None:
-    con, tid = resnet50
+def test_resnet50_without_paths_is_the_same(resnet50_store) -> None:
+    con, tid = resnet50_store
     keys = ["kernel_id", "layer", "pass", "iteration", "stage"]
     assert kernel_attribution(con, tid, paths=False).select(keys).equals(kernel_attribution(con, tid).select(keys))

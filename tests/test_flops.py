@@ -224,13 +224,8 @@ def _resnet50_conv_macs() -> list[int]:
     return macs
 
 
-@pytest.fixture
-def resnet(resnet50_store):
-    return resnet50_store
-
-
-def test_resnet50_forward_conv_flops_are_analytic(resnet) -> None:
-    con, t = resnet
+def test_resnet50_forward_conv_flops_are_analytic(resnet50_store) -> None:
+    con, t = resnet50_store
     ops = op_flops(con, t)
     conv = ops.filter(pl.col("op") == "aten::conv2d", pl.col("pass") == "forward")
     macs = _resnet50_conv_macs()
@@ -243,8 +238,8 @@ def test_resnet50_forward_conv_flops_are_analytic(resnet) -> None:
     assert fc["flops"].to_list() == [2 * BATCH * 2048 * 1000] * ITERATIONS
 
 
-def test_resnet50_backward_is_twice_forward_but_the_first_conv(resnet) -> None:
-    con, t = resnet
+def test_resnet50_backward_is_twice_forward_but_the_first_conv(resnet50_store) -> None:
+    con, t = resnet50_store
     ops = op_flops(con, t)
     total = dict(ops.group_by("op", "pass").agg(pl.col("flops").sum()).select(
         pl.col("op") + "/" + pl.col("pass"), "flops").iter_rows())
@@ -255,8 +250,8 @@ def test_resnet50_backward_is_twice_forward_but_the_first_conv(resnet) -> None:
     assert set(ops["dtype"]) == {"float32"}
 
 
-def test_resnet50_kernel_flops_add_up_and_cover_the_compute_kernels(resnet) -> None:
-    con, t = resnet
+def test_resnet50_kernel_flops_add_up_and_cover_the_compute_kernels(resnet50_store) -> None:
+    con, t = resnet50_store
     ops, kernels = op_flops(con, t), kernel_flops(con, t)
     by_op = lambda frame: dict(frame.group_by("op", "pass").agg(pl.col("flops").sum())  # noqa: E731
                                .select(pl.col("op") + "/" + pl.col("pass"), "flops").iter_rows())
@@ -273,8 +268,8 @@ def test_resnet50_kernel_flops_add_up_and_cover_the_compute_kernels(resnet) -> N
     assert set(attributed["kernel_id"]) <= set(k.filter(pl.col("flops") > 0)["kernel_id"])
 
 
-def test_resnet50_layer_flops_follow_the_attribution(resnet) -> None:
-    con, t = resnet
+def test_resnet50_layer_flops_follow_the_attribution(resnet50_store) -> None:
+    con, t = resnet50_store
     frame = layer_flops(con, t)
     assert frame["flops"].sum() == op_flops(con, t)["flops"].sum()
     got = {(layer, p): calls for layer, p, calls in frame.select("layer", "pass", "calls").iter_rows()}
