@@ -36,8 +36,8 @@ def iteration_count(kernels: pl.DataFrame) -> int:
 
 
 def _times(con: duckdb.DuckDBPyConnection, trace_id: int, by: CompareBy, iteration_regex: str,
-           per_iteration: bool) -> pl.DataFrame:
-    """keys, kernels, time_ns for one trace (per iteration when asked)."""
+           per_iteration: bool, k: pl.DataFrame) -> pl.DataFrame:
+    """keys, kernels, time_ns for one trace (per iteration when asked); `k`: its attributed kernels."""
     if by is CompareBy.stage:
         stages = stage_times(con, trace_id, iteration_regex)
         if per_iteration:
@@ -50,7 +50,6 @@ def _times(con: duckdb.DuckDBPyConnection, trace_id: int, by: CompareBy, iterati
                              schema={"stage": pl.String, "kernels": pl.Int64, "time_ns": pl.Int64})
         divisor = stages["iteration"].n_unique() if per_iteration else 1
     else:
-        k = attributed_kernels(con, trace_id, iteration_regex)
         divisor = iteration_count(k) if per_iteration else 1
         if per_iteration:
             k = k.filter(pl.col("iteration").is_not_null())
@@ -74,38 +73,40 @@ def compare_runs(
     keys = _KEYS[by]
     ka, kb = (attributed_kernels(con, t, iteration_regex) for t in (a, b))
     per_iteration = iteration_count(ka) > 0 and iteration_count(kb) > 0
-    ta, tb = (_times(con, t, by, iteration_regex, per_iteration) for t in (a, b))
+    ta, tb = (_times(con, t, by, iteration_regex, per_iteration, k) for t, k in ((a, ka), (b, kb)))
     frame = ta.join(tb, on=keys, how="full", coalesce=True, suffix="_b", nulls_equal=True).rename(
         {"kernels": "a_kernels", "time_ns": "a_ns", "kernels_b": "b_kernels", "time_ns_b": "b_ns"})
     frame = frame.with_columns(
         diff_ns=pl.col("b_ns").fill_null(0) - pl.col("a_ns").fill_null(0),
         ratio=pl.when(pl.col("a_ns") > 0).then(pl.col("b_ns") / pl.col("a_ns")))
     if by is not CompareBy.stage:
-        group = {CompareBy.layer: GroupBy.layer, CompareBy.kernel: GroupBy.kernel,
-                 CompareBy.library: GroupBy.library}[by]
-        for side, trace in (("a", a), ("b", b)):
-            ru = ru_table(con, trace, group, iteration_regex=iteration_regex).select(*keys, pl.col("ru").alias(f"{side}_ru"))
-            frame = frame.join(ru, on=keys, how="left", nulls_equal=True)
+        group = GroupBy(by.value)
+        sides = (("a", a, ka), ("b", b, kb))
+        for side, trace, k in sides:
+            ru = ru_table(con, trace, group, iteration_regex=iteration_regex, kernels=k)
+            frame = frame.join(ru.select(*keys, pl.col("ru").alias(f"{side}_ru")), on=keys, how="left",
+                               nulls_equal=True)
         if by in (CompareBy.layer, CompareBy.library):
-            frame = _with_ce(con, frame, a, b, keys, group, spec, iteration_regex)
+            frame = _with_ce(con, frame, sides, keys, group, spec, iteration_regex)
     order = pl.max_horizontal(pl.col("a_ns").fill_null(0), pl.col("b_ns").fill_null(0))
     if by is CompareBy.stage:  # in the stages' own order; kernel counts mean nothing here
         return frame.drop("a_kernels", "b_kernels"), per_iteration
     return frame.sort(order, *keys, descending=[True] + [False] * len(keys), nulls_last=True), per_iteration
 
 
-def _with_ce(con, frame: pl.DataFrame, a: int, b: int, keys: list[str], group: GroupBy,
-             spec: Path | None, iteration_regex: str) -> pl.DataFrame:
-    """Adds a_ce and b_ce when both runs have FLOPs; leaves the frame as it is otherwise."""
+def _with_ce(con, frame: pl.DataFrame, sides: tuple[tuple[str, int, pl.DataFrame], ...], keys: list[str],
+             group: GroupBy, spec: Path | None, iteration_regex: str) -> pl.DataFrame:
+    """Adds a_ce and b_ce when both runs have FLOPs; leaves the frame as it is otherwise.
+    `sides`: (letter, trace id, attributed kernels) of each run."""
     from traceq.analysis.efficiency import ce_table
 
-    sides = []
-    for side, trace in (("a", a), ("b", b)):
+    columns = []
+    for side, trace, k in sides:
         try:
-            ce = ce_table(con, trace, group, spec=spec, iteration_regex=iteration_regex)
+            ce = ce_table(con, trace, group, spec=spec, iteration_regex=iteration_regex, kernels=k)
         except MissingDataError:
             return frame
-        sides.append(ce.select(*keys, pl.col("ce_fp32").alias(f"{side}_ce")))
-    for ce in sides:
+        columns.append(ce.select(*keys, pl.col("ce_fp32").alias(f"{side}_ce")))
+    for ce in columns:
         frame = frame.join(ce, on=keys, how="left", nulls_equal=True)
     return frame

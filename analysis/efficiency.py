@@ -80,7 +80,8 @@ def _cc(text: str) -> tuple[int, int]:
 
 
 def launch_ru(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | None = None,
-              sms: int | None = None, iteration_regex: str = ITERATION_REGEX) -> pl.DataFrame:
+              sms: int | None = None, iteration_regex: str = ITERATION_REGEX,
+              kernels: pl.DataFrame | None = None) -> pl.DataFrame:
     """Every kernel launch with its occupancy and resource utilization.
 
     Columns: kernel_id, name, short_name, library, layer, pass, device_id, dur_ns, grid_blocks,
@@ -90,11 +91,13 @@ def launch_ru(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | None =
     fraction), max_blocks (SMs x blocks_per_sm), waves, ru (eq. 11, fraction), paper_max_blocks
     (eq. 10: registers only), paper_ru (eq. 11 with eq. 10's maxBlocks), kineto_occupancy
     (Kineto's estimate, 0 for launches over 48 KB of shared memory). Launches with no
-    launch-shape record (null block size) have null RU columns.
+    launch-shape record (null block size) have null RU columns. `kernels`: the trace's
+    `layers.attributed_kernels` frame when the caller has it already (attribution is the cost).
     """
     limits = device_limits(con, trace_id, cc, sms)
-    k = attributed_kernels(con, trace_id, iteration_regex).select(
-        "kernel_id", "name", "short_name", "library", "layer", "pass")
+    if kernels is None:
+        kernels = attributed_kernels(con, trace_id, iteration_regex)
+    k = kernels.select("kernel_id", "name", "short_name", "library", "layer", "pass")
     shapes = con.sql(
         f"SELECT kernel_id, dur_ns, grid_blocks, {', '.join(_SHAPE)} FROM kernels "
         f"WHERE trace_id = {int(trace_id)}").pl()
@@ -163,8 +166,9 @@ _KEYS = {GroupBy.kernel: ["name"], GroupBy.layer: ["layer", "pass"], GroupBy.lib
 
 def ru_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = GroupBy.kernel, *,
              cc: str | None = None, sms: int | None = None,
-             iteration_regex: str = ITERATION_REGEX) -> pl.DataFrame:
-    """RU and occupancy per kernel name, layer or library, heaviest first.
+             iteration_regex: str = ITERATION_REGEX, kernels: pl.DataFrame | None = None) -> pl.DataFrame:
+    """RU and occupancy per kernel name, layer or library, heaviest first (`kernels` as for
+    `launch_ru`).
 
     Columns: the keys (name | layer, pass | library), kernels, total_ns, then for `kernel`: the
     launch shape with most time (grid_blocks, block_threads, registers_per_thread, smem_bytes = static + dynamic),
@@ -173,7 +177,8 @@ def ru_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = 
     waves, ru, paper_ru, kineto_occupancy (kernel-time-weighted means; fractions).
     """
     by = GroupBy(by)
-    launches = launch_ru(con, trace_id, cc=cc, sms=sms, iteration_regex=iteration_regex).with_columns(
+    launches = launch_ru(con, trace_id, cc=cc, sms=sms, iteration_regex=iteration_regex,
+                         kernels=kernels).with_columns(
         smem_bytes=pl.col("smem_static_bytes").fill_null(0) + pl.col("smem_dynamic_bytes").fill_null(0))
     keys = _KEYS[by]
     if by is GroupBy.kernel:
@@ -256,7 +261,8 @@ def infer_batch(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl.DataF
 
 
 def kernel_ce(con: duckdb.DuckDBPyConnection, trace_id: int, *, spec: Path | None = None,
-              batch: int | None = None, iteration_regex: str = ITERATION_REGEX) -> pl.DataFrame:
+              batch: int | None = None, iteration_regex: str = ITERATION_REGEX,
+              kernels: pl.DataFrame | None = None) -> pl.DataFrame:
     """Every kernel with its FLOPs: kernel_id, name, library, operation, tensor_cores, layer,
     pass, dur_ns, flops, dtype.
 
@@ -269,7 +275,7 @@ def kernel_ce(con: duckdb.DuckDBPyConnection, trace_id: int, *, spec: Path | Non
     from traceq.analysis.flops import kernel_flops
     from traceq.analysis.modelspec import load_spec, spec_layer_flops
 
-    k = attributed_kernels(con, trace_id, iteration_regex)
+    k = attributed_kernels(con, trace_id, iteration_regex) if kernels is None else kernels
     tensor = classify_names(k["name"].unique()).select("name", "tensor_cores")
     k = k.join(tensor, on="name", how="left")
     if spec is not None:
@@ -296,8 +302,9 @@ def kernel_ce(con: duckdb.DuckDBPyConnection, trace_id: int, *, spec: Path | Non
 
 def ce_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = GroupBy.layer, *,
              spec: Path | None = None, batch: int | None = None,
-             iteration_regex: str = ITERATION_REGEX) -> pl.DataFrame:
-    """Compute efficiency per layer and pass, kernel name or library, most FLOPs first.
+             iteration_regex: str = ITERATION_REGEX, kernels: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Compute efficiency per layer and pass, kernel name or library, most FLOPs first
+    (`kernels` as for `launch_ru`).
 
     Columns: the keys (layer, pass | name | library), kernels, total_ns (GPU time of all the
     group's kernels), flops, tflops (achieved TFLOP/s), ce_fp32 (achieved / the paper's peak,
@@ -307,7 +314,7 @@ def ce_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = 
     left out. Raises MissingDataError without shapes or spec (with how to get them).
     """
     by = GroupBy(by)
-    k = kernel_ce(con, trace_id, spec=spec, batch=batch, iteration_regex=iteration_regex)
+    k = kernel_ce(con, trace_id, spec=spec, batch=batch, iteration_regex=iteration_regex, kernels=kernels)
     if not k["flops"].sum() > 0:
         raise MissingDataError(NO_FLOPS if spec is None else f"{spec}: no layer of the spec matches an NVTX "
                                "range of the trace (names must be the ranges' names: conv1, fc6, ...)")

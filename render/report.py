@@ -84,7 +84,7 @@ def _gather(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str,
     trace.frames["stages"] = stages
     trace.frames["layers"] = _with_order(layer_times(con, trace_id, iteration_regex), order)
     trace.frames["libraries"] = library_times(con, trace_id, iteration_regex=iteration_regex)
-    _efficiency(con, trace, order, iteration_regex, spec, batch)
+    _efficiency(con, trace, attributed, order, iteration_regex, spec, batch)
     window, where = _window(attributed)
     trace.notes["top"] = where
     trace.frames["top"] = (window.sort(["dur_ns", "start_ns"], descending=[True, False]).head(top_k)
@@ -114,17 +114,19 @@ def _gather(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str,
     return trace
 
 
-def _efficiency(con: duckdb.DuckDBPyConnection, trace: _Trace, order: pl.DataFrame, iteration_regex: str,
-                spec: Path | None, batch: int | None) -> None:
+def _efficiency(con: duckdb.DuckDBPyConnection, trace: _Trace, attributed: pl.DataFrame, order: pl.DataFrame,
+                iteration_regex: str, spec: Path | None, batch: int | None) -> None:
     def ru() -> pl.DataFrame:
         from traceq.analysis.efficiency import ru_table
 
-        return _with_order(ru_table(con, trace.trace_id, "layer", iteration_regex=iteration_regex), order)
+        return _with_order(ru_table(con, trace.trace_id, "layer", iteration_regex=iteration_regex,
+                                    kernels=attributed), order)
 
     def ce() -> pl.DataFrame:
         from traceq.analysis.efficiency import ce_table
 
-        frame = ce_table(con, trace.trace_id, "layer", spec=spec, batch=batch, iteration_regex=iteration_regex)
+        frame = ce_table(con, trace.trace_id, "layer", spec=spec, batch=batch, iteration_regex=iteration_regex,
+                         kernels=attributed)
         if frame.is_empty():
             raise MissingDataError("no layer has known FLOPs: the trace records no op shapes and no model "
                                    "spec was given (traceq report --spec MODEL.toml)")
