@@ -35,25 +35,25 @@ def iteration_count(kernels: pl.DataFrame) -> int:
     return kernels["iteration"].drop_nulls().n_unique()
 
 
-def _times(con: duckdb.DuckDBPyConnection, trace_id: int, by: CompareBy, iteration_regex: str,
-           per_iteration: bool, k: pl.DataFrame) -> pl.DataFrame:
-    """keys, kernels, time_ns for one trace (per iteration when asked); `k`: its attributed kernels."""
-    if by is CompareBy.stage:
-        stages = stage_times(con, trace_id, iteration_regex)
-        if per_iteration:
-            stages = stages.filter(pl.col("iteration").is_not_null())
-        columns = ["data_copy_ns", "forward_ns", "backward_ns", "weight_update_ns", "other_ns", "idle_ns", "span_ns"]
-        sums = stages.select(pl.col(columns).sum())
-        frame = pl.DataFrame({"stage": [c.removesuffix("_ns") for c in columns],
-                              "kernels": [None] * len(columns),
-                              "time_ns": [int(sums[c][0]) for c in columns]},
-                             schema={"stage": pl.String, "kernels": pl.Int64, "time_ns": pl.Int64})
-        divisor = stages["iteration"].n_unique() if per_iteration else 1
-    else:
-        divisor = iteration_count(k) if per_iteration else 1
-        if per_iteration:
-            k = k.filter(pl.col("iteration").is_not_null())
-        frame = k.group_by(_KEYS[by]).agg(kernels=pl.len().cast(pl.Int64), time_ns=pl.col("dur_ns").sum())
+def _stage_times(stages: pl.DataFrame, per_iteration: bool) -> pl.DataFrame:
+    """stage, kernels (null), time_ns from one trace's `stage_times` (per iteration when asked)."""
+    if per_iteration:
+        stages = stages.filter(pl.col("iteration").is_not_null())
+    columns = ["data_copy_ns", "forward_ns", "backward_ns", "weight_update_ns", "other_ns", "idle_ns", "span_ns"]
+    sums = stages.select(pl.col(columns).sum())
+    divisor = stages["iteration"].n_unique() if per_iteration else 1
+    return pl.DataFrame({"stage": [c.removesuffix("_ns") for c in columns],
+                         "kernels": [None] * len(columns),
+                         "time_ns": [int(sums[c][0]) // divisor for c in columns]},
+                        schema={"stage": pl.String, "kernels": pl.Int64, "time_ns": pl.Int64})
+
+
+def _group_times(k: pl.DataFrame, keys: list[str], per_iteration: bool) -> pl.DataFrame:
+    """keys, kernels, time_ns from one trace's attributed kernels (per iteration when asked)."""
+    divisor = iteration_count(k) if per_iteration else 1
+    if per_iteration:
+        k = k.filter(pl.col("iteration").is_not_null())
+    frame = k.group_by(keys).agg(kernels=pl.len().cast(pl.Int64), time_ns=pl.col("dur_ns").sum())
     return frame.with_columns(kernels=pl.col("kernels") // divisor, time_ns=pl.col("time_ns") // divisor)
 
 
@@ -71,9 +71,14 @@ def compare_runs(
     """
     by = CompareBy(by)
     keys = _KEYS[by]
-    ka, kb = (attributed_kernels(con, t, iteration_regex) for t in (a, b))
-    per_iteration = iteration_count(ka) > 0 and iteration_count(kb) > 0
-    ta, tb = (_times(con, t, by, iteration_regex, per_iteration, k) for t, k in ((a, ka), (b, kb)))
+    if by is CompareBy.stage:  # stage_times attributes kernels and copies itself
+        sa, sb = (stage_times(con, t, iteration_regex) for t in (a, b))
+        per_iteration = all(s["iteration"].drop_nulls().len() > 0 for s in (sa, sb))
+        ta, tb = (_stage_times(s, per_iteration) for s in (sa, sb))
+    else:
+        ka, kb = (attributed_kernels(con, t, iteration_regex) for t in (a, b))
+        per_iteration = iteration_count(ka) > 0 and iteration_count(kb) > 0
+        ta, tb = (_group_times(k, keys, per_iteration) for k in (ka, kb))
     frame = ta.join(tb, on=keys, how="full", coalesce=True, suffix="_b", nulls_equal=True).rename(
         {"kernels": "a_kernels", "time_ns": "a_ns", "kernels_b": "b_kernels", "time_ns_b": "b_ns"})
     frame = frame.with_columns(
