@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -57,6 +58,14 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _digest_in_background(path: Path) -> Callable[[], str]:
+    """`sha256_of(path)` computed on a thread (hashlib and file reads release the GIL)."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="traceq-sha256")
+    future = pool.submit(sha256_of, path)
+    pool.shutdown(wait=False)
+    return future.result
+
+
 def load_trace(
     con: duckdb.DuckDBPyConnection,
     path: Path,
@@ -84,9 +93,12 @@ def load_trace(
     path = Path(path)
     reader = reader_for(path, READERS)
     name = name or path.stem
-    sha = sha256_of(path)
-
-    same = con.execute("SELECT trace_id, name FROM traces WHERE sha256 = ?", [sha]).fetchall()
+    if first_row(con, "SELECT 1 FROM traces WHERE source_bytes = ? LIMIT 1", [path.stat().st_size]):
+        sha = sha256_of(path)  # the same content may be loaded already: decide before reading
+        digest: Callable[[], str] = lambda: sha
+        same = con.execute("SELECT trace_id, name FROM traces WHERE sha256 = ?", [sha]).fetchall()
+    else:  # no trace of this size, so none with this content: hash while the load runs
+        digest, same = _digest_in_background(path), []
     if same and not replace:
         tid, existing = same[0]
         count = first_row(con, "SELECT kernel_count FROM traces WHERE trace_id = ?", [tid])[0]
@@ -119,7 +131,7 @@ def load_trace(
 
         sink = Sink(con, trace_id, advance)
         info = reader.read(src, sink)
-        _record_trace(con, trace_id, name, path, sha, info, time.perf_counter() - started)
+        _record_trace(con, trace_id, name, path, digest(), info, time.perf_counter() - started)
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")

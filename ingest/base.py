@@ -194,14 +194,16 @@ def fetch_batches(
 
 
 def scan_table(
-    src: sqlite3.Connection, table: str, select: str, schema: pa.Schema, where: str = "1"
+    src: sqlite3.Connection, table: str, select: str, schema: pa.Schema, where: str = "1",
+    transform: Callable[[pa.Table], pa.Table] | None = None,
 ) -> Iterator[pa.Table]:
     """`SELECT {select} FROM table WHERE {where}` as Arrow tables of `schema`, in rowid order.
 
     `select` names each column `AS` its field of `schema`. A source opened with the ADBC engine
     (see `open_sqlite`) reads the table in parallel rowid ranges; otherwise, or for a table
     without rowids, this is `fetch_batches` over the plain query. Both give the same rows in
-    the same order.
+    the same order. `transform`, applied to every table before it is yielded, runs on the
+    reading threads when there are some.
     """
     sql = f'SELECT {select} FROM "{table}" WHERE ({where})'
     scanner = getattr(src, "scanner", None)
@@ -211,11 +213,12 @@ def scan_table(
         except sqlite3.OperationalError:  # WITHOUT ROWID
             scanner = None
     if scanner is None:
-        yield from fetch_batches(src, sql, schema)
+        batches = fetch_batches(src, sql, schema)
+        yield from (batches if transform is None else map(transform, batches))
         return
     try:
         yield from scanner.scan(src, table, select, schema, where,
-                                lambda chunk_sql: fetch_batches(src, chunk_sql, schema))
+                                lambda chunk_sql: fetch_batches(src, chunk_sql, schema), transform)
     except sqlite3.DatabaseError as e:
         raise TraceFormatError(f"the SQLite file is damaged or truncated ({e})") from None
 
@@ -224,17 +227,19 @@ class Strings:
     """An id -> text table (nsys StringIds, nvprof StringTable) for vectorised lookups."""
 
     def __init__(self, ids: Sequence[int], values: Sequence[str | None]):
+        import pyarrow.compute as pc
+
         size = (max(ids) + 1) if ids else 0
         if size <= 4 * len(ids) + 1_000_000:
             dense: list[str | None] = [None] * size
             for i, v in zip(ids, values):
                 dense[i] = v
             self._dense: pa.Array | None = pa.array(dense, type=pa.string())
+            self._present: pa.Array | None = pc.is_valid(self._dense)
         else:  # sparse ids: look them up through a hash of the ids
-            self._dense = None
+            self._dense = self._present = None
         self._ids = pa.array(ids, type=pa.int64())
         self._values = pa.array(values, type=pa.string())
-        self._present: pa.Array | None = None
 
     def dictionary(self, ids: pa.Array) -> pa.DictionaryArray:
         """As `lookup`, dictionary-encoded: no string is copied, however many rows.
@@ -244,11 +249,9 @@ class Strings:
         """
         import pyarrow.compute as pc
 
-        if self._dense is None:
+        if self._dense is None or self._present is None:
             return pa.DictionaryArray.from_arrays(
                 pc.cast(pc.index_in(ids, value_set=self._ids), pa.int32()), self._values)
-        if self._present is None:
-            self._present = pc.is_valid(self._dense)
         size = len(self._dense)
         ids = pc.cast(ids, pa.int64())
         inside = pc.and_(pc.greater_equal(ids, 0), pc.less(ids, size))
@@ -298,14 +301,14 @@ _KERNEL_PASSTHROUGH = (
 
 
 def kernel_batch(
-    batch: pa.Table, first_id: int, *, demangled: pa.Array, short: pa.Array | None,
+    batch: pa.Table, *, demangled: pa.Array, short: pa.Array | None,
     mangled: pa.Array, smem_optin: pa.Array, launch_type: pa.Array,
 ) -> pa.Table:
-    """The `kernels` columns for one batch of a reader's kernel rows.
+    """The `kernels` columns but kernel_id for one batch of a reader's kernel rows.
 
     `batch` carries the columns of _KERNEL_PASSTHROUGH under their store names; the reader
     supplies the resolved names and its own decoding of the opt-in flag and launch type.
-    A kernel always gets a name: demangled, else short, else mangled.
+    A kernel always gets a name: demangled, else short, else mangled. `numbered` adds the ids.
     """
     import pyarrow.compute as pc
 
@@ -314,7 +317,6 @@ def kernel_batch(
         name = pc.coalesce(decoded(name), pa.scalar("<unnamed kernel>"))
     cols = {c: batch[c] for c in _KERNEL_PASSTHROUGH}
     return pa.table({
-        "kernel_id": pc.add(row_numbers(batch.num_rows), pa.scalar(first_id, type=pa.int64())),
         **cols,
         "dur_ns": pc.subtract(cols["end_ns"], cols["start_ns"]),
         "name": name,
@@ -325,6 +327,14 @@ def kernel_batch(
         "smem_optin": smem_optin,
         "launch_type": launch_type,
     })
+
+
+def numbered(kernels: pa.Table, first_id: int) -> pa.Table:
+    """`kernels` with kernel_id first_id, first_id + 1, ... (ids follow the source's row order)."""
+    import pyarrow.compute as pc
+
+    ids = pc.add(row_numbers(kernels.num_rows), pa.scalar(first_id, type=pa.int64()))
+    return kernels.add_column(0, "kernel_id", ids)
 
 
 def decoded(a: pa.Array) -> pa.Array:
@@ -378,6 +388,7 @@ def open_sqlite(path: Path, engine: str = "stdlib") -> sqlite3.Connection:
     # only one of them at a time, while the loading thread waits in DuckDB.
     con = sqlite3.connect(uri, uri=True, factory=SourceConnection, check_same_thread=False)
     con.execute("PRAGMA query_only = 1")
+    con.execute(f"PRAGMA mmap_size = {arrow_sqlite.MMAP_BYTES}")
     if engine != "stdlib":
         try:
             con.scanner = arrow_sqlite.ArrowScanner(path)

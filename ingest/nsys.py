@@ -25,6 +25,7 @@ from traceq.ingest.base import (
     enum_lookup,
     fetch_batches,
     kernel_batch,
+    numbered,
     row_estimate,
     scan_table,
     select_list,
@@ -115,17 +116,21 @@ def _kernels(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
         ("graph_node_id", "NULLIF(graphNodeId, 0)", ["graphNodeId"]),
     ]
     schema = _schema(*[(w[0], I64) for w in wanted])
-    offset = 0
-    for batch in scan_table(src, KERNEL, select_list(have, wanted), schema):
-        yield kernel_batch(
-            batch, offset,
+
+    def columns(batch: pa.Table) -> pa.Table:
+        return kernel_batch(
+            batch,
             demangled=strings.dictionary(batch["demangled_id"].combine_chunks()),
             short=strings.dictionary(batch["short_id"].combine_chunks()),
             mangled=strings.dictionary(batch["mangled_id"].combine_chunks()),
             smem_optin=pc.equal(batch["smem_optin"], 1),
             launch_type=enum_lookup(batch["launch_type"].combine_chunks(), cupti.LAUNCH_TYPE),
         )
-        offset += batch.num_rows
+
+    offset = 0
+    for kernels in scan_table(src, KERNEL, select_list(have, wanted), schema, transform=columns):
+        yield numbered(kernels, offset)
+        offset += kernels.num_rows
 
 
 def _api_calls(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
@@ -140,10 +145,11 @@ def _api_calls(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
         ("return_value", "returnValue", ["returnValue"]),
     ]
     schema = _schema(*[(w[0], I64) for w in wanted])
-    for batch in scan_table(src, RUNTIME, select_list(have, wanted), schema):
+
+    def columns(batch: pa.Table) -> pa.Table:
         gtid = batch["global_tid"]
         api = enum_lookup(batch["event_class"].combine_chunks(), API_KIND)
-        yield pa.table({
+        return pa.table({
             "start_ns": batch["start_ns"],
             "end_ns": batch["end_ns"],
             "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
@@ -155,6 +161,8 @@ def _api_calls(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
             "global_tid": gtid,
             "return_value": batch["return_value"],
         })
+
+    yield from scan_table(src, RUNTIME, select_list(have, wanted), schema, transform=columns)
 
 
 def _memcpy(src: sqlite3.Connection) -> Iterator[pa.Table]:
@@ -168,14 +176,17 @@ def _memcpy(src: sqlite3.Connection) -> Iterator[pa.Table]:
         ("pid", PID.format(col="globalPid"), ["globalPid"]),
     ]
     schema = _schema(*[(w[0], I64) for w in wanted])
-    for batch in scan_table(src, MEMCPY, select_list(have, wanted), schema):
+
+    def columns(batch: pa.Table) -> pa.Table:
         cols = {c: batch[c] for c in batch.column_names}
         cols["dur_ns"] = pc.subtract(cols["end_ns"], cols["start_ns"])
         cols["op"] = pa.array(["memcpy"] * batch.num_rows, type=STR)
         cols["copy_kind"] = enum_lookup(cols["copy_kind"].combine_chunks(), cupti.MEMCPY_KIND)
         cols["src_kind"] = enum_lookup(cols["src_kind"].combine_chunks(), cupti.MEMORY_KIND)
         cols["dst_kind"] = enum_lookup(cols["dst_kind"].combine_chunks(), cupti.MEMORY_KIND)
-        yield pa.table(cols)
+        return pa.table(cols)
+
+    yield from scan_table(src, MEMCPY, select_list(have, wanted), schema, transform=columns)
 
 
 def _memset(src: sqlite3.Connection) -> Iterator[pa.Table]:
@@ -189,12 +200,15 @@ def _memset(src: sqlite3.Connection) -> Iterator[pa.Table]:
         ("pid", PID.format(col="globalPid"), ["globalPid"]),
     ]
     schema = _schema(*[(w[0], I64) for w in wanted])
-    for batch in scan_table(src, MEMSET, select_list(have, wanted), schema):
+
+    def columns(batch: pa.Table) -> pa.Table:
         cols = {c: batch[c] for c in batch.column_names}
         cols["dur_ns"] = pc.subtract(cols["end_ns"], cols["start_ns"])
         cols["op"] = pa.array(["memset"] * batch.num_rows, type=STR)
         cols["dst_kind"] = enum_lookup(cols["dst_kind"].combine_chunks(), cupti.MEMORY_KIND)
-        yield pa.table(cols)
+        return pa.table(cols)
+
+    yield from scan_table(src, MEMSET, select_list(have, wanted), schema, transform=columns)
 
 
 def _nvtx(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
@@ -224,7 +238,8 @@ def _nvtx(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
     known = [(d * 16777216 + p, text) for (d, p), text in domains.items() if d is not None]
     domain_keys = pa.array([k for k, _ in known], type=I64)
     domain_names = pa.array([t for _, t in known], type=STR)
-    for batch in scan_table(src, NVTX, select_list(have, wanted), schema, f"eventType IN ({kinds})"):
+
+    def columns(batch: pa.Table) -> pa.Table:
         gtid = batch["global_tid"]
         pid = _pid(gtid)
         if domains:
@@ -232,7 +247,7 @@ def _nvtx(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
             domain = pc.take(domain_names, pc.index_in(key, value_set=domain_keys))
         else:
             domain = pa.nulls(batch.num_rows, STR)
-        yield pa.table({
+        return pa.table({
             "start_ns": batch["start_ns"],
             "end_ns": batch["end_ns"],
             "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
@@ -248,6 +263,8 @@ def _nvtx(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
             "end_tid": _tid(batch["end_global_tid"]),
         })
 
+    yield from scan_table(src, NVTX, select_list(have, wanted), schema, f"eventType IN ({kinds})", columns)
+
 
 def _memory_events(src: sqlite3.Connection) -> Iterator[pa.Table]:
     have = column_names(src, MEMORY)
@@ -262,12 +279,15 @@ def _memory_events(src: sqlite3.Connection) -> Iterator[pa.Table]:
         ("pid", PID.format(col="globalPid"), ["globalPid"]),
     ]
     schema = _schema(*[(w[0], I64) for w in wanted])
-    for batch in scan_table(src, MEMORY, select_list(have, wanted), schema):
+
+    def columns(batch: pa.Table) -> pa.Table:
         cols = {c: batch[c] for c in batch.column_names}
         cols["op"] = enum_lookup(cols["op"].combine_chunks(), cupti.MEMORY_OPERATION)
         cols["mem_kind"] = enum_lookup(cols["mem_kind"].combine_chunks(), cupti.MEMORY_KIND)
         cols["address"] = pc.cast(cols["address"], pa.uint64(), safe=False)
-        yield pa.table(cols)
+        return pa.table(cols)
+
+    yield from scan_table(src, MEMORY, select_list(have, wanted), schema, transform=columns)
 
 
 def _read_gpus(src: sqlite3.Connection, tables: set[str], sink: Sink) -> None:

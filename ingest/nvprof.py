@@ -54,6 +54,7 @@ from traceq.ingest.base import (
     enum_lookup,
     fetch_batches,
     kernel_batch,
+    numbered,
     row_estimate,
     select_list,
     table_names,
@@ -215,14 +216,14 @@ def _read_kernels(src: sqlite3.Connection, tables: set[str], strings: Strings, t
     offset = 0
     for batch in fetch_batches(src, " UNION ALL ".join(selects), schema):
         ids = batch["name_id"].combine_chunks()
-        sink.append("kernels", kernel_batch(
-            batch, offset,
+        sink.append("kernels", numbered(kernel_batch(
+            batch,
             demangled=names.demangled.lookup(ids),
             short=names.short.lookup(ids),
             mangled=strings.lookup(ids),
             smem_optin=pc.equal(batch["smem_optin"], SHMEM_LIMIT_OPTIN),
             launch_type=enum_lookup(batch["launch_type"].combine_chunks(), LAUNCH_TYPE),
-        ))
+        ), offset))
         offset += batch.num_rows
 
 
