@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import queue
 import sqlite3
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -78,7 +79,10 @@ class ArrowScanner:
         chunk on the reading thread (Arrow compute releases the GIL), so the thread that inserts
         into the store does nothing else.
         """
-        lo, hi = src.execute(f'SELECT min(rowid), max(rowid) FROM "{table}"').fetchone()
+        # Two queries: SQLite answers min() or max() of the rowid alone from the b-tree's ends,
+        # but both in one query by scanning the whole table.
+        lo = src.execute(f'SELECT min(rowid) FROM "{table}"').fetchone()[0]
+        hi = src.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0]
         if lo is None:
             return
         body = f'SELECT {select} FROM "{table}" WHERE ({where}) AND rowid BETWEEN {{lo}} AND {{hi}}'
@@ -87,7 +91,7 @@ class ArrowScanner:
         typed = ", ".join(f"{_typed_value(f.type)} AS {f.name}" for f in schema)
         ranges = iter(range(lo, hi + 1, CHUNK_ROWS))
         pending: deque[tuple[str, Future[pa.Table | None]]] = deque()
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="traceq-sqlite") as pool:
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="traceq-sqlite", initializer=_yield_to_writer) as pool:
             try:
                 def submit() -> bool:
                     start = next(ranges, None)
@@ -129,6 +133,20 @@ class ArrowScanner:
             self._idle.put(con)
         table = table.slice(1).rename_columns(schema.names).cast(schema)
         return table if transform is None else transform(table)
+
+
+READER_NICENESS = 5
+"""How much lower the reading threads run than the thread inserting into the store. On two cores
+the two readers and the writer want three: the writer is the critical path, the readers are
+ahead by several chunks, so they give way."""
+
+
+def _yield_to_writer() -> None:
+    try:  # Linux applies a thread id's priority to that thread alone
+        me = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, me, os.getpriority(os.PRIO_PROCESS, me) + READER_NICENESS)
+    except (AttributeError, OSError):  # not Linux, or not allowed: same priority as before
+        pass
 
 
 def _typed_value(t: pa.DataType) -> str:
