@@ -18,15 +18,14 @@ from typing import Annotated, Optional
 import typer
 
 from traceq import __version__
-from traceq.analysis.compare import CompareBy
-from traceq.analysis.efficiency import GroupBy
-from traceq.analysis.kernels import NameBy, kernel_time_total, top_instances, top_kernels
-from traceq.analysis.memory import MemoryBy
-from traceq.analysis.traces import list_traces
+from traceq.analysis.choices import CompareBy, GroupBy, MemoryBy, NameBy
 from traceq.errors import TraceqError
 from traceq.render import Format, format_for, render
-from traceq.render.table import format_duration
 from traceq.store import default_store_path, delete_trace, first_row, open_store, resolve_trace
+
+# Commands import their analyses when they run: importing them all (and polars with them) would
+# take longer than a whole `traceq top`. Option types come from the light analysis.choices.
+
 
 app = typer.Typer(
     name="traceq",
@@ -214,6 +213,8 @@ def _remove_store(path: Path) -> None:
 @app.command()
 def traces(db: DbOpt = None, fmt: FormatOpt = None, out: OutOpt = None) -> None:
     """List the traces in the store."""
+    from traceq.analysis.traces import list_traces
+
     with user_errors():
         con = _store(db, read_only=True)
         frame = list_traces(con)
@@ -238,6 +239,11 @@ def top(
     out: OutOpt = None,
 ) -> None:
     """The heaviest kernels of a trace by total GPU time (like `nsys stats` cuda_gpu_kern_sum)."""
+    from traceq.analysis.kernels import kernel_time_total, top_instances_relation, top_kernels_relation
+    from traceq.render.table import format_duration
+
+    # Rankings stay DuckDB relations unless NVTX context is joined: without polars, `traceq top`
+    # on a big trace (library column only) runs in a fraction of a second.
     def build(con, trace_id: int, trace_name: str):
         attribute = context
         if context is None:  # NVTX attribution costs seconds per million kernels; names cost nothing
@@ -247,20 +253,21 @@ def top(
                 _err(f"note: {kernels:,} kernels: layer and pass columns left out "
                      "(NVTX attribution takes a while at this size); --context adds them")
         if instances:
-            frame = top_instances(con, trace_id, k)
-            title = f"{trace_name}: the {len(frame)} longest kernel launches"
+            launches = top_instances_relation(con, trace_id, k)
+            title = f"{trace_name}: the {len(launches)} longest kernel launches"
             if attribute:
-                return _with_instance_context(con, trace_id, frame), title
-            return (frame if context is False else _with_library(frame)), title
-        frame = top_kernels(con, trace_id, k, by)
+                return _with_instance_context(con, trace_id, launches.pl()), title
+            return (launches if context is False else _with_library(con, launches)), title
+        ranking = top_kernels_relation(con, trace_id, k, by)
         total = kernel_time_total(con, trace_id)
-        title = (f"{trace_name}: top {len(frame)} kernels by total time "
+        title = (f"{trace_name}: top {len(ranking)} kernels by total time "
                  f"(all kernels: {format_duration(total)} of GPU time)")
         if context is not False:
-            frame = _with_kernel_context(con, trace_id, frame, by) if attribute else _with_library(frame)
-            if format_for(fmt, out) is Format.table and _terminal_width() < 170:
-                frame = frame.drop("min_ns", "max_ns", "stddev_ns")  # room for the names (csv/json keep them)
-        return frame, title
+            if format_for(fmt, out) is Format.table and _terminal_width() < 170:  # room for the names
+                ranking = ranking.project("* EXCLUDE (min_ns, max_ns, stddev_ns)")  # (csv/json keep them)
+            ranking = (_with_kernel_context(con, trace_id, ranking.pl(), by) if attribute
+                       else _with_library(con, ranking))
+        return ranking, title
 
     _show_trace_table(trace, db, fmt, out, build)
 
@@ -269,12 +276,17 @@ AUTO_CONTEXT_MAX_KERNELS = 1_000_000
 """Above this many kernels `traceq top` shows the library alone unless --context is given."""
 
 
-def _with_library(frame):  # -> pl.DataFrame
-    """The library column alone: classified from the names already in `frame`, no attribution."""
-    from traceq.analysis.classify import classify_names
+def _with_library(con, ranking):  # (DuckDBPyRelation) -> DuckDBPyRelation
+    """The library column alone: the names in `ranking` (a few rows) classified, no attribution."""
+    from traceq.analysis.classify import classify
 
-    classes = classify_names(frame["name"]).select("name", "library")
-    return frame.join(classes, on="name", how="left", maintain_order="left")
+    names = list(dict.fromkeys(name for (name,) in ranking.project("name").fetchall()))
+    if not names:
+        return ranking.project("*, NULL::VARCHAR AS library")
+    values = ", ".join(["(?, ?)"] * len(names))  # joined in DuckDB: the ranking stays a relation
+    libraries = con.sql(f"SELECT * FROM (VALUES {values}) AS l(name, library)",
+                        params=[value for name in names for value in (name, classify(name).library)])
+    return ranking.join(libraries, "name", how="left").order("rank")
 
 
 def _with_kernel_context(con, trace_id: int, frame, by: NameBy):  # -> pl.DataFrame
@@ -424,7 +436,7 @@ def ru(
     from traceq.analysis.efficiency import ru_table
 
     def build(con, trace_id: int, trace_name: str):
-        frame = ru_table(con, trace_id, by, cc=cc, sms=sms, iteration_regex=_iteration_regex(iteration_regex))
+        frame = ru_table(con, trace_id, by.value, cc=cc, sms=sms, iteration_regex=_iteration_regex(iteration_regex))
         if k is not None:
             frame = frame.head(k)
         title = (f"{trace_name}: occupancy and RU per {by.value} (kernel-time-weighted means; "
@@ -456,7 +468,7 @@ def ce(
     from traceq.analysis.efficiency import ce_table, trace_peaks
 
     def build(con, trace_id: int, trace_name: str):
-        frame = ce_table(con, trace_id, by, spec=spec, batch=batch,
+        frame = ce_table(con, trace_id, by.value, spec=spec, batch=batch,
                          iteration_regex=_iteration_regex(iteration_regex))
         if k is not None:
             frame = frame.head(k)
@@ -487,7 +499,7 @@ def compare(
     with user_errors():
         con = _store(db, read_only=True)
         (ta, na), (tb, nb) = resolve_trace(con, a), resolve_trace(con, b)
-        frame, per_iteration = compare_runs(con, ta, tb, by, spec=spec,
+        frame, per_iteration = compare_runs(con, ta, tb, by.value, spec=spec,
                                             iteration_regex=_iteration_regex(iteration_regex))
         if k is not None:
             frame = frame.head(k)

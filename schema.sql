@@ -94,6 +94,21 @@ CREATE TABLE kernels (
     graph_node_id BIGINT                   -- CUDA graph node; NULL when not launched from a graph
 );
 
+-- table kernel_summary: per-name kernel statistics of each trace, written by the load (traceq.analysis.kernels.build_kernel_summary) so that `traceq top` reads a few rows instead of every launch.
+CREATE TABLE kernel_summary (
+    trace_id INTEGER NOT NULL,
+    name_by VARCHAR NOT NULL,              -- which name groups the launches: 'demangled', 'short' or 'mangled' (`traceq top --by`)
+    name VARCHAR NOT NULL,                 -- kernels.name, short_name, or mangled_name (name when the trace lacks it)
+    instances BIGINT NOT NULL,             -- launches
+    total_ns BIGINT NOT NULL,              -- sum of dur_ns
+    pct DOUBLE,                            -- total_ns as a share of all kernel time in the trace, %
+    avg_ns DOUBLE NOT NULL,
+    median_ns DOUBLE NOT NULL,             -- interpolated between the two middle values, as `nsys stats`
+    min_ns BIGINT NOT NULL,
+    max_ns BIGINT NOT NULL,
+    stddev_ns DOUBLE NOT NULL              -- sample standard deviation; 0 for a single launch
+);
+
 -- table api_calls: CUDA runtime and driver API calls on the CPU.
 CREATE TABLE api_calls (
     trace_id INTEGER NOT NULL,

@@ -26,10 +26,12 @@ from dataclasses import astuple, dataclass, fields
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-
-import polars as pl
+from typing import TYPE_CHECKING
 
 from traceq.errors import TraceqError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 QUESTIONS = ("library", "operation", "direction", "algorithm", "collective", "gemm_variant",
              "tensor_cores")
@@ -51,8 +53,6 @@ class Classification:
     tensor_cores: bool = False
 
 
-SCHEMA = {f.name: (pl.Boolean if f.name == "tensor_cores" else pl.String)
-          for f in fields(Classification)}
 
 
 @dataclass(frozen=True)
@@ -226,16 +226,21 @@ def classify_names(
     columns name, library, operation, direction, algorithm, collective, gemm_variant (strings,
     null where the name does not tell) and tensor_cores (boolean); join it back on `name`.
     """
+    import polars as pl
+
     frame = pl.DataFrame({"name": _strings(names)}).with_columns(
         mangled=pl.lit(None, pl.String) if mangled is None else _strings(mangled))
     distinct = frame.drop_nulls("name").unique("name", keep="first", maintain_order=True)
     ruleset = rules or default_rules()
     rows = [astuple(ruleset.classify(name, mangled_name))
             for name, mangled_name in distinct.iter_rows()]
-    return pl.DataFrame(rows, schema=SCHEMA, orient="row")
+    schema = {f.name: (pl.Boolean if f.name == "tensor_cores" else pl.String) for f in fields(Classification)}
+    return pl.DataFrame(rows, schema=schema, orient="row")
 
 
 def _strings(values: pl.Series | Iterable[str | None]) -> pl.Series:
+    import polars as pl
+
     if isinstance(values, pl.Series):
         return values.cast(pl.String)
     return pl.Series(list(values), dtype=pl.String)

@@ -7,23 +7,16 @@ known (shapes in the trace or a model spec).
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 
 import duckdb
 import polars as pl
 
 from traceq.analysis.attribution import ITERATION_REGEX
+from traceq.analysis.choices import CompareBy
 from traceq.analysis.efficiency import GroupBy, ru_table
 from traceq.analysis.layers import attributed_kernels, stage_times
 from traceq.errors import MissingDataError
-
-
-class CompareBy(str, Enum):
-    layer = "layer"
-    kernel = "kernel"
-    library = "library"
-    stage = "stage"
 
 
 _KEYS = {CompareBy.layer: ["layer", "pass"], CompareBy.kernel: ["name"], CompareBy.library: ["library"],

@@ -16,25 +16,17 @@ separately the dense tensor-core peak for the data type; CE is reported against 
 from __future__ import annotations
 
 import math
-from enum import Enum
 from pathlib import Path
 
 import duckdb
 import polars as pl
 
 from traceq.analysis.attribution import ITERATION_REGEX
+from traceq.analysis.choices import GroupBy
 from traceq.analysis.gpu_specs import GpuLimits, limits_for_cc
 from traceq.analysis.layers import attributed_kernels
 from traceq.analysis.occupancy import launch_occupancy
 from traceq.errors import MissingDataError
-
-
-class GroupBy(str, Enum):
-    """What `traceq ru` and `traceq ce` group launches by."""
-
-    kernel = "kernel"
-    layer = "layer"
-    library = "library"
 
 
 _SHAPE = ["device_id", "block_threads", "registers_per_thread", "smem_static_bytes",

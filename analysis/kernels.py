@@ -3,22 +3,24 @@
 Pure functions from the store to Polars DataFrames; times in integer nanoseconds (averages,
 medians and standard deviations as floats), the way `nsys stats --report cuda_gpu_kern_sum`
 computes them: median interpolated between the two middle values, sample standard deviation.
+
+The per-name statistics are computed once, when a trace is loaded (`build_kernel_summary` writes
+the kernel_summary table), so ranking a trace of ten million launches reads a few hundred rows.
+Each ranking also comes as a DuckDB relation (`*_relation`, the same rows before `.pl()`): the
+CLI renders those directly, so that `traceq top` starts without importing polars.
 """
 
 from __future__ import annotations
 
-from enum import Enum
+from typing import TYPE_CHECKING
 
 import duckdb
-import polars as pl
 
+from traceq.analysis.choices import NameBy
+from traceq.store import first_row
 
-class NameBy(str, Enum):
-    """Which kernel name to group by."""
-
-    demangled = "demangled"
-    short = "short"
-    mangled = "mangled"
+if TYPE_CHECKING:
+    import polars as pl
 
 
 _NAME_COLUMN = {
@@ -26,6 +28,76 @@ _NAME_COLUMN = {
     NameBy.short: "short_name",
     NameBy.mangled: "coalesce(mangled_name, name)",
 }
+
+def _aggregate_sql(trace_id: int, by: NameBy) -> str:
+    """The statistics aggregated from every launch of the trace (the expensive part: the median)."""
+    return f"""
+        SELECT {_NAME_COLUMN[NameBy(by)]} AS name,
+               count(*)::BIGINT AS instances,
+               sum(dur_ns)::BIGINT AS total_ns,
+               100.0 * sum(dur_ns) / sum(sum(dur_ns)) OVER () AS pct,
+               avg(dur_ns)::DOUBLE AS avg_ns,
+               quantile_cont(dur_ns, 0.5)::DOUBLE AS median_ns,
+               min(dur_ns)::BIGINT AS min_ns,
+               max(dur_ns)::BIGINT AS max_ns,
+               coalesce(stddev_samp(dur_ns), 0)::DOUBLE AS stddev_ns
+        FROM kernels WHERE trace_id = {int(trace_id)}
+        GROUP BY 1
+    """
+
+
+def _statistics_sql(con: duckdb.DuckDBPyConnection, trace_id: int, by: NameBy, live: bool) -> str:
+    """Read kernel_summary when the load wrote it; aggregate live (`live`, or a store written
+    before kernel_summary existed)."""
+    if live or not _has_summary(con):
+        return _aggregate_sql(trace_id, by)
+    return (f"SELECT * EXCLUDE (trace_id, name_by) FROM kernel_summary "
+            f"WHERE trace_id = {int(trace_id)} AND name_by = '{NameBy(by).value}'")
+
+
+def _has_summary(con: duckdb.DuckDBPyConnection) -> bool:
+    """False for a store written before kernel_summary existed (every load since writes its rows).
+    Not a duckdb_tables() lookup: listing the catalog costs 10 ms on a fresh connection."""
+    try:
+        con.execute("SELECT 1 FROM kernel_summary LIMIT 0").fetchall()
+    except duckdb.CatalogException:
+        return False
+    return True
+
+
+def build_kernel_summary(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
+    """Write the trace's kernel_summary rows: `kernel_statistics` for every NameBy. The load calls
+    this once, in its transaction, after the kernels are in; `rm` deletes the rows with the trace."""
+    for by in NameBy:
+        con.execute(f"INSERT INTO kernel_summary BY NAME SELECT {int(trace_id)} AS trace_id, "
+                    f"'{by.value}' AS name_by, * FROM ({_aggregate_sql(trace_id, by)})")
+
+
+def kernel_statistics(
+    con: duckdb.DuckDBPyConnection, trace_id: int, by: NameBy = NameBy.demangled, *, live: bool = False
+) -> pl.DataFrame:
+    """Every kernel name of the trace with its statistics, by name.
+
+    Columns: name, instances, total_ns, pct (share of all kernel time in the trace, %), avg_ns,
+    median_ns, min_ns, max_ns, stddev_ns (sample; 0 for one instance). Read from kernel_summary,
+    or with `live` aggregated from the kernels table (the same numbers, computed again).
+    """
+    return con.sql(f"SELECT * FROM ({_statistics_sql(con, trace_id, by, live)}) ORDER BY name").pl()
+
+
+def top_kernels_relation(
+    con: duckdb.DuckDBPyConnection, trace_id: int, k: int = 15, by: NameBy = NameBy.demangled
+) -> duckdb.DuckDBPyRelation:
+    """`top_kernels` as a DuckDB relation."""
+    return con.sql(
+        f"""
+        SELECT CAST(row_number() OVER (ORDER BY total_ns DESC, name) AS INTEGER) AS rank,
+               instances, total_ns, pct, avg_ns, median_ns, min_ns, max_ns, stddev_ns, name
+        FROM ({_statistics_sql(con, trace_id, by, live=False)})
+        ORDER BY rank
+        LIMIT {int(k)}
+        """
+    )
 
 
 def top_kernels(
@@ -37,28 +109,23 @@ def top_kernels(
     avg_ns, median_ns, min_ns, max_ns, stddev_ns (sample; 0 for one instance), name.
     Ties in total time are broken by name so the order is stable.
     """
-    name = _NAME_COLUMN[NameBy(by)]
+    return top_kernels_relation(con, trace_id, k, by).pl()
+
+
+def top_instances_relation(con: duckdb.DuckDBPyConnection, trace_id: int, k: int = 15) -> duckdb.DuckDBPyRelation:
+    """`top_instances` as a DuckDB relation."""
     return con.sql(
         f"""
-        SELECT CAST(row_number() OVER (ORDER BY total_ns DESC, name) AS INTEGER) AS rank,
-               instances, total_ns, pct, avg_ns, median_ns, min_ns, max_ns, stddev_ns, name
-        FROM (
-            SELECT {name} AS name,
-                   count(*)::BIGINT AS instances,
-                   sum(dur_ns)::BIGINT AS total_ns,
-                   100.0 * sum(dur_ns) / sum(sum(dur_ns)) OVER () AS pct,
-                   avg(dur_ns)::DOUBLE AS avg_ns,
-                   quantile_cont(dur_ns, 0.5)::DOUBLE AS median_ns,
-                   min(dur_ns)::BIGINT AS min_ns,
-                   max(dur_ns)::BIGINT AS max_ns,
-                   coalesce(stddev_samp(dur_ns), 0)::DOUBLE AS stddev_ns
+        SELECT CAST(row_number() OVER (ORDER BY dur_ns DESC, start_ns) AS INTEGER) AS rank, *
+        FROM (  -- the k longest first: numbering every launch would sort them all
+            SELECT start_ns, dur_ns, device_id, stream_id, grid_blocks, block_threads, kernel_id, name
             FROM kernels WHERE trace_id = {int(trace_id)}
-            GROUP BY 1
+            ORDER BY dur_ns DESC, start_ns
+            LIMIT {int(k)}
         )
         ORDER BY rank
-        LIMIT {int(k)}
         """
-    ).pl()
+    )
 
 
 def top_instances(con: duckdb.DuckDBPyConnection, trace_id: int, k: int = 15) -> pl.DataFrame:
@@ -67,19 +134,13 @@ def top_instances(con: duckdb.DuckDBPyConnection, trace_id: int, k: int = 15) ->
     Columns: rank, start_ns (on the trace's timeline), dur_ns, device_id, stream_id,
     grid_blocks, block_threads, kernel_id, name.
     """
-    return con.sql(
-        f"""
-        SELECT CAST(row_number() OVER (ORDER BY dur_ns DESC, start_ns) AS INTEGER) AS rank,
-               start_ns, dur_ns, device_id, stream_id, grid_blocks, block_threads, kernel_id, name
-        FROM kernels WHERE trace_id = {int(trace_id)}
-        ORDER BY rank
-        LIMIT {int(k)}
-        """
-    ).pl()
+    return top_instances_relation(con, trace_id, k).pl()
 
 
 def kernel_time_total(con: duckdb.DuckDBPyConnection, trace_id: int) -> int:
     """Sum of all kernel durations in the trace, ns."""
-    rows = con.execute("SELECT coalesce(sum(dur_ns), 0)::BIGINT FROM kernels WHERE trace_id = ?",
-                       [trace_id]).fetchall()
-    return int(rows[0][0])
+    if _has_summary(con):  # the same sum, from a few rows
+        total = "SELECT sum(total_ns) FROM kernel_summary WHERE trace_id = $t AND name_by = 'demangled'"
+    else:
+        total = "SELECT sum(dur_ns) FROM kernels WHERE trace_id = $t"
+    return int(first_row(con, f"SELECT coalesce(({total}), 0)::BIGINT", {"t": trace_id})[0])

@@ -17,7 +17,6 @@ allocation, which is what the paper's per-layer figures show.
 
 from __future__ import annotations
 
-from enum import Enum
 
 import duckdb
 import polars as pl
@@ -28,13 +27,6 @@ from traceq.errors import MissingDataError
 HOST_KINDS = ("Pageable", "Pinned")
 """Memory kinds that live in host memory; every other kind counts as device memory."""
 
-
-
-class MemoryBy(str, Enum):
-    """What `traceq memory` lists: allocations per layer, or bytes in use after each event."""
-
-    layer = "layer"
-    time = "time"
 
 
 CAPTURE_HINT = "capture with `nsys profile --cuda-memory-usage=true ...`"

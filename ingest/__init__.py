@@ -21,6 +21,7 @@ from pathlib import Path
 
 import duckdb
 
+from traceq.analysis.kernels import build_kernel_summary
 from traceq.errors import TraceFormatError, TraceqError
 from traceq.ingest.base import Reader, Sink, SourceInfo, open_sqlite
 from traceq.ingest.detect import reader_for
@@ -113,8 +114,7 @@ def load_trace(
 
     src = open_sqlite(path, engine or os.environ.get("TRACEQ_SQLITE_READER") or "auto")
     saved = {k: first_row(con, f"SELECT current_setting('{k}')")[0] for k in LOAD_SETTINGS}
-    for key, value in LOAD_SETTINGS.items():
-        con.execute(f"SET {key} = '{value}'")
+    _apply(con, LOAD_SETTINGS)
     con.execute("BEGIN TRANSACTION")
     try:
         for tid in sorted(stale):
@@ -131,6 +131,8 @@ def load_trace(
 
         sink = Sink(con, trace_id, advance)
         info = reader.read(src, sink)
+        _apply(con, saved)  # the streaming inserts are done: the summary may use every thread
+        build_kernel_summary(con, trace_id)
         _record_trace(con, trace_id, name, path, digest(), info, time.perf_counter() - started)
         con.execute("COMMIT")
     except BaseException:
@@ -138,11 +140,15 @@ def load_trace(
         raise
     finally:
         src.close()
-        for key, value in saved.items():
-            con.execute(f"SET {key} = '{value}'")
+        _apply(con, saved)
     kernels = sink.rows.get("kernels", 0)
     return LoadResult(trace_id, name, "replaced" if stale else "loaded", kernels,
                       time.perf_counter() - started, dict(sink.rows))
+
+
+def _apply(con: duckdb.DuckDBPyConnection, settings: dict[str, str]) -> None:
+    for key, value in settings.items():
+        con.execute(f"SET {key} = '{value}'")
 
 
 def _record_trace(

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import io
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-import polars as pl
+import duckdb
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    import polars as pl
 
 _HEADERS = {
     "pct": "Time %",
@@ -118,16 +122,17 @@ def format_cell(column: str, value: object) -> str:
     return str(value)
 
 
-def render_table(frame: pl.DataFrame, *, title: str | None = None, width: int | None = None) -> str:
+def render_table(frame: pl.DataFrame | duckdb.DuckDBPyRelation, *, title: str | None = None,
+                 width: int | None = None) -> str:
     """A boxed table; numbers right-aligned and never cut; long text (names, paths, tools) cut
     with an ellipsis so the table fits `width`."""
-    columns = frame.columns
-    cells = {c: [format_cell(c, v) for v in frame.get_column(c).to_list()] for c in columns}
+    columns, numeric, rows = _columns_and_rows(frame)
+    cells = {c: [format_cell(c, row[i]) for row in rows] for i, c in enumerate(columns)}
     table = Table(title=title, title_justify="left", header_style="bold")
     fits = {c: max([len(header(c)), *(len(v) for v in cells[c])]) for c in columns}
     # Text columns longer than 24 characters (names, paths, splits) share the width that the
     # numbers leave, in proportion to their length; numbers are never cut.
-    wide = [c for c in columns if not frame.schema[c].is_numeric() and fits[c] > 24]
+    wide = [c for c in columns if not numeric[c] and fits[c] > 24]
     narrow = sum(fits[c] for c in columns if c not in wide)
     room = max((width or 160) - narrow - 3 * len(columns) - 1, 12 * len(wide))  # 3 cells of border a column
     wanted = sum(fits[c] for c in wide)
@@ -139,17 +144,31 @@ def render_table(frame: pl.DataFrame, *, title: str | None = None, width: int | 
             fit = floor + max(spare, 0) * (fit - floor) // max(extra, 1)
         table.add_column(
             header(column),
-            justify="right" if frame.schema[column].is_numeric() else "left",
+            justify="right" if numeric[column] else "left",
             overflow="ellipsis",
             no_wrap=True,
             width=fit,
         )
-    for i in range(frame.height):
+    for i in range(len(rows)):
         table.add_row(*(cells[c][i] for c in columns))
     buffer = io.StringIO()
     console = Console(file=buffer, width=width or 160, force_terminal=False, color_system=None,
                       soft_wrap=False)
     console.print(table)
-    if frame.is_empty():
+    if not rows:
         console.print("(no rows)")
     return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
+
+
+_NUMERIC_TYPES = frozenset({"tinyint", "smallint", "integer", "bigint", "hugeint", "utinyint", "usmallint",
+                            "uinteger", "ubigint", "uhugeint", "float", "double", "decimal"})
+
+
+def _columns_and_rows(
+    frame: pl.DataFrame | duckdb.DuckDBPyRelation,
+) -> tuple[list[str], dict[str, bool], list[tuple]]:
+    """Column names, whether each is numeric, and the rows; a DuckDB relation needs no polars."""
+    if isinstance(frame, duckdb.DuckDBPyRelation):
+        rows = frame.fetchall()
+        return frame.columns, {c: t.id in _NUMERIC_TYPES for c, t in zip(frame.columns, frame.types)}, rows
+    return frame.columns, {c: frame.schema[c].is_numeric() for c in frame.columns}, frame.rows()

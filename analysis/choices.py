@@ -1,0 +1,41 @@
+"""The groupings analyses offer, as enums light enough for the CLI to import at start-up.
+
+The CLI builds its option types from these before it knows which command runs; the analyses
+that use them import polars, which would cost `traceq top` more than its whole query.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class NameBy(str, Enum):
+    """Which kernel name to group by."""
+
+    demangled = "demangled"
+    short = "short"
+    mangled = "mangled"
+
+
+class GroupBy(str, Enum):
+    """What `traceq ru` and `traceq ce` group launches by."""
+
+    kernel = "kernel"
+    layer = "layer"
+    library = "library"
+
+
+class CompareBy(str, Enum):
+    """What `traceq compare` lines two traces up by."""
+
+    layer = "layer"
+    kernel = "kernel"
+    library = "library"
+    stage = "stage"
+
+
+class MemoryBy(str, Enum):
+    """What `traceq memory` lists: allocations per layer, or bytes in use after each event."""
+
+    layer = "layer"
+    time = "time"
