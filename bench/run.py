@@ -100,7 +100,7 @@ IN_PROCESS = """
 import json, statistics, sys, time
 t = time.perf_counter()
 import duckdb
-from traceq.analysis.kernels import top_kernels
+from traceq.analysis.kernels import kernel_statistics, top_kernels
 from traceq.analysis.layers import layer_times
 from traceq.analysis.attribution import kernel_attribution
 imported = time.perf_counter() - t
@@ -114,6 +114,7 @@ def best(f, n):
 n = int(sys.argv[2])
 print()
 print(json.dumps({"imports": imported, "top": best(lambda: top_kernels(con, tid, 15), max(n, 5)),
+                  "aggregation": best(lambda: kernel_statistics(con, tid, live=True), max(n, 3)),
                   "layers": best(lambda: layer_times(con, tid), n),
                   "attribution": best(lambda: kernel_attribution(con, tid), n)}))
 """
@@ -277,7 +278,8 @@ def main() -> None:
         attribution = repeat(n, [py, "-c", ATTRIBUTION, str(store)]) if nvtx else None
         inside = in_process(store, n)
         lat = ("n/a (" + inside + ")" if isinstance(inside, str) else
-               f"top {inside['top']:.3f} s, layers {inside['layers']:.2f} s, "
+               f"top {inside['top']:.3f} s (aggregating the launches again: {inside['aggregation']:.3f} s), "
+               f"layers {inside['layers']:.2f} s, "
                f"attribution {inside['attribution']:.2f} s (imports {inside['imports']:.2f} s)")
         nsys: Run | str = "not installed"
         if nsys_ai:  # on a copy: nsys-ai writes its indexes into the profile it is given
@@ -314,7 +316,8 @@ def main() -> None:
         "Median wall time of the whole command (process start and imports included); attribution "
         "is `kernel_attribution` in a child process (with its peak RSS). In process: the same "
         "analyses called on an open store, median of repeated calls (what a notebook or a "
-        "long-lived process pays).", "",
+        "long-lived process pays); `top` reads the per-name statistics the load wrote, the figure "
+        "in brackets is the same statistics aggregated from every launch.", "",
         "| trace | `top --k 15` | `top --k 15 --no-context` | `layers` | `ru` | attribution | in process |",
         "|---|---|---|---|---|---|---|",
         *query_rows, "",
