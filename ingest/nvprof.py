@@ -36,7 +36,7 @@ Each table holds CUPTI activity records of one kind, a column per field (notes/t
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from typing import ClassVar
 
@@ -213,18 +213,22 @@ def _read_kernels(src: sqlite3.Connection, tables: set[str], strings: Strings, t
         selects.append(f"SELECT {select_list(have, wanted)} FROM {table} x WHERE {where}")
     names = _kernel_names(src, present, strings)
     schema = pa.schema([(w[0], I64) for w in wanted])
-    offset = 0
-    for batch in fetch_batches(src, " UNION ALL ".join(selects), schema):
-        ids = batch["name_id"].combine_chunks()
-        sink.append("kernels", numbered(kernel_batch(
-            batch,
-            demangled=names.demangled.lookup(ids),
-            short=names.short.lookup(ids),
-            mangled=strings.lookup(ids),
-            smem_optin=pc.equal(batch["smem_optin"], SHMEM_LIMIT_OPTIN),
-            launch_type=enum_lookup(batch["launch_type"].combine_chunks(), LAUNCH_TYPE),
-        ), offset))
-        offset += batch.num_rows
+
+    def kernels() -> Iterator[pa.Table]:
+        offset = 0
+        for batch in fetch_batches(src, " UNION ALL ".join(selects), schema):
+            ids = batch["name_id"].combine_chunks()
+            yield numbered(kernel_batch(
+                batch,
+                demangled=names.demangled.lookup(ids),
+                short=names.short.lookup(ids),
+                mangled=strings.lookup(ids),
+                smem_optin=pc.equal(batch["smem_optin"], SHMEM_LIMIT_OPTIN),
+                launch_type=enum_lookup(batch["launch_type"].combine_chunks(), LAUNCH_TYPE),
+            ), offset)
+            offset += batch.num_rows
+
+    sink.append_all("kernels", kernels())
 
 
 class _KernelNames:
@@ -316,10 +320,11 @@ def _read_api_calls(src: sqlite3.Connection, table: str, t0: int, sink: Sink) ->
         ("return_value", "returnValue", ["returnValue"]),
     ]
     sql = f"SELECT {select_list(column_names(src, table), wanted)} FROM {table} WHERE {VALID}"
-    for batch in fetch_batches(src, sql, pa.schema([(w[0], I64) for w in wanted])):
+
+    def columns(batch: pa.Table) -> pa.Table:
         cbid = batch["cbid"].combine_chunks()
         unknown = pc.binary_join_element_wise("cbid_", pc.cast(cbid, STR), "")
-        sink.append("api_calls", pa.table({
+        return pa.table({
             "start_ns": batch["start_ns"],
             "end_ns": batch["end_ns"],
             "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
@@ -329,7 +334,9 @@ def _read_api_calls(src: sqlite3.Connection, table: str, t0: int, sink: Sink) ->
             "pid": batch["pid"],
             "tid": batch["tid"],
             "return_value": batch["return_value"],
-        }))
+        })
+
+    sink.append_all("api_calls", map(columns, fetch_batches(src, sql, pa.schema([(w[0], I64) for w in wanted]))))
 
 
 def _read_memops(src: sqlite3.Connection, table: str, t0: int, pid: str, sink: Sink) -> None:
@@ -352,7 +359,8 @@ def _read_memops(src: sqlite3.Connection, table: str, t0: int, pid: str, sink: S
         wanted += [("copy_kind", "copyKind", ["copyKind"]), ("src_kind", "srcKind", ["srcKind"]),
                    ("dst_kind", "dstKind", ["dstKind"])]
     sql = f"SELECT {select_list(have, wanted)} FROM {table} x WHERE {VALID}"
-    for batch in fetch_batches(src, sql, pa.schema([(w[0], I64) for w in wanted])):
+
+    def columns(batch: pa.Table) -> pa.Table:
         cols = {c: batch[c] for c in batch.column_names}
         cols["dur_ns"] = pc.subtract(cols["end_ns"], cols["start_ns"])
         cols["op"] = pa.array([op] * batch.num_rows, type=STR)
@@ -361,7 +369,9 @@ def _read_memops(src: sqlite3.Connection, table: str, t0: int, pid: str, sink: S
                 cols[kind] = enum_lookup(cols[kind].combine_chunks(), MEMORY_KIND)
         if "copy_kind" in cols:
             cols["copy_kind"] = enum_lookup(cols["copy_kind"].combine_chunks(), cupti.MEMCPY_KIND)
-        sink.append("memops", pa.table(cols))
+        return pa.table(cols)
+
+    sink.append_all("memops", map(columns, fetch_batches(src, sql, pa.schema([(w[0], I64) for w in wanted]))))
 
 
 def _read_nvtx(src: sqlite3.Connection, tables: set[str], strings: Strings, t0: int, sink: Sink) -> None:
