@@ -12,14 +12,39 @@ are recorded (see the reference traces' README):
   PyTorch pushes backward layer ranges on its autograd thread while iteration and stage ranges
   live on the main thread only, so an autograd kernel finds its iteration and stage this way.
 
-Everything is set-based SQL, no loop over kernels. Push/pop ranges nest on their thread, so a
-sweep over push and pop events gives every range its depth; the innermost range enclosing a
-launch at depth D is then the latest range of depth D that began before it (an ASOF join), and a
-range's parent is found the same way at depth D - 1. Paths come from a recursive CTE over ranges.
+How (`point_contexts`). A trace can hold ten million ranges and millions of launches, so there
+is no loop over either, no long string is sorted or joined per range, and no string is built
+per launch:
+
+1. **Names** (`_range_names`). Each distinct range name is read and classified once (suffix
+   removed; iteration, stage, backward, optimizer); ranges carry a name id.
+2. **Nesting, per thread** (`_nesting`, polars). Push/pop ranges nest on
+   their thread. With the thread's ranges in start order (ties: longer first), a range's depth
+   is the ranges started up to it less the ranges ended by its start, and its parent is the last
+   range before it one level up; at a launch time t, the depth D is the ranges started by t less
+   the ranges ended by t, and the innermost open range is the last range of depth D started by
+   t. Counting and "last before" are merges or binary searches over sorted columns.
+3. **Chains.** What the thread gives a launch (layer, path, backward and optimizer flags,
+   innermost name) depends only on the names from the root range down to its innermost range.
+   Each range's chain of names is numbered by value, depth by depth, from its parent's chain and
+   its name: millions of ranges share a few thousand chains.
+4. **By time** (`_by_time`, SQL). The iteration, stage and start/end ranges around a time
+   change only where one starts or ends, so they are resolved once per interval between two
+   such boundaries (per thread, which the path prefix depends on), and a launch takes its
+   interval's by a binary search. Intervals are numbered by what they give, too.
+5. **Contexts** (SQL). Layer, pass, stage, path and innermost name are computed once per
+   distinct (chain, by-time context) pair; a launch gets the index of its pair.
+   `attribute_points` turns indexes into columns (polars shares the strings, no copies);
+   `layers` groups launches by index instead.
+
+`_attribution_sql` is the earlier, all-SQL form of the same rules (a sweep over every push and
+pop event, ASOF joins by depth, a recursive CTE over every range): `memory.py` still uses it, and
+tests/test_attribution_speed.py checks the two agree.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -37,92 +62,463 @@ _SUFFIX_REGEX = r",\s*(seq|op_id|sizes|input_op_ids)\s*=.*$"
 _FOREVER = 9_223_372_036_854_775_807
 
 COLUMNS = ("kernel_id", "layer", "pass", "iteration", "stage", "nvtx_path", "nvtx_innermost")
+_RESULT = COLUMNS[1:]
+
+
+def kernel_attribution(
+    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX, *,
+    paths: bool = True,
+) -> pl.DataFrame:
+    """Every kernel of the trace with the NVTX context of its launch, ordered by kernel_id.
+
+    Columns: kernel_id; layer (innermost range on the launching thread that is not an
+    iteration or stage range, with PyTorch's ', seq = ...' suffix removed; a `b` prefix, as in
+    'bconv1', marks the backward pass); pass ('forward', 'backward' or null); iteration (the
+    name of the enclosing range matching `iteration_regex`, found by time on any thread of the
+    process); stage (data_copy, forward, backward, weight_update or other); nvtx_path (the
+    enclosing ranges outermost first, e.g. 'iteration 0/backward/bconv1'); nvtx_innermost (the
+    innermost range's full name). Kernels without a launch call or outside all ranges get nulls
+    (stage 'other'). With `paths=False` the last two are null and the work lighter
+    (analyses that group by layer, pass, iteration or stage do not need them).
+    """
+    points = con.sql(f"SELECT kernel_id AS id, pid, launch_tid AS tid, launch_start_ns AS t "
+                     f"FROM kernel_launches WHERE trace_id = {int(trace_id)} ORDER BY kernel_id").pl()
+    return attribute_points(con, trace_id, points, iteration_regex, paths=paths).rename({"id": "kernel_id"})
+
+
+def gpu_activity(
+    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
+) -> pl.DataFrame:
+    """Kernels, memcpys and memsets with their attribution, for stage and idle-time analyses.
+
+    Columns: kind ('kernel', 'memcpy', 'memset'), pid, device_id, start_ns, end_ns, dur_ns, name
+    (kernel name, or the copy kind), layer, pass, iteration, stage; by start_ns. A memcpy or
+    memset is attributed like a kernel, from the API call that issued it; one issued outside a
+    stage range counts as data_copy when it copies host to device, else as 'other'.
+    """
+    ops, kinds, names, contexts = gpu_operations(con, trace_id, iteration_regex)
+    return ops.select(kinds.gather(ops["kind"]).alias("kind"), "pid", "device_id", "start_ns", "end_ns", "dur_ns",
+                      names.gather(ops["name"]).alias("name"),
+                      *[contexts[c].gather(ops["context"]) for c in contexts.columns])
+
+
+def gpu_operations(
+    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
+) -> tuple[pl.DataFrame, pl.Series, pl.Series, pl.DataFrame]:
+    """`gpu_activity` with its strings as row numbers into small tables (millions of kernels,
+    few distinct values): (ops, kinds, names, contexts). ops: pid, device_id, start_ns, end_ns,
+    dur_ns, and kind, name, context, row numbers in kinds, names and contexts (layer, pass,
+    iteration, stage); by start_ns."""
+    t = int(trace_id)
+    kernels, kernel_names = kernel_launches(con, t, ("device_id", "start_ns", "end_ns", "dur_ns"), ordered=False)
+    memops = con.sql(
+        f"SELECT m.op AS kind, m.pid, a.tid, a.start_ns AS t, m.device_id, m.start_ns, m.end_ns, m.dur_ns, "
+        f"coalesce(m.copy_kind, m.op) AS name, coalesce(m.copy_kind = 'Host-to-Device', false) AS to_device "
+        f"FROM memops m LEFT JOIN api_calls a ON a.trace_id = m.trace_id AND a.pid = m.pid "
+        f"AND a.correlation_id = m.correlation_id AND a.api IN ('runtime', 'driver') "
+        f"WHERE m.trace_id = {t}").pl()
+    points = pl.concat([kernels.select("pid", "tid", "t"), memops.select("pid", "tid", "t")])
+    index, contexts = point_contexts(con, t, points, iteration_regex, paths=False)
+    contexts = contexts.select("layer", "pass", "iteration", "stage")
+    # the contexts again for copies to the device: outside every stage range, they are data_copy
+    contexts = pl.concat([contexts, contexts.with_columns(
+        stage=pl.when(pl.col("stage") != "other").then(pl.col("stage")).otherwise(pl.lit("data_copy")))])
+    kinds = pl.concat([pl.Series(["kernel"]), memops["kind"].unique(maintain_order=True)])
+    names = pl.concat([kernel_names["name"], memops["name"].unique(maintain_order=True)])
+    columns = ["pid", "device_id", "start_ns", "end_ns", "dur_ns"]
+
+    def code(column: str, values: pl.Series, offset: int) -> pl.Expr:
+        return pl.col(column).replace_strict(values, pl.int_range(offset, offset + len(values), eager=True),
+                                             return_dtype=pl.UInt32)
+
+    ops = pl.concat([
+        kernels.select(*columns, kind=pl.lit(0, dtype=pl.UInt32), name="name_row",
+                       context=index.head(kernels.height)),
+        memops.select(*columns, kind=code("kind", kinds.slice(1), 1),
+                      name=code("name", names.slice(kernel_names.height), kernel_names.height),
+                      context=pl.lit(index.tail(memops.height))
+                      + pl.col("to_device").cast(pl.UInt32) * (contexts.height // 2)),
+    ])
+    return ops.sort("start_ns", maintain_order=True), kinds, names, contexts
+
+
+def kernel_launches(
+    con: duckdb.DuckDBPyConnection, trace_id: int, columns: tuple[str, ...] = (), *, ordered: bool = True,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Every kernel with the call that launched it, and its names apart.
+
+    Returns (kernels, names). kernels: id (kernel_id), pid, tid, t (the launching call's thread
+    and start, null without one: the points `point_contexts` takes), `columns` of the kernels
+    table, and name_row, the kernel's row in names (name, short_name: each distinct pair once);
+    in kernel_id order if `ordered`. Kernel names are long and few, so they travel once, as
+    hashes per kernel (or as themselves, should two share a hash); `names[...].gather(name_row)`
+    gives columns that share the strings.
+    """
+    t = int(trace_id)
+    names = con.sql(f"SELECT DISTINCT hash(name) AS name_h, hash(short_name) AS short_h, name, short_name "
+                    f"FROM kernels WHERE trace_id = {t}").pl()
+    if names.select("name_h", "short_h").is_duplicated().any():
+        names = names.with_columns(name_h=pl.col("name"), short_h=pl.col("short_name"))
+        hashes = "name AS name_h, short_name AS short_h"
+    else:
+        hashes = "hash(name) AS name_h, hash(short_name) AS short_h"
+    kernels = con.sql(f"SELECT kernel_id AS id, pid, launch_tid AS tid, launch_start_ns AS t"
+                      f"{''.join(', ' + c for c in columns)}, {hashes} FROM kernel_launches "
+                      f"WHERE trace_id = {t}{' ORDER BY kernel_id' if ordered else ''}").pl()
+    key = pl.struct("name_h", "short_h")  # a lookup, not a join: joins copy every column
+    rows = pl.int_range(0, names.height, dtype=pl.UInt32, eager=True)
+    kernels = kernels.with_columns(name_row=key.replace_strict(names.select(key).to_series(), rows))
+    return kernels.drop("name_h", "short_h"), names.drop("name_h", "short_h")
+
+
+def attribute_points(
+    con: duckdb.DuckDBPyConnection, trace_id: int, points: pl.DataFrame,
+    iteration_regex: str = ITERATION_REGEX, *, paths: bool = True,
+) -> pl.DataFrame:
+    """The NVTX context of each point of `points` (columns id, pid, tid, t: the launching
+    call's process, thread and start in ns, t null when there is none), in the same order.
+
+    Columns: id and those of `kernel_attribution` after kernel_id (stage 'other' where no range
+    says otherwise). With `paths=False`, nvtx_path and nvtx_innermost are null.
+    """
+    index, contexts = point_contexts(con, trace_id, points, iteration_regex, paths=paths)
+    return pl.DataFrame({"id": points["id"], **{c: contexts[c].gather(index) for c in _RESULT}})
+
+
+def point_contexts(
+    con: duckdb.DuckDBPyConnection, trace_id: int, points: pl.DataFrame,
+    iteration_regex: str = ITERATION_REGEX, *, paths: bool = True,
+) -> tuple[pl.Series, pl.DataFrame]:
+    """`attribute_points` before it is spread over the points: (index, contexts). contexts has
+    one row per distinct context (columns layer, pass, iteration, stage, nvtx_path,
+    nvtx_innermost), a few thousand at most on real traces; index (one per point) is the row of
+    the point's context. Grouping points by index costs no string per point."""
+    t = int(trace_id)
+    names = _range_names(con, t, iteration_regex)
+    ranges = _ranges(con, t, names)
+    threads, by_time_ranges, forward_names = _split_ranges(ranges, names)
+    del ranges
+    points = points.select("pid", "tid", "t").with_row_index("pos")
+    chains, located, segments = _locate(threads, points.drop_nulls("t"), by_time_ranges, names)
+    by_time, by_time_of_segment = _by_time(con, segments, by_time_ranges)
+
+    # number the distinct (chain, by-time context) pairs; "nothing" is the pair (null, null)
+    n_by_time = by_time.height + 1
+    pair = ((located["chain"].fill_null(-1) + 1) * n_by_time
+            + by_time_of_segment.gather(located["segment"]).cast(pl.Int64).fill_null(-1) + 1)
+    pairs = pl.concat([pl.Series([0], dtype=pl.Int64), pair]).unique().sort()
+    combos = pl.DataFrame({"chain": _null_if_negative(pairs // n_by_time - 1),
+                           "context": _null_if_negative(pairs % n_by_time - 1)}).with_row_index("combo")
+    index = (pl.repeat(0, points.height, dtype=pl.UInt32, eager=True)
+             .scatter(located["pos"], pairs.search_sorted(pair)))
+    return index, _contexts(con, names, chains, by_time, combos, forward_names, paths)
+
+
+# --------------------------------------------------------------------------------------------
+# the fast form, step by step
+
+
+def _range_names(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str) -> pl.DataFrame:
+    """Every distinct name of the trace's push/pop and start/end ranges, classified: name_id
+    (its row number), h (hash of the name), name, nm (without the emit_nvtx suffix), is_iter,
+    is_stage, is_backward, is_optimizer."""
+    return con.sql(f"""
+        SELECT hash(name) AS h, name, {_name_flags("name", iteration_regex)}
+        FROM (SELECT DISTINCT coalesce(name, '') AS name FROM nvtx
+              WHERE trace_id = {trace_id} AND kind IN ('pushpop', 'startend'))
+    """).pl().with_row_index("name_id")
+
+
+def _ranges(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame) -> pl.DataFrame:
+    """The trace's push/pop and start/end ranges: pid, tid, start_ns, end_ns (open ones end at
+    the end of time), startend, name_id. Names travel as their hash, turned into the id here;
+    should two names share a hash, the names themselves are joined instead (slower)."""
+    columns = f"pid, tid, start_ns, coalesce(end_ns, {_FOREVER}) AS end_ns, kind = 'startend' AS startend"
+    where = f"trace_id = {trace_id} AND kind IN ('pushpop', 'startend')"
+    if names["h"].is_unique().all():
+        frame = con.sql(f"SELECT {columns}, hash(coalesce(name, '')) AS h FROM nvtx WHERE {where}").pl()
+        return frame.with_columns(name_id=pl.col("h").replace_strict(names["h"], names["name_id"])).drop("h")
+    with _registered(con, names=names.select("name", "name_id")) as rel:
+        return con.sql(f"SELECT {columns}, d.name_id FROM nvtx JOIN {rel['names']} d "
+                       f"ON d.name = coalesce(nvtx.name, '') WHERE {where}").pl()
+
+
+def _split_ranges(
+    ranges: pl.DataFrame, names: pl.DataFrame
+) -> tuple[dict[tuple[int, int], pl.DataFrame], pl.DataFrame, pl.DataFrame]:
+    """`_ranges` in three: the push/pop ranges of each thread (start_ns, end_ns, name_id, in
+    table order; empty ones left out), the by-time ranges (pid, tid, kind, name, start_ns,
+    end_ns, nm, is_iter, is_stage: iteration, stage and start/end ranges), and the names of
+    push/pop ranges that are neither iteration nor stage ranges (nm), for backward layers."""
+    flagged = names.filter(pl.col("is_iter") | pl.col("is_stage"))["name_id"]
+    by_time_ranges = (ranges.filter(pl.col("startend") | pl.col("name_id").is_in(flagged.implode()))
+                      .join(names, on="name_id", how="left")
+                      .select("pid", "tid", pl.when(pl.col("startend")).then(pl.lit("startend"))
+                              .otherwise(pl.lit("pushpop")).alias("kind"),
+                              "name", "start_ns", "end_ns", "nm", "is_iter", "is_stage"))
+    nested = ranges.lazy().filter(~pl.col("startend") & (pl.col("end_ns") > pl.col("start_ns")))  # no copy
+    used = nested.select(pl.col("name_id").unique()).collect()["name_id"]
+    forward_names = (names.filter(~pl.col("is_iter") & ~pl.col("is_stage") & pl.col("name_id").is_in(used.implode()))
+                     .select("nm").unique())
+    return _by_thread(nested.drop_nulls(["pid", "tid"])), by_time_ranges, forward_names
+
+
+def _by_thread(ranges: pl.LazyFrame) -> dict[tuple[int, int], pl.DataFrame]:
+    """start_ns, end_ns, name_id of `ranges` split by (pid, tid), each in table order. A filter
+    per thread when there are few (the least memory), else one group-by."""
+    columns = ["start_ns", "end_ns", "name_id"]
+    threads = ranges.select("pid", "tid").unique(maintain_order=True).collect()
+    if threads.height <= 8:
+        return {(pid, tid): ranges.filter((pl.col("pid") == pid) & (pl.col("tid") == tid)).select(columns).collect()
+                for pid, tid in threads.iter_rows()}
+    groups = ranges.group_by("pid", "tid", maintain_order=True).agg(columns).collect()
+    return {(pid, tid): pl.DataFrame({c: groups[c][i] for c in columns})
+            for i, (pid, tid) in enumerate(groups.select("pid", "tid").iter_rows())}
+
+
+def _locate(
+    threads: dict[tuple[int, int], pl.DataFrame], points: pl.DataFrame, by_time_ranges: pl.DataFrame,
+    names: pl.DataFrame,
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Thread by thread: each point's chain (see `_nesting`) and its segment.
+
+    A segment is an interval between two consecutive boundaries (starts and ends) of a process's
+    by-time ranges, for one thread of it: the same by-time ranges enclose every time of it, and
+    the thread decides which of them go into the path prefix. `threads` is consumed.
+
+    Returns (chains, located, segments): chains as from `_nesting`, numbered across threads;
+    located one row per point (pos, chain of its innermost range or null, segment or null);
+    segments one row per segment of a thread with points (id, pid, tid, t = its start).
+    """
+    bounds = {pid: pl.concat([g["start_ns"], g["end_ns"]]).unique().sort()
+              for (pid,), g in by_time_ranges.drop_nulls("pid").partition_by("pid", as_dict=True).items()}
+    point_groups = points.partition_by("pid", "tid", as_dict=True, maintain_order=True)
+
+    chains, located, segments = [], [], []
+    n_chains = n_segments = 0
+    for (pid, tid), pts in point_groups.items():
+        chain = segment = pl.repeat(None, pts.height, dtype=pl.Int64, eager=True)
+        if (pid, tid) in threads:  # one at a time: in parallel, 15 % faster but 15 % more memory
+            part = _in_start_order(threads.pop((pid, tid)), names)
+            thread_chains, chain = _nesting(part["start_ns"], part["end_ns"], part["name_id"], pts["t"], names.height)
+            del part
+            chains.append(thread_chains.with_columns(pl.col("chain", "parent") + n_chains))
+            chain = chain + n_chains
+            n_chains += thread_chains.height
+        if pid in bounds:
+            b = bounds[pid]
+            segments.append(pl.DataFrame({"id": pl.int_range(n_segments, n_segments + len(b), eager=True),
+                                          "pid": pl.repeat(pid, len(b), dtype=pl.Int64, eager=True),
+                                          "tid": pl.repeat(tid, len(b), dtype=pl.Int64, eager=True), "t": b}))
+            j = b.search_sorted(pts["t"], side="right").cast(pl.Int64) - 1
+            segment = _null_if_negative(j) + n_segments
+            n_segments += len(b)
+        located.append(pl.DataFrame({"pos": pts["pos"], "chain": chain, "segment": segment}))
+    return (pl.concat(chains) if chains else
+            pl.DataFrame(schema={"chain": pl.Int64, "parent": pl.Int64, "name_id": pl.UInt32}),
+            pl.concat(located) if located else
+            pl.DataFrame(schema={"pos": pl.UInt32, "chain": pl.Int64, "segment": pl.Int64}),
+            pl.concat(segments) if segments else
+            pl.DataFrame(schema={"id": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "t": pl.Int64}))
+
+
+def _in_start_order(part: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
+    """One thread's ranges by start; ranges starting together longest first, then by hash of the
+    name (a full sort only when some start together: usually the data is in start order)."""
+    part = part.sort("start_ns")
+    if (part["start_ns"].diff() == 0).any():
+        part = (part.with_columns(h=names["h"].gather(part["name_id"]))
+                .sort("start_ns", "end_ns", "h", descending=[False, True, False]).drop("h"))
+    return part
+
+
+def _nesting(
+    starts: pl.Series, ends: pl.Series, name_id: pl.Series, times: pl.Series, n_names: int
+) -> tuple[pl.DataFrame, pl.Series]:
+    """One thread's ranges (rows, in start order) as chains of names, and the chain of the
+    innermost range open at each of `times`.
+
+    Depth, as the sweep over push and pop events of the all-SQL form counts it: for a range,
+    the ranges started up to it (its row + 1) less those ended by its start; for a time, the
+    ranges started by then less those ended by then. The rows of each depth, in start order, are
+    the key depth * (n + 1) + row in ascending order, so one binary search finds the last range
+    of a depth started before a given row: the innermost range at a time is the last range of
+    the time's depth started by then; a range's parent is the last range one level up before it.
+    (With ranges that nest, that is the enclosing range; with ranges that overlap without
+    nesting, it is what the sweep gives.)
+
+    A range's chain is numbered by value from its parent's chain and its name, one depth at a
+    time, so ranges whose ancestors and selves have the same names share it, and with it their
+    layer, path and flags. Returns (chains: chain, parent chain or null at depth 1, name_id;
+    the chain at each time, null outside every range).
+    """
+    n = len(starts)
+    ended = ends.sort()
+    row = pl.int_range(0, n, dtype=pl.Int64, eager=True)
+    depth = row + 1 - _count_at_most(ended, starts)
+    levels = pl.DataFrame({"depth": depth, "row": row}).group_by("depth").agg("row").sort("depth")
+    del depth, row
+    keys = pl.concat([rows + d * (n + 1) for d, rows in zip(levels["depth"], levels["row"], strict=True)])
+    innermost = _last_of_depth(keys, n, starts, ended, times)
+    del keys, ended
+    chains, chain_of_row = _chains(levels["row"], name_id, n_names)
+    return chains, chain_of_row.gather(innermost)
+
+
+def _last_of_depth(keys: pl.Series, n: int, starts: pl.Series, ended: pl.Series, times: pl.Series) -> pl.Series:
+    """The row of the innermost range open at each of `times` (see `_nesting`), null if none."""
+    started = starts.search_sorted(times, side="right").cast(pl.Int64)
+    level = started - ended.search_sorted(times, side="right").cast(pl.Int64)
+    pos = keys.search_sorted(level * (n + 1) + started, side="left").cast(pl.Int64) - 1
+    found = keys.gather(pos.clip(lower_bound=0))
+    return pl.select(pl.when((pos >= 0) & (found // (n + 1) == level)).then(found % (n + 1))).to_series()
+
+
+def _chains(levels: pl.Series, name_id: pl.Series, n_names: int) -> tuple[pl.DataFrame, pl.Series]:
+    """Chains of names (see `_nesting`) from the rows of each depth (`levels`: depth 1 first,
+    each in start order): (chains: chain, parent, name_id; the chain of each row)."""
+    chain_of_row = pl.repeat(None, len(name_id), dtype=pl.Int64, eager=True)
+    chain_keys: list[pl.Series] = []  # per depth, each chain's (parent chain + 1) * n_names + name_id
+    n_chains = 0
+    above = above_chain = None  # the previous depth's rows (in start order) and their chains
+    for rows in levels:
+        key = name_id.gather(rows).cast(pl.Int64)
+        if above is not None:  # the parent: the last row one level up before the row
+            key += (above_chain.gather(_count_at_most(above, rows - 1) - 1) + 1) * n_names
+        chain = key.rank("dense").cast(pl.Int64) + (n_chains - 1)
+        chain_of_row.scatter(rows, chain)
+        chain_keys.append(key.unique().sort())
+        n_chains += len(chain_keys[-1])
+        above, above_chain = rows, chain
+    packed = pl.concat(chain_keys)
+    chains = pl.DataFrame({"chain": pl.int_range(0, n_chains, eager=True),
+                           "parent": _null_if_negative(packed // n_names - 1),
+                           "name_id": (packed % n_names).cast(pl.UInt32)})
+    return chains, chain_of_row
+
+
+def _count_at_most(values: pl.Series, queries: pl.Series) -> pl.Series:
+    """How many of `values` are <= each of `queries`, both ascending. A merge (an ASOF join)
+    when there are many: several times faster than a binary search per query."""
+    if len(queries) < 10_000:
+        return values.search_sorted(queries, side="right").cast(pl.Int64)
+    right = pl.DataFrame({"v": values}).with_row_index("count", offset=1).set_sorted("v")
+    left = pl.DataFrame({"q": queries}).set_sorted("q")
+    return (left.join_asof(right, left_on="q", right_on="v", strategy="backward")["count"]
+            .fill_null(0).cast(pl.Int64))
+
+
+def _by_time(
+    con: duckdb.DuckDBPyConnection, segments: pl.DataFrame, by_time_ranges: pl.DataFrame
+) -> tuple[pl.DataFrame, pl.Series]:
+    """What the by-time ranges give each segment (see `_locate`), in the all-SQL form's rules
+    with the segment's start as the point, numbered by value. Returns (by_time: context,
+    iteration, stage, startend_layer, time_innermost, prefix, one row per distinct context; the
+    context of each segment, by segment id)."""
+    with _registered(con, segments=segments, by_time_ranges=by_time_ranges) as rel, _real_asof_joins(con):
+        by_time = con.sql(f"""
+            WITH pts AS (SELECT * FROM {rel['segments']}),
+            by_time_ranges AS (SELECT * FROM {rel['by_time_ranges']}),
+            {_BY_TIME_CTES}
+            SELECT * EXCLUDE (id) FROM by_time ORDER BY id
+        """).pl()
+    contexts = by_time.unique(maintain_order=True).with_row_index("context")
+    context = by_time.join(contexts, on=by_time.columns, how="left", nulls_equal=True, maintain_order="left")
+    return contexts, context["context"]
+
+
+def _contexts(
+    con: duckdb.DuckDBPyConnection, names: pl.DataFrame, chains: pl.DataFrame, by_time: pl.DataFrame,
+    combos: pl.DataFrame, forward_names: pl.DataFrame, paths: bool,
+) -> pl.DataFrame:
+    """The result columns for each (chain, by-time context) pair of `combos`, in combo order:
+    the all-SQL form's rules, applied to chains (as ranges) instead of ranges."""
+    with _registered(con, names=names, chains=chains, by_time=by_time, combos=combos,
+                     forward_names=forward_names) as rel:
+        return con.sql(f"""
+            WITH RECURSIVE
+            rp AS (SELECT c.chain AS rid, c.parent, n.name, n.nm, n.is_iter, n.is_stage, n.is_backward, n.is_optimizer
+                   FROM {rel['chains']} c JOIN {rel['names']} n USING (name_id)),
+            {_paths_cte(paths)},
+            forward_names AS (SELECT nm FROM {rel['forward_names']}),
+            joined AS (
+                SELECT c.combo AS id,
+                       {"coalesce(rp.name, bt.time_innermost)" if paths else "NULL::VARCHAR"} AS innermost,
+                       paths.path, paths.autograd_backward, paths.optimizer,
+                       coalesce(layer_range.nm, bt.startend_layer) AS layer,
+                       bt.iteration, bt.stage, bt.prefix
+                FROM {rel['combos']} c
+                LEFT JOIN rp ON rp.rid = c.chain
+                LEFT JOIN paths ON paths.rid = c.chain
+                LEFT JOIN rp layer_range ON layer_range.rid = paths.layer_rid
+                LEFT JOIN {rel['by_time']} bt ON bt.context = c.context
+            ),
+            {_result_sql(paths)}
+            ORDER BY id
+        """).pl().drop("id")
+
+
+def _null_if_negative(values: pl.Series) -> pl.Series:
+    """-1 (no such row) as null."""
+    return pl.select(pl.when(values >= 0).then(values)).to_series()
+
+
+_unique = itertools.count()
+
+
+@contextmanager
+def _registered(con: duckdb.DuckDBPyConnection, **frames: pl.DataFrame) -> Iterator[dict[str, str]]:
+    """Polars frames as DuckDB views for one query, under names no one else uses."""
+    names = {key: f"_traceq_{key}_{next(_unique)}" for key in frames}
+    for key, frame in frames.items():
+        con.register(names[key], frame)
+    try:
+        yield names
+    finally:
+        for name in names.values():
+            con.unregister(name)
+
+
+# --------------------------------------------------------------------------------------------
+# SQL shared by both forms
 
 
 def _sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str, paths: bool = True) -> str:
-    """One row per point (id, pid, tid, t) of `points_sql` with its attribution. Without
-    `paths`, nvtx_path and nvtx_innermost are null: the strings are most of the cost in memory
-    on traces with millions of ranges, and no analysis needs them."""
-    t = int(trace_id)
-    path_base = "nm" if paths else "NULL::VARCHAR"
-    path_step = "p.path || '/' || c.nm" if paths else "NULL::VARCHAR"
-    full_path = ("CASE WHEN prefix IS NULL THEN path WHEN path IS NULL THEN prefix "
-                 "ELSE prefix || '/' || path END") if paths else "NULL::VARCHAR"
-    it = _sql_string(iteration_regex)
+def _name_flags(name: str, iteration_regex: str) -> str:
+    """SQL select-list items classifying the range name expression `name`."""
     stages = ", ".join(_sql_string(s) for s in STAGES)
+    return (f"regexp_replace({name}, '{_SUFFIX_REGEX}', '') AS nm, "
+            f"regexp_matches({name}, {_sql_string(iteration_regex)}) AS is_iter, "
+            f"lower({name}) IN ({stages}) AS is_stage, "
+            f"{name} LIKE '%Backward%' AS is_backward, "
+            f"{name} LIKE 'Optimizer.step%' AS is_optimizer")
+
+
+def _paths_cte(paths: bool) -> str:
+    """`paths`: for every row of `rp` (rid, parent, nm, is_iter, is_stage, is_backward,
+    is_optimizer; parent null at the roots), its path from the root, the rid of its layer (the
+    nearest range up from it that is not an iteration or stage range) and whether it lies in an
+    autograd backward op or an optimizer step."""
     return f"""
-    WITH RECURSIVE
-    pts AS MATERIALIZED ({points_sql}),
-    r AS MATERIALIZED (
-        -- hash(name), not name, breaks ties: sorting millions of long op names is the costly part
-        SELECT CAST(row_number() OVER (ORDER BY pid, tid, start_ns, end_ns DESC, hash(name)) AS BIGINT) AS rid,
-               pid, tid, {"name" if paths else "NULL::VARCHAR AS name"}, start_ns, end_ns,
-               regexp_replace(name, '{_SUFFIX_REGEX}', '') AS nm,
-               regexp_matches(name, {it}) AS is_iter,
-               lower(name) IN ({stages}) AS is_stage,
-               name LIKE '%Backward%' AS is_backward,
-               name LIKE 'Optimizer.step%' AS is_optimizer
-        FROM (SELECT pid, tid, coalesce(name, '') AS name, start_ns,
-                     coalesce(end_ns, {_FOREVER}) AS end_ns
-              FROM nvtx WHERE trace_id = {t} AND kind = 'pushpop')
-        WHERE end_ns > start_ns
-    ),
-    ev AS (
-        SELECT pid, tid, start_ns AS ts, 1 AS o, 1 AS d, rid, NULL::BIGINT AS point_id FROM r
-        UNION ALL SELECT pid, tid, end_ns, 0, -1, NULL, NULL FROM r
-        UNION ALL SELECT pid, tid, t, 2, 0, NULL, id FROM pts
-    ),
-    depth AS MATERIALIZED (
-        SELECT rid, id, depth FROM (
-            SELECT rid, point_id AS id, o,
-                   sum(d) OVER (PARTITION BY pid, tid ORDER BY ts, o, rid ROWS UNBOUNDED PRECEDING) AS depth
-            FROM ev)
-        WHERE o > 0
-    ),
-    -- the ranges without their full names (long for emit_nvtx ops): only the result needs them
-    rd AS MATERIALIZED (
-        SELECT r.rid, r.pid, r.tid, r.start_ns, r.nm, r.is_iter, r.is_stage, r.is_backward, r.is_optimizer,
-               depth.depth
-        FROM r JOIN depth USING (rid)
-    ),
-    rp AS MATERIALIZED (
-        SELECT c.*, p.rid AS parent
-        FROM rd c ASOF LEFT JOIN rd p
-          ON c.pid = p.pid AND c.tid = p.tid AND p.depth = c.depth - 1 AND c.start_ns >= p.start_ns
-    ),
     paths AS (
-        SELECT rid, {path_base} AS path,
+        SELECT rid, {"nm" if paths else "NULL::VARCHAR"} AS path,
                CASE WHEN is_iter OR is_stage THEN NULL ELSE rid END AS layer_rid,
                is_backward AS autograd_backward,
                is_optimizer AS optimizer
         FROM rp WHERE parent IS NULL
         UNION ALL
-        SELECT c.rid, {path_step},
+        SELECT c.rid, {"p.path || '/' || c.nm" if paths else "NULL::VARCHAR"},
                CASE WHEN c.is_iter OR c.is_stage THEN p.layer_rid ELSE c.rid END,
                p.autograd_backward OR c.is_backward,
                p.optimizer OR c.is_optimizer
         FROM rp c JOIN paths p ON c.parent = p.rid
-    ),
-    pd AS MATERIALIZED (SELECT pts.*, depth.depth FROM pts JOIN depth USING (id)),
-    inner_range AS (
-        SELECT pd.id, rd.rid
-        FROM pd ASOF LEFT JOIN rd
-          ON pd.pid = rd.pid AND pd.tid = rd.tid AND rd.depth = pd.depth AND pd.t >= rd.start_ns
-    ),
-    by_time_ranges AS MATERIALIZED (
-        SELECT pid, tid, kind, coalesce(name, '') AS name, start_ns, coalesce(end_ns, {_FOREVER}) AS end_ns,
-               regexp_replace(coalesce(name, ''), '{_SUFFIX_REGEX}', '') AS nm,
-               regexp_matches(coalesce(name, ''), {it}) AS is_iter,
-               lower(coalesce(name, '')) IN ({stages}) AS is_stage
-        FROM nvtx
-        WHERE trace_id = {t} AND kind IN ('pushpop', 'startend')
-          AND (kind = 'startend' OR regexp_matches(coalesce(name, ''), {it})
-               OR lower(coalesce(name, '')) IN ({stages}))
-    ),
+    )"""
+
+
+_BY_TIME_CTES = """
     -- Iteration ranges do not overlap one another, nor do stage ranges: the one that began last
     -- before a point is the only candidate (an ASOF join, not a range join of every point with
     -- every range). Other start/end ranges may overlap freely and are range-joined; they are few.
@@ -164,18 +560,105 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str, paths
                    CASE WHEN sh.kind = 'startend' OR sh.tid IS DISTINCT FROM p.tid THEN sh.nm END AS sh_part,
                    oa.id IS NOT NULL AS has_other,
                    CASE WHEN oa.id IS NOT NULL THEN list_sort([x FOR x IN [
-                       {{'start': ih.start_ns, 'neg_end': -ih.end_ns, 'nm': ih.nm, 'name': ih.name,
-                         'keep': ih.kind = 'startend' OR ih.tid IS DISTINCT FROM p.tid}},
-                       {{'start': sh.start_ns, 'neg_end': -sh.end_ns, 'nm': sh.nm, 'name': sh.name,
-                         'keep': sh.kind = 'startend' OR sh.tid IS DISTINCT FROM p.tid}},
-                       {{'start': oa.start_ns, 'neg_end': NULL, 'nm': oa.prefix, 'name': oa.name, 'keep': true}}
+                       {'start': ih.start_ns, 'neg_end': -ih.end_ns, 'nm': ih.nm, 'name': ih.name,
+                         'keep': ih.kind = 'startend' OR ih.tid IS DISTINCT FROM p.tid},
+                       {'start': sh.start_ns, 'neg_end': -sh.end_ns, 'nm': sh.nm, 'name': sh.name,
+                         'keep': sh.kind = 'startend' OR sh.tid IS DISTINCT FROM p.tid},
+                       {'start': oa.start_ns, 'neg_end': NULL, 'nm': oa.prefix, 'name': oa.name, 'keep': true}
                    ] IF x.start IS NOT NULL]) END AS ranges
             FROM pts p
             LEFT JOIN iter_hits ih USING (id)
             LEFT JOIN stage_hits sh USING (id)
             LEFT JOIN other_agg oa USING (id)
         )
+    )"""
+
+
+def _result_sql(paths: bool) -> str:
+    """From `joined` (id, innermost, path, autograd_backward, optimizer, layer, iteration,
+    stage, prefix) and `forward_names` (nm): the result columns. The pass of a layer named
+    'b' + the name of a forward layer ('bconv1') is backward."""
+    full_path = ("CASE WHEN prefix IS NULL THEN path WHEN path IS NULL THEN prefix "
+                 "ELSE prefix || '/' || path END") if paths else "NULL::VARCHAR"
+    return f"""
+    passes AS (
+        SELECT j.*,
+               CASE WHEN j.autograd_backward OR j.stage = 'backward' OR f.nm IS NOT NULL THEN 'backward'
+                    WHEN j.stage = 'forward' OR (j.stage IS NULL AND j.layer IS NOT NULL) THEN 'forward'
+               END AS pass
+        FROM joined j
+        LEFT JOIN forward_names f ON j.layer LIKE 'b_%' AND f.nm = substr(j.layer, 2)
+    )
+    SELECT id, layer, pass, iteration,
+           coalesce(stage, CASE WHEN optimizer THEN 'weight_update' END, pass, 'other') AS stage,
+           {full_path} AS nvtx_path,
+           innermost AS nvtx_innermost
+    FROM passes"""
+
+
+# --------------------------------------------------------------------------------------------
+# the all-SQL form (memory.py)
+
+
+def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str, paths: bool = True) -> str:
+    """One row per point (id, pid, tid, t) of `points_sql` with its attribution, all in SQL: a
+    sweep over push and pop events gives every range and point its depth; the innermost range
+    enclosing a point at depth D is the latest range of depth D that began before it (an ASOF
+    join), a range's parent is found the same way at depth D - 1, and paths come from a
+    recursive CTE over ranges. Without `paths`, nvtx_path and nvtx_innermost are null.
+    `attribute_points` gives the same, faster on big traces."""
+    t = int(trace_id)
+    return f"""
+    WITH RECURSIVE
+    pts AS MATERIALIZED ({points_sql}),
+    r AS MATERIALIZED (
+        -- hash(name), not name, breaks ties: sorting millions of long op names is the costly part
+        SELECT CAST(row_number() OVER (ORDER BY pid, tid, start_ns, end_ns DESC, hash(name)) AS BIGINT) AS rid,
+               pid, tid, {"name" if paths else "NULL::VARCHAR AS name"}, start_ns, end_ns,
+               {_name_flags("name", iteration_regex)}
+        FROM (SELECT pid, tid, coalesce(name, '') AS name, start_ns,
+                     coalesce(end_ns, {_FOREVER}) AS end_ns
+              FROM nvtx WHERE trace_id = {t} AND kind = 'pushpop')
+        WHERE end_ns > start_ns
     ),
+    ev AS (
+        SELECT pid, tid, start_ns AS ts, 1 AS o, 1 AS d, rid, NULL::BIGINT AS point_id FROM r
+        UNION ALL SELECT pid, tid, end_ns, 0, -1, NULL, NULL FROM r
+        UNION ALL SELECT pid, tid, t, 2, 0, NULL, id FROM pts
+    ),
+    depth AS MATERIALIZED (
+        SELECT rid, id, depth FROM (
+            SELECT rid, point_id AS id, o,
+                   sum(d) OVER (PARTITION BY pid, tid ORDER BY ts, o, rid ROWS UNBOUNDED PRECEDING) AS depth
+            FROM ev)
+        WHERE o > 0
+    ),
+    -- the ranges without their full names (long for emit_nvtx ops): only the result needs them
+    rd AS MATERIALIZED (
+        SELECT r.rid, r.pid, r.tid, r.start_ns, r.nm, r.is_iter, r.is_stage, r.is_backward, r.is_optimizer,
+               depth.depth
+        FROM r JOIN depth USING (rid)
+    ),
+    rp AS MATERIALIZED (
+        SELECT c.*, p.rid AS parent
+        FROM rd c ASOF LEFT JOIN rd p
+          ON c.pid = p.pid AND c.tid = p.tid AND p.depth = c.depth - 1 AND c.start_ns >= p.start_ns
+    ),
+    {_paths_cte(paths)},
+    pd AS MATERIALIZED (SELECT pts.*, depth.depth FROM pts JOIN depth USING (id)),
+    inner_range AS (
+        SELECT pd.id, rd.rid
+        FROM pd ASOF LEFT JOIN rd
+          ON pd.pid = rd.pid AND pd.tid = rd.tid AND rd.depth = pd.depth AND pd.t >= rd.start_ns
+    ),
+    by_time_ranges AS MATERIALIZED (
+        SELECT pid, tid, kind, name, start_ns, end_ns, {_name_flags("name", iteration_regex)}
+        FROM (SELECT pid, tid, kind, coalesce(name, '') AS name, start_ns, coalesce(end_ns, {_FOREVER}) AS end_ns
+              FROM nvtx WHERE trace_id = {t} AND kind IN ('pushpop', 'startend'))
+        WHERE kind = 'startend' OR regexp_matches(name, {_sql_string(iteration_regex)})
+           OR lower(name) IN ({", ".join(_sql_string(s) for s in STAGES)})
+    ),
+    {_BY_TIME_CTES},
     forward_names AS (SELECT DISTINCT nm FROM r WHERE NOT is_iter AND NOT is_stage),
     joined AS (
         SELECT pts.id, {"coalesce(inner_name.name, bt.time_innermost)" if paths else "NULL::VARCHAR"} AS innermost,
@@ -189,19 +672,7 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str, paths
         LEFT JOIN r layer_range ON layer_range.rid = paths.layer_rid
         LEFT JOIN by_time bt USING (id)
     ),
-    passes AS (
-        SELECT j.*,
-               CASE WHEN j.autograd_backward OR j.stage = 'backward' OR f.nm IS NOT NULL THEN 'backward'
-                    WHEN j.stage = 'forward' OR (j.stage IS NULL AND j.layer IS NOT NULL) THEN 'forward'
-               END AS pass
-        FROM joined j
-        LEFT JOIN forward_names f ON j.layer LIKE 'b_%' AND f.nm = substr(j.layer, 2)
-    )
-    SELECT id, layer, pass, iteration,
-           coalesce(stage, CASE WHEN optimizer THEN 'weight_update' END, pass, 'other') AS stage,
-           {full_path} AS nvtx_path,
-           innermost AS nvtx_innermost
-    FROM passes
+    {_result_sql(paths)}
     """
 
 
@@ -219,78 +690,3 @@ def _real_asof_joins(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
         yield
     finally:
         con.execute(f"SET asof_loop_join_threshold = {int(rows[0][0])}")
-
-
-def _kernel_points(trace_id: int) -> str:
-    return (f"SELECT kernel_id AS id, pid, launch_tid AS tid, launch_start_ns AS t "
-            f"FROM kernel_launches WHERE trace_id = {int(trace_id)} AND launch_start_ns IS NOT NULL")
-
-
-def kernel_attribution(
-    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX, *,
-    paths: bool = True,
-) -> pl.DataFrame:
-    """Every kernel of the trace with the NVTX context of its launch, ordered by kernel_id.
-
-    Columns: kernel_id; layer (innermost range on the launching thread that is not an
-    iteration or stage range, with PyTorch's ', seq = ...' suffix removed; a `b` prefix, as in
-    'bconv1', marks the backward pass); pass ('forward', 'backward' or null); iteration (the
-    name of the enclosing range matching `iteration_regex`, found by time on any thread of the
-    process); stage (data_copy, forward, backward, weight_update or other); nvtx_path (the
-    enclosing ranges outermost first, e.g. 'iteration 0/backward/bconv1'); nvtx_innermost (the
-    innermost range's full name). Kernels without a launch call or outside all ranges get nulls
-    (stage 'other'). With `paths=False` the last two are null and the work much lighter
-    (analyses that group by layer, pass, iteration or stage do not need them).
-    """
-    sql = _attribution_sql(trace_id, _kernel_points(trace_id), iteration_regex, paths)
-    with _real_asof_joins(con):
-        return con.sql(
-        f"""
-        SELECT k.kernel_id, a.layer, a.pass, a.iteration, coalesce(a.stage, 'other') AS stage,
-               a.nvtx_path, a.nvtx_innermost
-        FROM kernels k LEFT JOIN ({sql}) a ON a.id = k.kernel_id
-        WHERE k.trace_id = {int(trace_id)}
-        ORDER BY k.kernel_id
-        """
-        ).pl()
-
-
-def gpu_activity(
-    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
-) -> pl.DataFrame:
-    """Kernels, memcpys and memsets with their attribution, for stage and idle-time analyses.
-
-    Columns: kind ('kernel', 'memcpy', 'memset'), pid, device_id, start_ns, end_ns, dur_ns, name
-    (kernel name, or the copy kind), layer, pass, iteration, stage. A memcpy or memset is
-    attributed like a kernel, from the API call that issued it; one issued outside a stage
-    range counts as data_copy when it copies host to device, else as 'other'.
-    """
-    t = int(trace_id)
-    kernels = con.sql(
-        f"SELECT 'kernel' AS kind, pid, device_id, start_ns, end_ns, dur_ns, name, kernel_id "
-        f"FROM kernels WHERE trace_id = {t}").pl()
-    attribution = kernel_attribution(con, trace_id, iteration_regex, paths=False)
-    kernels = kernels.join(attribution.select("kernel_id", "layer", "pass", "iteration", "stage"),
-                           on="kernel_id", how="left").drop("kernel_id")
-    numbered = (f"SELECT CAST(row_number() OVER (ORDER BY m.start_ns, m.end_ns, m.correlation_id) AS BIGINT) AS id, "
-                f"m.*, a.tid AS launch_tid, a.start_ns AS launch_start_ns "
-                f"FROM memops m LEFT JOIN api_calls a ON a.trace_id = m.trace_id AND a.pid = m.pid "
-                f"AND a.correlation_id = m.correlation_id AND a.api IN ('runtime', 'driver') "
-                f"WHERE m.trace_id = {t}")
-    points = f"SELECT id, pid, launch_tid AS tid, launch_start_ns AS t FROM ({numbered}) WHERE launch_start_ns IS NOT NULL"
-    with _real_asof_joins(con):
-        memops = _memop_frame(con, numbered, _attribution_sql(trace_id, points, iteration_regex, paths=False))
-    return pl.concat([kernels, memops.cast(kernels.schema)], how="vertical").sort("start_ns")
-
-
-def _memop_frame(con: duckdb.DuckDBPyConnection, numbered: str, attribution_sql: str) -> pl.DataFrame:
-    return con.sql(
-        f"""
-        SELECT m.op AS kind, m.pid, m.device_id, m.start_ns, m.end_ns, m.dur_ns,
-               coalesce(m.copy_kind, m.op) AS name, a.layer, a.pass, a.iteration,
-               CASE WHEN a.stage IS NULL OR a.stage = 'other'
-                    THEN CASE WHEN m.copy_kind = 'Host-to-Device' THEN 'data_copy' ELSE 'other' END
-                    ELSE a.stage END AS stage
-        FROM ({numbered}) m LEFT JOIN ({attribution_sql}) a ON a.id = m.id
-        """
-    ).pl()

@@ -1,8 +1,14 @@
 """GPU time per layer, pass, library and training stage: the `traceq layers`, `libs` and `stages`
 analyses, and the NVTX context columns of `traceq top`.
 
-Built on `attribution.kernel_attribution` (which NVTX ranges enclose each launch) and
+Built on `attribution.point_contexts` (which NVTX ranges enclose each launch) and
 `classify.classify_names` (which library each kernel name belongs to). Times are integer ns.
+
+Traces can hold ten million kernels, so no analysis here holds a string per kernel: the
+per-layer tables group kernels by their attribution context and name, as row numbers, into a
+few hundred groups first (`_kernel_groups`), and `stage_times` aggregates row numbers too
+(`attribution.gpu_operations`). `attributed_kernels` does have a row per kernel; its strings are
+shared with a small table, not copied.
 """
 
 from __future__ import annotations
@@ -10,23 +16,55 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from traceq.analysis.attribution import ITERATION_REGEX, gpu_activity, kernel_attribution
+from traceq.analysis.attribution import ITERATION_REGEX, gpu_operations, kernel_launches, point_contexts
 from traceq.analysis.classify import classify_names
 
 STAGE_COLUMNS = ("data_copy", "forward", "backward", "weight_update", "other")
 
 
+def _kernels(
+    con: duckdb.DuckDBPyConnection, trace_id: int, columns: tuple[str, ...], *, ordered: bool
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """`attribution.kernel_launches`, the names classified (library, operation)."""
+    kernels, names = kernel_launches(con, trace_id, columns, ordered=ordered)
+    classes = classify_names(names["name"].unique(maintain_order=True)).select("name", "library", "operation")
+    return kernels, names.join(classes, on="name", how="left", maintain_order="left")  # rows stay name_row
+
+
 def attributed_kernels(
     con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
 ) -> pl.DataFrame:
-    """Every kernel with its duration, name, classification (library, operation) and attribution."""
-    kernels = con.sql(
-        f"SELECT kernel_id, device_id, start_ns, dur_ns, name, short_name FROM kernels "
-        f"WHERE trace_id = {int(trace_id)} ORDER BY kernel_id").pl()
-    classes = classify_names(kernels["name"].unique(maintain_order=True)).select("name", "library", "operation")
-    return (kernels.join(classes, on="name", how="left")
-            .join(kernel_attribution(con, trace_id, iteration_regex, paths=False).drop("nvtx_path", "nvtx_innermost"),
-                  on="kernel_id", how="left"))
+    """Every kernel with its duration, name, classification (library, operation) and attribution.
+
+    Columns: kernel_id, device_id, start_ns, dur_ns, name, short_name, library, operation, layer,
+    pass, iteration, stage; in kernel_id order.
+    """
+    kernels, names = _kernels(con, trace_id, ("device_id", "start_ns", "dur_ns"), ordered=True)
+    index, contexts = point_contexts(con, trace_id, kernels, iteration_regex, paths=False)
+    return kernels.select(
+        pl.col("id").alias("kernel_id"), "device_id", "start_ns", "dur_ns",
+        *[names[c].gather(kernels["name_row"]) for c in ("name", "short_name", "library", "operation")],
+        *[contexts[c].gather(index) for c in ("layer", "pass", "iteration", "stage")])
+
+
+def _kernel_groups(
+    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
+) -> pl.DataFrame:
+    """Kernels grouped by layer, pass and name: what `attributed_kernels` holds, summed.
+
+    Columns: layer, pass, name, short_name, library, operation, kernels (count), dur_ns (total),
+    first_kernel (the smallest kernel_id, for 'the first kernel's' choices).
+    """
+    kernels, names = _kernels(con, trace_id, ("dur_ns",), ordered=False)
+    index, contexts = point_contexts(con, trace_id, kernels, iteration_regex, paths=False)
+    groups = (kernels.select("id", "dur_ns", "name_row", context=index)
+              .group_by("context", "name_row")
+              .agg(kernels=pl.len(), dur_ns=pl.col("dur_ns").sum(), first_kernel=pl.col("id").min()))
+    keys = ["layer", "pass", "name", "short_name", "library", "operation"]
+    return (groups.join(contexts.select("layer", "pass").with_row_index("context"), on="context", how="left")
+            .join(names.with_row_index("name_row"), on="name_row", how="left")
+            .group_by(keys)
+            .agg(pl.col("kernels").sum(), pl.col("dur_ns").sum(), pl.col("first_kernel").min()))
 
 
 def _first_three(texts: pl.Expr) -> pl.Expr:
@@ -54,9 +92,10 @@ def layer_times(
     (share of all kernel time, %), heaviest (short name of the kernel with most time in the group),
     libraries ('cuDNN 80%, PyTorch ATen 20%'; the three largest, then '…').
     """
-    k = attributed_kernels(con, trace_id, iteration_regex)
+    k = _kernel_groups(con, trace_id, iteration_regex)
     keys = ["layer", "pass"]
-    totals = k.group_by(keys).agg(kernels=pl.len().cast(pl.Int64), total_ns=pl.col("dur_ns").sum().cast(pl.Int64))
+    totals = k.group_by(keys).agg(kernels=pl.col("kernels").sum().cast(pl.Int64),
+                                  total_ns=pl.col("dur_ns").sum().cast(pl.Int64))
     heaviest = (k.group_by([*keys, "short_name"]).agg(pl.col("dur_ns").sum())
                 .sort([*keys, "dur_ns", "short_name"], descending=[False, False, True, False], nulls_last=True)
                 .group_by(keys, maintain_order=True).agg(heaviest=pl.col("short_name").first()))
@@ -77,10 +116,11 @@ def library_times(
     Columns: [layer, pass,] library, kernels, total_ns, pct (share of all kernel time, %),
     operations ('convolution 90%, gemm 10%').
     """
-    k = attributed_kernels(con, trace_id, iteration_regex)
+    k = _kernel_groups(con, trace_id, iteration_regex)
     keys = ["layer", "pass", "library"] if by_layer else ["library"]
     grand = max(int(k["dur_ns"].sum()), 1)
-    frame = (k.group_by(keys).agg(kernels=pl.len().cast(pl.Int64), total_ns=pl.col("dur_ns").sum().cast(pl.Int64))
+    frame = (k.group_by(keys).agg(kernels=pl.col("kernels").sum().cast(pl.Int64),
+                                  total_ns=pl.col("dur_ns").sum().cast(pl.Int64))
              .join(_split(k, keys, "operation", "operations"), on=keys, how="left", nulls_equal=True)
              .with_columns(pct=100.0 * pl.col("total_ns") / grand))
     order = (["total_ns", "library"], [True, False])
@@ -90,15 +130,6 @@ def library_times(
         order = (["layer_ns", "layer", "pass", "total_ns", "library"], [True, False, False, True, False])
     return (frame.sort(order[0], descending=order[1], nulls_last=True)
             .select(*keys, "kernels", "total_ns", "pct", "operations"))
-
-
-def _busy_ns(starts: pl.Series, ends: pl.Series) -> int:
-    """Length of the union of intervals [start, end)."""
-    frame = pl.DataFrame({"s": starts, "e": ends}).sort("s")
-    frame = frame.with_columns(prev_end=pl.col("e").cum_max().shift(1))
-    frame = frame.with_columns(island=(pl.col("prev_end").is_null() | (pl.col("s") > pl.col("prev_end"))).cum_sum())
-    islands = frame.group_by("island").agg(pl.col("s").min(), pl.col("e").max())
-    return int((islands["e"] - islands["s"]).sum())
 
 
 def stage_times(
@@ -112,36 +143,48 @@ def stage_times(
     busy_ns (time any of it ran), idle_ns (span_ns - busy_ns), idle_pct (% of the span).
     Work launched outside every iteration range is one row with a null iteration.
     """
-    act = gpu_activity(con, trace_id, iteration_regex)
+    ops, _, _, contexts = gpu_operations(con, trace_id, iteration_regex)
     keys = ["iteration", "device_id"]
-    rows = []
-    for (iteration, device), group in act.group_by(keys, maintain_order=True):
-        row: dict[str, object] = {"iteration": iteration, "device_id": device}
-        for stage in STAGE_COLUMNS:
-            row[f"{stage}_ns"] = int(group.filter(pl.col("stage") == stage)["dur_ns"].sum())
-        span = int(group["end_ns"].max() - group["start_ns"].min())
-        busy = _busy_ns(group["start_ns"], group["end_ns"])
-        row.update(span_ns=span, busy_ns=busy, idle_ns=span - busy,
-                   idle_pct=100.0 * (span - busy) / span if span else 0.0, first_ns=int(group["start_ns"].min()))
-        rows.append(row)
+    act = ops.select("device_id", "start_ns", "end_ns", "dur_ns",
+                     *[contexts[c].gather(ops["context"]) for c in ("iteration", "stage")])
+    del ops
+    frame = (act.group_by(keys, maintain_order=True)
+             .agg(*[pl.col("dur_ns").filter(pl.col("stage") == s).sum().alias(f"{s}_ns") for s in STAGE_COLUMNS],
+                  span_ns=pl.col("end_ns").max() - pl.col("start_ns").min(), first_ns=pl.col("start_ns").min())
+             .join(_busy_ns(act, keys), on=keys, how="left", nulls_equal=True, maintain_order="left")
+             .with_columns(idle_ns=pl.col("span_ns") - pl.col("busy_ns"))
+             .with_columns(idle_pct=pl.when(pl.col("span_ns") != 0)
+                           .then(100.0 * pl.col("idle_ns") / pl.col("span_ns")).otherwise(0.0)))
     schema = {"iteration": pl.String, "device_id": pl.Int32, **{f"{s}_ns": pl.Int64 for s in STAGE_COLUMNS},
               "span_ns": pl.Int64, "busy_ns": pl.Int64, "idle_ns": pl.Int64, "idle_pct": pl.Float64,
               "first_ns": pl.Int64}
-    frame = pl.DataFrame(rows, schema=schema, orient="row")
+    frame = frame.select(*schema).cast(schema)
     return (frame.with_columns(order=pl.col("first_ns").min().over("iteration"))
             .sort(pl.col("iteration").is_null(), "order", "device_id").drop("first_ns", "order"))
+
+
+def _busy_ns(act: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Per group of `keys`: busy_ns, the length of the union of its intervals [start_ns, end_ns)
+    (`act` by start_ns): islands of overlapping intervals, each from its first start to its
+    last end."""
+    prev_end = pl.col("end_ns").cum_max().shift(1).over(keys)
+    island = (prev_end.is_null() | (pl.col("start_ns") > prev_end)).cum_sum().over(keys)
+    return (act.select(*keys, "start_ns", "end_ns", island=island)
+            .group_by(*keys, "island").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+            .group_by(keys).agg(busy_ns=(pl.col("end_ns") - pl.col("start_ns")).sum()))
 
 
 def kernel_context(
     con: duckdb.DuckDBPyConnection, trace_id: int, name_column: str = "name",
     iteration_regex: str = ITERATION_REGEX,
 ) -> pl.DataFrame:
-    """Per kernel name (as grouped by `name_column`): layer, pass and library, for `traceq top`.
+    """Per kernel name (as grouped by `name_column`: name or short_name): layer, pass and
+    library, for `traceq top`.
 
     layer: the layers the name ran in, most time first, joined with ', ' (at most three, then
-    '…'); pass: 'forward', 'backward' or 'both'.
+    '…'); pass: 'forward', 'backward' or 'both'; library: that of the name's first kernel.
     """
-    k = attributed_kernels(con, trace_id, iteration_regex)
+    k = _kernel_groups(con, trace_id, iteration_regex)
     if name_column != "name":
         k = k.drop("name").rename({name_column: "name"}) if name_column in k.columns else k
     per_layer = (k.group_by("name", "layer").agg(pl.col("dur_ns").sum())
@@ -152,7 +195,7 @@ def kernel_context(
     passes = (k.group_by("name").agg(
         pl.when(pl.col("pass").drop_nulls().n_unique() > 1).then(pl.lit("both"))
         .otherwise(pl.col("pass").drop_nulls().first()).alias("pass"),
-        pl.col("library").first()))
+        pl.col("library").sort_by("first_kernel").first()))
     return passes.join(per_layer, on="name", how="left").select("name", "layer", "pass", "library")
 
 

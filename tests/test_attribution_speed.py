@@ -1,0 +1,114 @@
+"""The fast attribution (`attribute_points`: names once, the range tree in polars, by-time ranges
+per interval) against the all-SQL form (`_attribution_sql`: a sweep over push/pop events, ASOF
+joins, a recursive CTE), on random traces full of edge cases: ranges starting together,
+identical ranges, zero-length and never-closed ranges, ranges that overlap without nesting,
+null pids, tids and names, launches on range boundaries, start/end ranges, several processes."""
+
+from __future__ import annotations
+
+import random
+
+import duckdb
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from traceq.analysis.attribution import (
+    ITERATION_REGEX, _attribution_sql, _real_asof_joins, attribute_points, kernel_attribution)
+from traceq.store import schema_sql
+
+NAMES = ["conv1", "bconv1", "relu", "brelu", "fc6", "aten::add_, seq = 5, op_id = 3",
+         "aten::add_, seq = 6, op_id = 4", "MulBackward0", "Optimizer.step#SGD.step", "", None,
+         "forward", "backward", "weight_update", "Data_Copy", "step 7", "b", "layer/with/slash"]
+
+
+def _random_trace(rng: random.Random) -> tuple[list[tuple], list[tuple]]:
+    """(nvtx rows, points): ranges as (pid, tid, kind, name, start, end), points as (id, pid, tid, t)."""
+    rows: list[tuple] = []
+    times: set[int] = set()
+    threads = [(1, 10), (1, 11), (2, 20), (None, 10), (1, None)]
+    if rng.random() < 0.3:  # many threads: split by a group-by, not a filter per thread
+        threads += [(3, 30 + i) for i in range(8)]
+    for pid, tid in threads:
+        stack_end = [rng.randrange(1000, 1300)]  # a stack of open ranges: mostly proper nesting
+        t = rng.randrange(0, 20)
+        for _ in range(rng.randrange(0, 40)):
+            t += rng.choice([0, 0, 1, 3, 7])  # often several ranges start together
+            while len(stack_end) > 1 and stack_end[-1] <= t:
+                stack_end.pop()
+            end = rng.choice([t + rng.randrange(0, 60), min(stack_end[-1], t + rng.randrange(1, 200)),
+                              min(stack_end[-1], t + rng.randrange(1, 200)), None,
+                              t + rng.randrange(50, 400)])  # the last one may cross its parent's end
+            name = rng.choice(NAMES)
+            rows.append((pid, tid, "pushpop", name, t, end))
+            if rng.random() < 0.05:
+                rows.append((pid, tid, "pushpop", name, t, end))  # an identical twin
+            if end is not None and end > t:
+                stack_end.append(end)
+                times.update((t, end))
+    for pid in (1, 2):  # iterations and stages on one thread, by time for the others
+        t = rng.randrange(0, 30)
+        for i in range(rng.randrange(0, 4)):
+            length = rng.randrange(20, 200)
+            rows.append((pid, 10 if pid == 1 else 20, "pushpop", f"iteration {i}", t, t + length))
+            s = t + 1
+            for stage in rng.sample(["data_copy", "forward", "backward", "weight_update"], rng.randrange(0, 4)):
+                e = s + rng.randrange(1, 40)
+                rows.append((pid, 10 if pid == 1 else 20, "pushpop", stage, s, e))
+                times.update((s, e))
+                s = e + rng.randrange(1, 5)
+            times.update((t, t + length))
+            t += length + rng.randrange(1, 20)
+        for _ in range(rng.randrange(0, 3)):  # start/end ranges overlap freely
+            s = rng.randrange(0, 600)
+            rows.append((pid, rng.choice([10, 11, 20]), "startend", rng.choice(["epoch", "step 3", "forward", None]),
+                         s, rng.choice([s + rng.randrange(0, 300), None])))
+    points = []
+    for i in range(rng.randrange(0, 120)):
+        pid, tid = rng.choice(threads + [(2, 21)])
+        t = rng.choice(sorted(times)) if times and rng.random() < 0.4 else rng.randrange(0, 1400)
+        points.append((i, pid, tid, None if rng.random() < 0.05 else t))
+    return rows, points
+
+
+def _store(rows: list[tuple]) -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect()
+    con.execute(schema_sql())
+    if rows:
+        con.executemany("INSERT INTO nvtx (trace_id, pid, tid, kind, name, start_ns, end_ns) "
+                        "VALUES (1, ?, ?, ?, ?, ?, ?)", rows)
+    return con
+
+
+def _all_sql(con: duckdb.DuckDBPyConnection, points: pl.DataFrame, paths: bool) -> pl.DataFrame:
+    con.register("pts_table", points)
+    sql = _attribution_sql(1, "SELECT id, pid, tid, t FROM pts_table WHERE t IS NOT NULL", ITERATION_REGEX, paths)
+    with _real_asof_joins(con):
+        return con.sql(f"""
+            SELECT p.id, a.layer, a.pass, a.iteration, coalesce(a.stage, 'other') AS stage, a.nvtx_path,
+                   a.nvtx_innermost
+            FROM pts_table p LEFT JOIN ({sql}) a ON a.id = p.id ORDER BY p.id""").pl()
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_same_as_the_all_sql_form_on_random_traces(seed: int) -> None:
+    rng = random.Random(seed)
+    rows, points = _random_trace(rng)
+    con = _store(rows)
+    frame = pl.DataFrame(points, schema={"id": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "t": pl.Int64},
+                         orient="row")
+    for paths in (True, False):
+        got = attribute_points(con, 1, frame, paths=paths)
+        assert_frame_equal(got, _all_sql(con, frame, paths), check_dtypes=False)
+
+
+def test_kernels_without_ranges_or_launches() -> None:
+    con = _store([])
+    con.execute("INSERT INTO kernels (trace_id, kernel_id, start_ns, end_ns, dur_ns, correlation_id, pid, name, "
+                "short_name) VALUES (1, 0, 5, 6, 1, 7, 1, 'k', 'k'), (1, 1, 8, 9, 1, 8, 1, 'k', 'k')")
+    con.execute("INSERT INTO api_calls (trace_id, start_ns, end_ns, dur_ns, api, correlation_id, pid, tid) "
+                "VALUES (1, 1, 2, 1, 'runtime', 7, 1, 10)")
+    frame = kernel_attribution(con, 1)
+    assert frame["kernel_id"].to_list() == [0, 1]
+    assert frame["stage"].to_list() == ["other", "other"]
+    assert frame.drop("kernel_id", "stage").null_count().sum_horizontal().item() == 2 * 5
