@@ -18,7 +18,7 @@ per launch:
 
 1. **Names** (`_range_names`). Each distinct range name is read and classified once (suffix
    removed; iteration, stage, backward, optimizer); ranges carry a name id.
-2. **Nesting, per thread** (`_nesting`, polars). Push/pop ranges nest on
+2. **Nesting, per thread** (`analysis.nesting`, polars). Push/pop ranges nest on
    their thread. With the thread's ranges in start order (ties: longer first), a range's depth
    is the ranges started up to it less the ranges ended by its start, and its parent is the last
    range before it one level up; at a launch time t, the depth D is the ranges started by t less
@@ -37,9 +37,10 @@ per launch:
    `attribute_points` turns indexes into columns (polars shares the strings, no copies);
    `layers` groups launches by index instead.
 
-`_attribution_sql` is the earlier, all-SQL form of the same rules (a sweep over every push and
-pop event, ASOF joins by depth, a recursive CTE over every range): `memory.py` still uses it, and
-tests/test_attribution_speed.py checks the two agree.
+The rules are those of the earlier, all-SQL form (a sweep over every push and pop event, ASOF
+joins by depth, a recursive CTE over every range: 37 s and 20 GB for ten million ranges where
+this takes 5 s and 1.7 GB); tests/test_attribution_speed.py keeps that form as its reference
+and checks the two agree on random traces. The SQL pieces below are shared with it.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ from contextlib import contextmanager
 
 import duckdb
 import polars as pl
+
+from traceq.analysis.nesting import in_start_order, null_if_negative, thread_chains
 
 ITERATION_REGEX = r"(?i)^\s*(iteration|iter|step)[\s_#]*\d+\s*$"
 """Range names that mark one training step: 'iteration 0', 'step 12'."""
@@ -207,8 +210,8 @@ def point_contexts(
     pair = ((located["chain"].fill_null(-1) + 1) * n_by_time
             + by_time_of_segment.gather(located["segment"]).cast(pl.Int64).fill_null(-1) + 1)
     pairs = pl.concat([pl.Series([0], dtype=pl.Int64), pair]).unique().sort()
-    combos = pl.DataFrame({"chain": _null_if_negative(pairs // n_by_time - 1),
-                           "context": _null_if_negative(pairs % n_by_time - 1)}).with_row_index("combo")
+    combos = pl.DataFrame({"chain": null_if_negative(pairs // n_by_time - 1),
+                           "context": null_if_negative(pairs % n_by_time - 1)}).with_row_index("combo")
     index = (pl.repeat(0, points.height, dtype=pl.UInt32, eager=True)
              .scatter(located["pos"], pairs.search_sorted(pair)))
     return index, _contexts(con, names, chains, by_time, combos, forward_names, paths)
@@ -280,15 +283,15 @@ def _locate(
     threads: dict[tuple[int, int], pl.DataFrame], points: pl.DataFrame, by_time_ranges: pl.DataFrame,
     names: pl.DataFrame,
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """Thread by thread: each point's chain (see `_nesting`) and its segment.
+    """Thread by thread: each point's chain (see `nesting.thread_chains`) and its segment.
 
     A segment is an interval between two consecutive boundaries (starts and ends) of a process's
     by-time ranges, for one thread of it: the same by-time ranges enclose every time of it, and
     the thread decides which of them go into the path prefix. `threads` is consumed.
 
-    Returns (chains, located, segments): chains as from `_nesting`, numbered across threads;
-    located one row per point (pos, chain of its innermost range or null, segment or null);
-    segments one row per segment of a thread with points (id, pid, tid, t = its start).
+    Returns (chains, located, segments): chains as from `nesting.thread_chains`, numbered across
+    threads; located one row per point (pos, chain of its innermost range or null, segment or
+    null); segments one row per segment of a thread with points (id, pid, tid, t = its start).
     """
     bounds = {pid: pl.concat([g["start_ns"], g["end_ns"]]).unique().sort()
               for (pid,), g in by_time_ranges.drop_nulls("pid").partition_by("pid", as_dict=True).items()}
@@ -299,19 +302,19 @@ def _locate(
     for (pid, tid), pts in point_groups.items():
         chain = segment = pl.repeat(None, pts.height, dtype=pl.Int64, eager=True)
         if (pid, tid) in threads:  # one at a time: in parallel, 15 % faster but 15 % more memory
-            part = _in_start_order(threads.pop((pid, tid)), names)
-            thread_chains, chain = _nesting(part["start_ns"], part["end_ns"], part["name_id"], pts["t"], names.height)
+            part = in_start_order(threads.pop((pid, tid)), names)
+            tree, chain = thread_chains(part["start_ns"], part["end_ns"], part["name_id"], pts["t"], names.height)
             del part
-            chains.append(thread_chains.with_columns(pl.col("chain", "parent") + n_chains))
+            chains.append(tree.with_columns(pl.col("chain", "parent") + n_chains))
             chain = chain + n_chains
-            n_chains += thread_chains.height
+            n_chains += tree.height
         if pid in bounds:
             b = bounds[pid]
             segments.append(pl.DataFrame({"id": pl.int_range(n_segments, n_segments + len(b), eager=True),
                                           "pid": pl.repeat(pid, len(b), dtype=pl.Int64, eager=True),
                                           "tid": pl.repeat(tid, len(b), dtype=pl.Int64, eager=True), "t": b}))
             j = b.search_sorted(pts["t"], side="right").cast(pl.Int64) - 1
-            segment = _null_if_negative(j) + n_segments
+            segment = null_if_negative(j) + n_segments
             n_segments += len(b)
         located.append(pl.DataFrame({"pos": pts["pos"], "chain": chain, "segment": segment}))
     return (pl.concat(chains) if chains else
@@ -320,92 +323,6 @@ def _locate(
             pl.DataFrame(schema={"pos": pl.UInt32, "chain": pl.Int64, "segment": pl.Int64}),
             pl.concat(segments) if segments else
             pl.DataFrame(schema={"id": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "t": pl.Int64}))
-
-
-def _in_start_order(part: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
-    """One thread's ranges by start; ranges starting together longest first, then by hash of the
-    name (a full sort only when some start together: usually the data is in start order)."""
-    part = part.sort("start_ns")
-    if (part["start_ns"].diff() == 0).any():
-        part = (part.with_columns(h=names["h"].gather(part["name_id"]))
-                .sort("start_ns", "end_ns", "h", descending=[False, True, False]).drop("h"))
-    return part
-
-
-def _nesting(
-    starts: pl.Series, ends: pl.Series, name_id: pl.Series, times: pl.Series, n_names: int
-) -> tuple[pl.DataFrame, pl.Series]:
-    """One thread's ranges (rows, in start order) as chains of names, and the chain of the
-    innermost range open at each of `times`.
-
-    Depth, as the sweep over push and pop events of the all-SQL form counts it: for a range,
-    the ranges started up to it (its row + 1) less those ended by its start; for a time, the
-    ranges started by then less those ended by then. The rows of each depth, in start order, are
-    the key depth * (n + 1) + row in ascending order, so one binary search finds the last range
-    of a depth started before a given row: the innermost range at a time is the last range of
-    the time's depth started by then; a range's parent is the last range one level up before it.
-    (With ranges that nest, that is the enclosing range; with ranges that overlap without
-    nesting, it is what the sweep gives.)
-
-    A range's chain is numbered by value from its parent's chain and its name, one depth at a
-    time, so ranges whose ancestors and selves have the same names share it, and with it their
-    layer, path and flags. Returns (chains: chain, parent chain or null at depth 1, name_id;
-    the chain at each time, null outside every range).
-    """
-    n = len(starts)
-    ended = ends.sort()
-    row = pl.int_range(0, n, dtype=pl.Int64, eager=True)
-    depth = row + 1 - _count_at_most(ended, starts)
-    levels = pl.DataFrame({"depth": depth, "row": row}).group_by("depth").agg("row").sort("depth")
-    del depth, row
-    keys = pl.concat([rows + d * (n + 1) for d, rows in zip(levels["depth"], levels["row"], strict=True)])
-    innermost = _last_of_depth(keys, n, starts, ended, times)
-    del keys, ended
-    chains, chain_of_row = _chains(levels["row"], name_id, n_names)
-    return chains, chain_of_row.gather(innermost)
-
-
-def _last_of_depth(keys: pl.Series, n: int, starts: pl.Series, ended: pl.Series, times: pl.Series) -> pl.Series:
-    """The row of the innermost range open at each of `times` (see `_nesting`), null if none."""
-    started = starts.search_sorted(times, side="right").cast(pl.Int64)
-    level = started - ended.search_sorted(times, side="right").cast(pl.Int64)
-    pos = keys.search_sorted(level * (n + 1) + started, side="left").cast(pl.Int64) - 1
-    found = keys.gather(pos.clip(lower_bound=0))
-    return pl.select(pl.when((pos >= 0) & (found // (n + 1) == level)).then(found % (n + 1))).to_series()
-
-
-def _chains(levels: pl.Series, name_id: pl.Series, n_names: int) -> tuple[pl.DataFrame, pl.Series]:
-    """Chains of names (see `_nesting`) from the rows of each depth (`levels`: depth 1 first,
-    each in start order): (chains: chain, parent, name_id; the chain of each row)."""
-    chain_of_row = pl.repeat(None, len(name_id), dtype=pl.Int64, eager=True)
-    chain_keys: list[pl.Series] = []  # per depth, each chain's (parent chain + 1) * n_names + name_id
-    n_chains = 0
-    above = above_chain = None  # the previous depth's rows (in start order) and their chains
-    for rows in levels:
-        key = name_id.gather(rows).cast(pl.Int64)
-        if above is not None:  # the parent: the last row one level up before the row
-            key += (above_chain.gather(_count_at_most(above, rows - 1) - 1) + 1) * n_names
-        chain = key.rank("dense").cast(pl.Int64) + (n_chains - 1)
-        chain_of_row.scatter(rows, chain)
-        chain_keys.append(key.unique().sort())
-        n_chains += len(chain_keys[-1])
-        above, above_chain = rows, chain
-    packed = pl.concat(chain_keys)
-    chains = pl.DataFrame({"chain": pl.int_range(0, n_chains, eager=True),
-                           "parent": _null_if_negative(packed // n_names - 1),
-                           "name_id": (packed % n_names).cast(pl.UInt32)})
-    return chains, chain_of_row
-
-
-def _count_at_most(values: pl.Series, queries: pl.Series) -> pl.Series:
-    """How many of `values` are <= each of `queries`, both ascending. A merge (an ASOF join)
-    when there are many: several times faster than a binary search per query."""
-    if len(queries) < 10_000:
-        return values.search_sorted(queries, side="right").cast(pl.Int64)
-    right = pl.DataFrame({"v": values}).with_row_index("count", offset=1).set_sorted("v")
-    left = pl.DataFrame({"q": queries}).set_sorted("q")
-    return (left.join_asof(right, left_on="q", right_on="v", strategy="backward")["count"]
-            .fill_null(0).cast(pl.Int64))
 
 
 def _by_time(
@@ -458,11 +375,6 @@ def _contexts(
         """).pl().drop("id")
 
 
-def _null_if_negative(values: pl.Series) -> pl.Series:
-    """-1 (no such row) as null."""
-    return pl.select(pl.when(values >= 0).then(values)).to_series()
-
-
 _unique = itertools.count()
 
 
@@ -480,7 +392,7 @@ def _registered(con: duckdb.DuckDBPyConnection, **frames: pl.DataFrame) -> Itera
 
 
 # --------------------------------------------------------------------------------------------
-# SQL shared by both forms
+# SQL shared with the all-SQL reference in tests/test_attribution_speed.py
 
 
 def _sql_string(text: str) -> str:
@@ -594,86 +506,6 @@ def _result_sql(paths: bool) -> str:
            {full_path} AS nvtx_path,
            innermost AS nvtx_innermost
     FROM passes"""
-
-
-# --------------------------------------------------------------------------------------------
-# the all-SQL form (memory.py)
-
-
-def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str, paths: bool = True) -> str:
-    """One row per point (id, pid, tid, t) of `points_sql` with its attribution, all in SQL: a
-    sweep over push and pop events gives every range and point its depth; the innermost range
-    enclosing a point at depth D is the latest range of depth D that began before it (an ASOF
-    join), a range's parent is found the same way at depth D - 1, and paths come from a
-    recursive CTE over ranges. Without `paths`, nvtx_path and nvtx_innermost are null.
-    `attribute_points` gives the same, faster on big traces."""
-    t = int(trace_id)
-    return f"""
-    WITH RECURSIVE
-    pts AS MATERIALIZED ({points_sql}),
-    r AS MATERIALIZED (
-        -- hash(name), not name, breaks ties: sorting millions of long op names is the costly part
-        SELECT CAST(row_number() OVER (ORDER BY pid, tid, start_ns, end_ns DESC, hash(name)) AS BIGINT) AS rid,
-               pid, tid, {"name" if paths else "NULL::VARCHAR AS name"}, start_ns, end_ns,
-               {_name_flags("name", iteration_regex)}
-        FROM (SELECT pid, tid, coalesce(name, '') AS name, start_ns,
-                     coalesce(end_ns, {_FOREVER}) AS end_ns
-              FROM nvtx WHERE trace_id = {t} AND kind = 'pushpop')
-        WHERE end_ns > start_ns
-    ),
-    ev AS (
-        SELECT pid, tid, start_ns AS ts, 1 AS o, 1 AS d, rid, NULL::BIGINT AS point_id FROM r
-        UNION ALL SELECT pid, tid, end_ns, 0, -1, NULL, NULL FROM r
-        UNION ALL SELECT pid, tid, t, 2, 0, NULL, id FROM pts
-    ),
-    depth AS MATERIALIZED (
-        SELECT rid, id, depth FROM (
-            SELECT rid, point_id AS id, o,
-                   sum(d) OVER (PARTITION BY pid, tid ORDER BY ts, o, rid ROWS UNBOUNDED PRECEDING) AS depth
-            FROM ev)
-        WHERE o > 0
-    ),
-    -- the ranges without their full names (long for emit_nvtx ops): only the result needs them
-    rd AS MATERIALIZED (
-        SELECT r.rid, r.pid, r.tid, r.start_ns, r.nm, r.is_iter, r.is_stage, r.is_backward, r.is_optimizer,
-               depth.depth
-        FROM r JOIN depth USING (rid)
-    ),
-    rp AS MATERIALIZED (
-        SELECT c.*, p.rid AS parent
-        FROM rd c ASOF LEFT JOIN rd p
-          ON c.pid = p.pid AND c.tid = p.tid AND p.depth = c.depth - 1 AND c.start_ns >= p.start_ns
-    ),
-    {_paths_cte(paths)},
-    pd AS MATERIALIZED (SELECT pts.*, depth.depth FROM pts JOIN depth USING (id)),
-    inner_range AS (
-        SELECT pd.id, rd.rid
-        FROM pd ASOF LEFT JOIN rd
-          ON pd.pid = rd.pid AND pd.tid = rd.tid AND rd.depth = pd.depth AND pd.t >= rd.start_ns
-    ),
-    by_time_ranges AS MATERIALIZED (
-        SELECT pid, tid, kind, name, start_ns, end_ns, {_name_flags("name", iteration_regex)}
-        FROM (SELECT pid, tid, kind, coalesce(name, '') AS name, start_ns, coalesce(end_ns, {_FOREVER}) AS end_ns
-              FROM nvtx WHERE trace_id = {t} AND kind IN ('pushpop', 'startend'))
-        WHERE kind = 'startend' OR regexp_matches(name, {_sql_string(iteration_regex)})
-           OR lower(name) IN ({", ".join(_sql_string(s) for s in STAGES)})
-    ),
-    {_BY_TIME_CTES},
-    forward_names AS (SELECT DISTINCT nm FROM r WHERE NOT is_iter AND NOT is_stage),
-    joined AS (
-        SELECT pts.id, {"coalesce(inner_name.name, bt.time_innermost)" if paths else "NULL::VARCHAR"} AS innermost,
-               paths.path, paths.autograd_backward, paths.optimizer,
-               coalesce(layer_range.nm, bt.startend_layer) AS layer,
-               bt.iteration, bt.stage, bt.prefix
-        FROM pts
-        LEFT JOIN inner_range i USING (id)
-        {"LEFT JOIN r inner_name ON inner_name.rid = i.rid" if paths else ""}
-        LEFT JOIN paths ON paths.rid = i.rid
-        LEFT JOIN r layer_range ON layer_range.rid = paths.layer_rid
-        LEFT JOIN by_time bt USING (id)
-    ),
-    {_result_sql(paths)}
-    """
 
 
 @contextmanager

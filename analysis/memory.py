@@ -3,7 +3,7 @@ bytes in use over time, the peak, and allocations per layer (the paper's section
 
 An allocation or free belongs to the NVTX ranges enclosing the API call that made it (the
 event's correlation id names the call; the call's thread and start time place it, as for a
-kernel launch, through `attribution._attribution_sql`). Device memory is every memory kind but
+kernel launch, through `attribution.attribute_points`). Device memory is every memory kind but
 host memory ('Pageable', 'Pinned'); host pinned bytes are reported apart.
 
 These are driver-level allocations: PyTorch's caching allocator asks the driver for a few large
@@ -21,7 +21,7 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from traceq.analysis.attribution import ITERATION_REGEX, _attribution_sql, _real_asof_joins
+from traceq.analysis.attribution import ITERATION_REGEX, _real_asof_joins, attribute_points
 from traceq.errors import MissingDataError
 
 HOST_KINDS = ("Pageable", "Pinned")
@@ -69,7 +69,9 @@ def memory_events(
           ON a.trace_id = {t} AND a.pid = e.pid AND a.correlation_id = e.correlation_id
          AND a.api IN ('runtime', 'driver')
         QUALIFY row_number() OVER (PARTITION BY e.id ORDER BY a.api = 'runtime' DESC, a.start_ns) = 1"""
-    points = f"SELECT id, pid, tid, t FROM ({calls})"
+    points = con.sql(f"SELECT id, pid, tid, t FROM ({calls})").pl()
+    attribution = attribute_points(con, trace_id, points, iteration_regex, paths=False).select(
+        pl.col("id").alias("event_id"), "layer", "pass", "iteration", "stage")
     with _real_asof_joins(con):
         frame = con.sql(f"""
             WITH ev AS MATERIALIZED ({numbered}),
@@ -84,14 +86,13 @@ def memory_events(
                    s.on_device,
                    CASE WHEN NOT s.on_device THEN 0 WHEN s.op = 'alloc' THEN coalesce(s.size, 0)
                         ELSE -coalesce(s.size, 0) END::BIGINT AS delta_bytes,
-                   a.layer, a.pass, a.iteration, a.stage, c.api_call,
+                   c.api_call,
                    c.id IS NULL AND s.ts_ns <= coalesce((SELECT t0 FROM first_call), s.ts_ns) AS before_capture
             FROM sized s
             LEFT JOIN ({calls}) c ON c.id = s.id
-            LEFT JOIN ({_attribution_sql(trace_id, points, iteration_regex, paths=False)}) a ON a.id = s.id
             ORDER BY s.id
         """).pl()
-    frame = frame.with_columns(
+    frame = frame.join(attribution, on="event_id", how="left", maintain_order="left").with_columns(
         bytes_in_use=pl.col("delta_bytes").cum_sum().over("device_id").cast(pl.Int64))
     return frame.select("event_id", "ts_ns", "device_id", "op", "mem_kind", "bytes", "address", "on_device",
                         "delta_bytes", "bytes_in_use", "layer", "pass", "iteration", "stage", "api_call",

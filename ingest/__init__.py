@@ -131,7 +131,7 @@ def load_trace(
 
         sink = Sink(con, trace_id, advance)
         info = reader.read(src, sink)
-        _apply(con, saved)  # the streaming inserts are done: the summary may use every thread
+        _apply(con, {"threads": saved["threads"]})  # the inserts are done: the summary may use every thread
         build_kernel_summary(con, trace_id)
         _record_trace(con, trace_id, name, path, digest(), info, time.perf_counter() - started)
         con.execute("COMMIT")

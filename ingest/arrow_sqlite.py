@@ -34,10 +34,6 @@ CHUNK_ROWS = 65_536
 WORKERS = max(1, min(2, os.cpu_count() or 1))
 """Reader threads. Two: on a 2-core machine DuckDB's writer needs the rest."""
 
-MMAP_BYTES = 1 << 40
-"""SQLite reads the file through a memory map (capped by SQLite at its build's maximum, 2 GB by
-default) instead of a read() per page: a tenth less CPU for the kernel table."""
-
 ENGINES = ("auto", "adbc", "stdlib")
 """How `open_sqlite` reads big tables: ADBC when it imports (auto), ADBC or fail, or sqlite3."""
 
@@ -54,9 +50,6 @@ class ArrowScanner:
         self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._all = [adbc.connect(uri) for _ in range(workers)]
         for con in self._all:
-            with con.cursor() as cur:
-                cur.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
-                cur.fetchall()
             self._idle.put(con)
 
     def close(self) -> None:

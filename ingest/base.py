@@ -388,7 +388,6 @@ def open_sqlite(path: Path, engine: str = "stdlib") -> sqlite3.Connection:
     # only one of them at a time, while the loading thread waits in DuckDB.
     con = sqlite3.connect(uri, uri=True, factory=SourceConnection, check_same_thread=False)
     con.execute("PRAGMA query_only = 1")
-    con.execute(f"PRAGMA mmap_size = {arrow_sqlite.MMAP_BYTES}")
     if engine != "stdlib":
         try:
             con.scanner = arrow_sqlite.ArrowScanner(path)

@@ -14,8 +14,85 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from traceq.analysis.attribution import (
-    ITERATION_REGEX, _attribution_sql, _real_asof_joins, attribute_points, kernel_attribution)
+    _BY_TIME_CTES, _FOREVER, ITERATION_REGEX, STAGES, _name_flags, _paths_cte, _real_asof_joins, _result_sql,
+    _sql_string, attribute_points, kernel_attribution)
 from traceq.store import schema_sql
+
+
+def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str, paths: bool = True) -> str:
+    """One row per point (id, pid, tid, t) of `points_sql` with its attribution, all in SQL: a
+    sweep over push and pop events gives every range and point its depth; the innermost range
+    enclosing a point at depth D is the latest range of depth D that began before it (an ASOF
+    join), a range's parent is found the same way at depth D - 1, and paths come from a
+    recursive CTE over ranges. Without `paths`, nvtx_path and nvtx_innermost are null.
+    `attribute_points` gives the same, faster on big traces; this is the reference it is checked against."""
+    t = int(trace_id)
+    return f"""
+    WITH RECURSIVE
+    pts AS MATERIALIZED ({points_sql}),
+    r AS MATERIALIZED (
+        -- hash(name), not name, breaks ties: sorting millions of long op names is the costly part
+        SELECT CAST(row_number() OVER (ORDER BY pid, tid, start_ns, end_ns DESC, hash(name)) AS BIGINT) AS rid,
+               pid, tid, {"name" if paths else "NULL::VARCHAR AS name"}, start_ns, end_ns,
+               {_name_flags("name", iteration_regex)}
+        FROM (SELECT pid, tid, coalesce(name, '') AS name, start_ns,
+                     coalesce(end_ns, {_FOREVER}) AS end_ns
+              FROM nvtx WHERE trace_id = {t} AND kind = 'pushpop')
+        WHERE end_ns > start_ns
+    ),
+    ev AS (
+        SELECT pid, tid, start_ns AS ts, 1 AS o, 1 AS d, rid, NULL::BIGINT AS point_id FROM r
+        UNION ALL SELECT pid, tid, end_ns, 0, -1, NULL, NULL FROM r
+        UNION ALL SELECT pid, tid, t, 2, 0, NULL, id FROM pts
+    ),
+    depth AS MATERIALIZED (
+        SELECT rid, id, depth FROM (
+            SELECT rid, point_id AS id, o,
+                   sum(d) OVER (PARTITION BY pid, tid ORDER BY ts, o, rid ROWS UNBOUNDED PRECEDING) AS depth
+            FROM ev)
+        WHERE o > 0
+    ),
+    -- the ranges without their full names (long for emit_nvtx ops): only the result needs them
+    rd AS MATERIALIZED (
+        SELECT r.rid, r.pid, r.tid, r.start_ns, r.nm, r.is_iter, r.is_stage, r.is_backward, r.is_optimizer,
+               depth.depth
+        FROM r JOIN depth USING (rid)
+    ),
+    rp AS MATERIALIZED (
+        SELECT c.*, p.rid AS parent
+        FROM rd c ASOF LEFT JOIN rd p
+          ON c.pid = p.pid AND c.tid = p.tid AND p.depth = c.depth - 1 AND c.start_ns >= p.start_ns
+    ),
+    {_paths_cte(paths)},
+    pd AS MATERIALIZED (SELECT pts.*, depth.depth FROM pts JOIN depth USING (id)),
+    inner_range AS (
+        SELECT pd.id, rd.rid
+        FROM pd ASOF LEFT JOIN rd
+          ON pd.pid = rd.pid AND pd.tid = rd.tid AND rd.depth = pd.depth AND pd.t >= rd.start_ns
+    ),
+    by_time_ranges AS MATERIALIZED (
+        SELECT pid, tid, kind, name, start_ns, end_ns, {_name_flags("name", iteration_regex)}
+        FROM (SELECT pid, tid, kind, coalesce(name, '') AS name, start_ns, coalesce(end_ns, {_FOREVER}) AS end_ns
+              FROM nvtx WHERE trace_id = {t} AND kind IN ('pushpop', 'startend'))
+        WHERE kind = 'startend' OR regexp_matches(name, {_sql_string(iteration_regex)})
+           OR lower(name) IN ({", ".join(_sql_string(s) for s in STAGES)})
+    ),
+    {_BY_TIME_CTES},
+    forward_names AS (SELECT DISTINCT nm FROM r WHERE NOT is_iter AND NOT is_stage),
+    joined AS (
+        SELECT pts.id, {"coalesce(inner_name.name, bt.time_innermost)" if paths else "NULL::VARCHAR"} AS innermost,
+               paths.path, paths.autograd_backward, paths.optimizer,
+               coalesce(layer_range.nm, bt.startend_layer) AS layer,
+               bt.iteration, bt.stage, bt.prefix
+        FROM pts
+        LEFT JOIN inner_range i USING (id)
+        {"LEFT JOIN r inner_name ON inner_name.rid = i.rid" if paths else ""}
+        LEFT JOIN paths ON paths.rid = i.rid
+        LEFT JOIN r layer_range ON layer_range.rid = paths.layer_rid
+        LEFT JOIN by_time bt USING (id)
+    ),
+    {_result_sql(paths)}
+    """
 
 NAMES = ["conv1", "bconv1", "relu", "brelu", "fc6", "aten::add_, seq = 5, op_id = 3",
          "aten::add_, seq = 6, op_id = 4", "MulBackward0", "Optimizer.step#SGD.step", "", None,
