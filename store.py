@@ -98,10 +98,13 @@ def _connect_waiting(
 
 
 def _ensure_schema(con: duckdb.DuckDBPyConnection, path: Path, *, create: bool) -> None:
-    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
-    if not tables:
+    try:  # the usual case, asked directly: listing the catalog first costs more than this query
+        row = first_row(con, "SELECT value FROM traceq_meta WHERE key = 'schema_version'")
+    except duckdb.CatalogException:  # no traceq_meta: a new file, or not a traceq store
+        if con.execute("SELECT table_name FROM duckdb_tables()").fetchall():
+            raise StoreError(f"{path} is a DuckDB database but not a traceq store (no traceq_meta table)") from None
         if not create:
-            raise StoreError(f"{path} is an empty DuckDB file, not a traceq store")
+            raise StoreError(f"{path} is an empty DuckDB file, not a traceq store") from None
         con.execute("BEGIN")
         con.execute(schema_sql())
         con.execute(
@@ -110,9 +113,6 @@ def _ensure_schema(con: duckdb.DuckDBPyConnection, path: Path, *, create: bool) 
         )
         con.execute("COMMIT")
         return
-    if "traceq_meta" not in tables:
-        raise StoreError(f"{path} is a DuckDB database but not a traceq store (no traceq_meta table)")
-    row = first_row(con, "SELECT value FROM traceq_meta WHERE key = 'schema_version'")
     found = row[0] if row else "unknown"
     if found != SCHEMA_VERSION:
         raise StoreError(
