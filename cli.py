@@ -246,7 +246,7 @@ def top(
     # on a big trace (library column only) runs in a fraction of a second.
     def build(con, trace_id: int, trace_name: str):
         attribute = context
-        if context is None:  # NVTX attribution costs seconds per million kernels; names cost nothing
+        if context is None:  # NVTX attribution costs about a second per million kernels; names cost nothing
             kernels = first_row(con, "SELECT count(*) FROM kernels WHERE trace_id = ?", [trace_id])[0]
             attribute = kernels <= AUTO_CONTEXT_MAX_KERNELS
             if not attribute:
