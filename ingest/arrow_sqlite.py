@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import queue
 import sqlite3
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -135,6 +136,8 @@ ahead by several chunks, so they give way."""
 
 
 def _yield_to_writer() -> None:
+    if not sys.platform.startswith("linux"):  # elsewhere the id would name a process, not a thread
+        return
     try:  # Linux applies a thread id's priority to that thread alone
         me = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, me, os.getpriority(os.PRIO_PROCESS, me) + READER_NICENESS)
