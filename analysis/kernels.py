@@ -29,6 +29,7 @@ _NAME_COLUMN = {
     NameBy.mangled: "coalesce(mangled_name, name)",
 }
 
+
 def _aggregate_sql(trace_id: int, by: NameBy) -> str:
     """The statistics aggregated from every launch of the trace (the expensive part: the median)."""
     return f"""
@@ -46,23 +47,13 @@ def _aggregate_sql(trace_id: int, by: NameBy) -> str:
     """
 
 
-def _statistics_sql(con: duckdb.DuckDBPyConnection, trace_id: int, by: NameBy, live: bool) -> str:
-    """Read kernel_summary when the load wrote it; aggregate live (`live`, or a store written
-    before kernel_summary existed)."""
-    if live or not _has_summary(con):
+def _statistics_sql(trace_id: int, by: NameBy, live: bool) -> str:
+    """The rows the load wrote to kernel_summary, or with `live` the same aggregated again.
+    (Every store traceq opens has kernel_summary: older stores are refused by their schema version.)"""
+    if live:
         return _aggregate_sql(trace_id, by)
     return (f"SELECT * EXCLUDE (trace_id, name_by) FROM kernel_summary "
             f"WHERE trace_id = {int(trace_id)} AND name_by = '{NameBy(by).value}'")
-
-
-def _has_summary(con: duckdb.DuckDBPyConnection) -> bool:
-    """False for a store written before kernel_summary existed (every load since writes its rows).
-    Not a duckdb_tables() lookup: listing the catalog costs 10 ms on a fresh connection."""
-    try:
-        con.execute("SELECT 1 FROM kernel_summary LIMIT 0").fetchall()
-    except duckdb.CatalogException:
-        return False
-    return True
 
 
 def build_kernel_summary(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
@@ -82,7 +73,7 @@ def kernel_statistics(
     median_ns, min_ns, max_ns, stddev_ns (sample; 0 for one instance). Read from kernel_summary,
     or with `live` aggregated from the kernels table (the same numbers, computed again).
     """
-    return con.sql(f"SELECT * FROM ({_statistics_sql(con, trace_id, by, live)}) ORDER BY name").pl()
+    return con.sql(f"SELECT * FROM ({_statistics_sql(trace_id, by, live)}) ORDER BY name").pl()
 
 
 def top_kernels_relation(
@@ -93,7 +84,7 @@ def top_kernels_relation(
         f"""
         SELECT CAST(row_number() OVER (ORDER BY total_ns DESC, name) AS INTEGER) AS rank,
                instances, total_ns, pct, avg_ns, median_ns, min_ns, max_ns, stddev_ns, name
-        FROM ({_statistics_sql(con, trace_id, by, live=False)})
+        FROM ({_statistics_sql(trace_id, by, live=False)})
         ORDER BY rank
         LIMIT {int(k)}
         """
@@ -138,9 +129,6 @@ def top_instances(con: duckdb.DuckDBPyConnection, trace_id: int, k: int = 15) ->
 
 
 def kernel_time_total(con: duckdb.DuckDBPyConnection, trace_id: int) -> int:
-    """Sum of all kernel durations in the trace, ns."""
-    if _has_summary(con):  # the same sum, from a few rows
-        total = "SELECT sum(total_ns) FROM kernel_summary WHERE trace_id = $t AND name_by = 'demangled'"
-    else:
-        total = "SELECT sum(dur_ns) FROM kernels WHERE trace_id = $t"
+    """Sum of all kernel durations in the trace, ns (from the load's per-name totals)."""
+    total = "SELECT sum(total_ns) FROM kernel_summary WHERE trace_id = $t AND name_by = 'demangled'"
     return int(first_row(con, f"SELECT coalesce(({total}), 0)::BIGINT", {"t": trace_id})[0])
