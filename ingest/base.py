@@ -292,6 +292,26 @@ def enum_lookup(codes: pa.Array, labels: dict[int, str]) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(indices, dense)
 
 
+CUPTI_DEVICE_LIMITS: list[tuple[str, str, list[str]]] = [
+        ("cc_major", "computeCapabilityMajor", ["computeCapabilityMajor"]),
+        ("cc_minor", "computeCapabilityMinor", ["computeCapabilityMinor"]),
+        ("sm_count", "numMultiprocessors", ["numMultiprocessors"]),
+        ("l2_cache_bytes", "l2CacheSize", ["l2CacheSize"]),
+        ("threads_per_warp", "numThreadsPerWarp", ["numThreadsPerWarp"]),
+        ("max_threads_per_block", "maxThreadsPerBlock", ["maxThreadsPerBlock"]),
+        ("max_warps_per_sm", "maxWarpsPerMultiprocessor", ["maxWarpsPerMultiprocessor"]),
+        ("max_blocks_per_sm", "maxBlocksPerMultiprocessor", ["maxBlocksPerMultiprocessor"]),
+        ("max_registers_per_sm", "maxRegistersPerMultiprocessor", ["maxRegistersPerMultiprocessor"]),
+        ("max_registers_per_block", "maxRegistersPerBlock", ["maxRegistersPerBlock"]),
+        ("max_smem_per_sm_bytes", "maxSharedMemoryPerMultiprocessor", ["maxSharedMemoryPerMultiprocessor"]),
+        ("max_smem_per_block_bytes", "maxSharedMemoryPerBlock", ["maxSharedMemoryPerBlock"]),
+]
+"""`select_list` entries for the columns of CUPTI's device record that have the same name and unit
+wherever a trace stores it (nvprof's CUPTI_ACTIVITY_KIND_DEVICE, the pre-2021.3 nsys
+TARGET_INFO_CUDA_GPU). Clock, memory size and bandwidth are stored in different units by each, so
+the readers map those themselves."""
+
+
 _KERNEL_PASSTHROUGH = (
     "start_ns", "end_ns", "device_id", "context_id", "stream_id", "correlation_id", "pid",
     "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread",

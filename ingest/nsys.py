@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from traceq.ingest import cupti
 from traceq.ingest.base import (
+    CUPTI_DEVICE_LIMITS,
     Sink,
     SourceInfo,
     Strings,
@@ -317,21 +318,10 @@ def _read_gpus(src: sqlite3.Connection, tables: set[str], sink: Sink) -> None:
         # bandwidth in MB/s (a V100 row reads 1380000, 32510, 947802).
         wanted = [
             ("device_id", "deviceId", ["deviceId"]), ("name", "name", ["name"]),
-            ("cc_major", "computeCapabilityMajor", ["computeCapabilityMajor"]),
-            ("cc_minor", "computeCapabilityMinor", ["computeCapabilityMinor"]),
-            ("sm_count", "numMultiprocessors", ["numMultiprocessors"]),
             ("clock_hz", "coreClockRate * 1000", ["coreClockRate"]),
             ("memory_bytes", "globalMemorySize * 1048576", ["globalMemorySize"]),
             ("memory_bandwidth_bytes_per_s", "globalMemoryBandwidth * 1000000", ["globalMemoryBandwidth"]),
-            ("l2_cache_bytes", "l2CacheSize", ["l2CacheSize"]),
-            ("threads_per_warp", "numThreadsPerWarp", ["numThreadsPerWarp"]),
-            ("max_threads_per_block", "maxThreadsPerBlock", ["maxThreadsPerBlock"]),
-            ("max_warps_per_sm", "maxWarpsPerMultiprocessor", ["maxWarpsPerMultiprocessor"]),
-            ("max_blocks_per_sm", "maxBlocksPerMultiprocessor", ["maxBlocksPerMultiprocessor"]),
-            ("max_registers_per_sm", "maxRegistersPerMultiprocessor", ["maxRegistersPerMultiprocessor"]),
-            ("max_registers_per_block", "maxRegistersPerBlock", ["maxRegistersPerBlock"]),
-            ("max_smem_per_sm_bytes", "maxSharedMemoryPerMultiprocessor", ["maxSharedMemoryPerMultiprocessor"]),
-            ("max_smem_per_block_bytes", "maxSharedMemoryPerBlock", ["maxSharedMemoryPerBlock"]),
+            *CUPTI_DEVICE_LIMITS,
             ("max_smem_per_block_optin_bytes", "NULL", []),
         ]
         sql = f"SELECT DISTINCT {select_list(have, wanted)} FROM TARGET_INFO_CUDA_GPU ORDER BY 1"

@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 from traceq.errors import TraceFormatError
 from traceq.ingest import cupti, cupti_cbid
 from traceq.ingest.base import (
+    CUPTI_DEVICE_LIMITS,
     Sink,
     SourceInfo,
     Strings,
@@ -474,21 +475,10 @@ def _read_gpus(src: sqlite3.Connection, strings: Strings, sink: Sink) -> None:
     wanted = [
         ("device_id", "id", ["id"]),
         ("name_id", "name", ["name"]),
-        ("cc_major", "computeCapabilityMajor", ["computeCapabilityMajor"]),
-        ("cc_minor", "computeCapabilityMinor", ["computeCapabilityMinor"]),
-        ("sm_count", "numMultiprocessors", ["numMultiprocessors"]),
         ("clock_hz", "coreClockRate * 1000", ["coreClockRate"]),  # kHz
         ("memory_bytes", "globalMemorySize", ["globalMemorySize"]),
         ("memory_bandwidth_bytes_per_s", "globalMemoryBandwidth * 1000", ["globalMemoryBandwidth"]),  # kB/s
-        ("l2_cache_bytes", "l2CacheSize", ["l2CacheSize"]),
-        ("threads_per_warp", "numThreadsPerWarp", ["numThreadsPerWarp"]),
-        ("max_threads_per_block", "maxThreadsPerBlock", ["maxThreadsPerBlock"]),
-        ("max_warps_per_sm", "maxWarpsPerMultiprocessor", ["maxWarpsPerMultiprocessor"]),
-        ("max_blocks_per_sm", "maxBlocksPerMultiprocessor", ["maxBlocksPerMultiprocessor"]),
-        ("max_registers_per_sm", "maxRegistersPerMultiprocessor", ["maxRegistersPerMultiprocessor"]),
-        ("max_registers_per_block", "maxRegistersPerBlock", ["maxRegistersPerBlock"]),
-        ("max_smem_per_sm_bytes", "maxSharedMemoryPerMultiprocessor", ["maxSharedMemoryPerMultiprocessor"]),
-        ("max_smem_per_block_bytes", "maxSharedMemoryPerBlock", ["maxSharedMemoryPerBlock"]),
+        *CUPTI_DEVICE_LIMITS,
     ]
     sql = f"SELECT DISTINCT {select_list(column_names(src, DEVICE), wanted)} FROM {DEVICE} ORDER BY 1"
     for batch in fetch_batches(src, sql, pa.schema([(w[0], I64) for w in wanted])):
