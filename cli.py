@@ -436,7 +436,7 @@ def ru(
     from traceq.analysis.efficiency import ru_table
 
     def build(con, trace_id: int, trace_name: str):
-        frame = ru_table(con, trace_id, by.value, cc=cc, sms=sms, iteration_regex=_iteration_regex(iteration_regex))
+        frame = ru_table(con, trace_id, by, cc=cc, sms=sms, iteration_regex=_iteration_regex(iteration_regex))
         if k is not None:
             frame = frame.head(k)
         title = (f"{trace_name}: occupancy and RU per {by.value} (kernel-time-weighted means; "
@@ -468,7 +468,7 @@ def ce(
     from traceq.analysis.efficiency import ce_table, trace_peaks
 
     def build(con, trace_id: int, trace_name: str):
-        frame = ce_table(con, trace_id, by.value, spec=spec, batch=batch,
+        frame = ce_table(con, trace_id, by, spec=spec, batch=batch,
                          iteration_regex=_iteration_regex(iteration_regex))
         if k is not None:
             frame = frame.head(k)
@@ -499,7 +499,7 @@ def compare(
     with user_errors():
         con = _store(db, read_only=True)
         (ta, na), (tb, nb) = resolve_trace(con, a), resolve_trace(con, b)
-        frame, per_iteration = compare_runs(con, ta, tb, by.value, spec=spec,
+        frame, per_iteration = compare_runs(con, ta, tb, by, spec=spec,
                                             iteration_regex=_iteration_regex(iteration_regex))
         if k is not None:
             frame = frame.head(k)
