@@ -50,12 +50,7 @@ def test_adbc_and_stdlib_readers_store_the_same_rows(path: Path, tmp_path: Path,
 def test_chunks_keep_rowid_order_and_typing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, adbc: None) -> None:
     """Small chunks across a table whose NVTX text starts NULL and rowids have gaps."""
     src = tmp_path / "gappy.sqlite"
-    con = sqlite3.connect(src)
-    con.execute("ATTACH ? AS s", [sample("lenet_b256_cudnn.sqlite").resolve().as_uri() + "?mode=ro"])
-    for (sql,) in con.execute("SELECT sql FROM s.sqlite_master WHERE type = 'table'").fetchall():
-        con.execute(sql)
-    for (name,) in con.execute("SELECT name FROM s.sqlite_master WHERE type = 'table'").fetchall():
-        con.execute(f'INSERT INTO main."{name}" SELECT * FROM s."{name}"')
+    con = _copy_of_lenet(src)
     con.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid % 7 = 3")
     con.execute("UPDATE NVTX_EVENTS SET text = NULL WHERE rowid < 20")
     con.commit()
@@ -74,17 +69,23 @@ def test_a_value_the_driver_cannot_type_is_read_by_sqlite3(
     """Text in an INTEGER column after integers: ADBC refuses the chunk and sqlite3 reads it, so
     the outcome is the stdlib reader's."""
     src = tmp_path / "mixed.sqlite"
-    con = sqlite3.connect(src)
-    con.execute("ATTACH ? AS s", [sample("lenet_b256_cudnn.sqlite").resolve().as_uri() + "?mode=ro"])
-    for (sql,) in con.execute("SELECT sql FROM s.sqlite_master WHERE type = 'table'").fetchall():
-        con.execute(sql)
-    for (name,) in con.execute("SELECT name FROM s.sqlite_master WHERE type = 'table'").fetchall():
-        con.execute(f'INSERT INTO main."{name}" SELECT * FROM s."{name}"')
+    con = _copy_of_lenet(src)
     con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET gridX = 'x' WHERE rowid = 40")
     con.commit()
     con.close()
     monkeypatch.setattr(arrow_sqlite, "CHUNK_ROWS", 32)
     assert _outcome(src, tmp_path / "adbc.duckdb", "adbc") == _outcome(src, tmp_path / "stdlib.duckdb", "stdlib")
+
+
+def _copy_of_lenet(path: Path) -> sqlite3.Connection:
+    """A writable copy of the LeNet sample at `path` (every table, rowids kept), open."""
+    con = sqlite3.connect(path)
+    con.execute("ATTACH ? AS s", [sample("lenet_b256_cudnn.sqlite").resolve().as_uri() + "?mode=ro"])
+    for (sql,) in con.execute("SELECT sql FROM s.sqlite_master WHERE type = 'table'").fetchall():
+        con.execute(sql)
+    for (name,) in con.execute("SELECT name FROM s.sqlite_master WHERE type = 'table'").fetchall():
+        con.execute(f'INSERT INTO main."{name}" SELECT * FROM s."{name}"')
+    return con
 
 
 def _outcome(path: Path, db: Path, engine: str) -> object:
