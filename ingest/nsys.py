@@ -99,7 +99,7 @@ def _kernels(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
         ("context_id", "contextId", ["contextId"]),
         ("stream_id", "streamId", ["streamId"]),
         ("correlation_id", "correlationId", ["correlationId"]),
-        ("pid", PID.format(col="globalPid"), ["globalPid"]),
+        ("pid", "globalPid", ["globalPid"]),  # decoded below: Arrow does it faster than SQLite
         ("demangled_id", "demangledName", ["demangledName"]),
         ("short_id", "shortName", ["shortName"]),
         ("mangled_id", "mangledName", ["mangledName"]),
@@ -114,11 +114,15 @@ def _kernels(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
         ("local_memory_per_thread_bytes", "localMemoryPerThread", ["localMemoryPerThread"]),
         ("local_memory_total_bytes", "localMemoryTotal", ["localMemoryTotal"]),
         ("launch_type", "launchType", ["launchType"]),
-        ("graph_node_id", "NULLIF(graphNodeId, 0)", ["graphNodeId"]),
+        ("graph_node_id", "graphNodeId", ["graphNodeId"]),  # 0: not from a graph
     ]
     schema = _schema(*[(w[0], I64) for w in wanted])
 
     def columns(batch: pa.Table) -> pa.Table:
+        node = batch["graph_node_id"]
+        batch = batch.set_column(batch.schema.get_field_index("pid"), "pid", _pid(batch["pid"]))
+        batch = batch.set_column(batch.schema.get_field_index("graph_node_id"), "graph_node_id",
+                                 pc.if_else(pc.equal(node, 0), pa.scalar(None, I64), node))
         return kernel_batch(
             batch,
             demangled=strings.dictionary(batch["demangled_id"].combine_chunks()),
