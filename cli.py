@@ -196,7 +196,7 @@ def load(
             rows = result.rows
             typer.echo(
                 f"{result.status} {result.name!r} (trace {result.trace_id}) from {path}: "
-                f"{result.kernel_count:,} kernels, {rows.get('api_calls', 0):,} API calls, "
+                f"{result.kernel_count:,} kernels, {rows.get('api_events', 0):,} API calls, "
                 f"{rows.get('memops', 0):,} memcpy/memset, {rows.get('nvtx', 0):,} NVTX events "
                 f"in {result.seconds:.2f} s"
             )

@@ -64,25 +64,20 @@ CREATE TABLE gpus (
     max_smem_per_block_optin_bytes INTEGER -- with cudaFuncAttributeMaxDynamicSharedMemorySize; NULL when unknown
 );
 
--- table kernels: one row per kernel launch that ran on a GPU.
-CREATE TABLE kernels (
+-- table kernel_events: one row per kernel launch that ran on a GPU, its names as an id (read the `kernels` view: it adds them).
+CREATE TABLE kernel_events (
     trace_id INTEGER NOT NULL,
     kernel_id BIGINT NOT NULL,             -- 0-based, in the source file's row order
     start_ns BIGINT NOT NULL,
     end_ns BIGINT NOT NULL,
-    dur_ns BIGINT NOT NULL,                -- end_ns - start_ns
     device_id INTEGER,
     context_id INTEGER,
     stream_id INTEGER,
     correlation_id BIGINT,                 -- links to api_calls.correlation_id within the same pid
     pid BIGINT,                            -- launching process
-    name VARCHAR NOT NULL,                 -- demangled name, as `nsys stats` shows it
-    short_name VARCHAR NOT NULL,           -- base name without namespace, templates or arguments
-    mangled_name VARCHAR,                  -- raw `_Z...` symbol; NULL when the trace lacks it
+    name_id INTEGER NOT NULL,              -- the kernel's names: kernel_names.name_id of the same trace
     grid_x INTEGER, grid_y INTEGER, grid_z INTEGER,
     block_x INTEGER, block_y INTEGER, block_z INTEGER,
-    grid_blocks BIGINT,                    -- grid_x * grid_y * grid_z
-    block_threads INTEGER,                 -- block_x * block_y * block_z
     registers_per_thread INTEGER,
     smem_static_bytes INTEGER,             -- static shared memory per block
     smem_dynamic_bytes INTEGER,            -- dynamic shared memory per block
@@ -93,6 +88,29 @@ CREATE TABLE kernels (
     launch_type VARCHAR,                   -- 'regular', 'cooperative', 'cooperative_multi_device' or NULL
     graph_node_id BIGINT                   -- CUDA graph node; NULL when not launched from a graph
 );
+
+-- table kernel_names: the distinct names of each trace's kernels (a launch stores the id; hundreds of names stand for millions of launches).
+CREATE TABLE kernel_names (
+    trace_id INTEGER NOT NULL,
+    name_id INTEGER NOT NULL,              -- 0, 1, ... within the trace
+    name VARCHAR NOT NULL,                 -- demangled name, as `nsys stats` shows it
+    short_name VARCHAR NOT NULL,           -- base name without namespace, templates or arguments
+    mangled_name VARCHAR                   -- raw `_Z...` symbol; NULL when the trace lacks it
+);
+
+-- view kernels: one row per kernel launch, as analyses read it: the columns of kernel_events but name_id, with name, short_name and mangled_name from kernel_names, dur_ns = end_ns - start_ns, grid_blocks = grid_x * grid_y * grid_z (BIGINT) and block_threads = block_x * block_y * block_z.
+CREATE VIEW kernels AS
+SELECT e.trace_id, e.kernel_id, e.start_ns, e.end_ns, e.end_ns - e.start_ns AS dur_ns,
+       e.device_id, e.context_id, e.stream_id, e.correlation_id, e.pid,
+       n.name, n.short_name, n.mangled_name,
+       e.grid_x, e.grid_y, e.grid_z, e.block_x, e.block_y, e.block_z,
+       e.grid_x::BIGINT * e.grid_y * e.grid_z AS grid_blocks,
+       e.block_x * e.block_y * e.block_z AS block_threads,
+       e.registers_per_thread, e.smem_static_bytes, e.smem_dynamic_bytes, e.smem_carveout_bytes,
+       e.smem_optin, e.local_memory_per_thread_bytes, e.local_memory_total_bytes, e.launch_type,
+       e.graph_node_id
+FROM kernel_events e
+JOIN kernel_names n ON n.trace_id = e.trace_id AND n.name_id = e.name_id;
 
 -- table kernel_summary: per-name kernel statistics of each trace, written by the load (traceq.analysis.kernels.build_kernel_summary) so that `traceq top` reads a few rows instead of every launch.
 CREATE TABLE kernel_summary (
@@ -109,20 +127,33 @@ CREATE TABLE kernel_summary (
     stddev_ns DOUBLE NOT NULL              -- sample standard deviation; 0 for a single launch
 );
 
--- table api_calls: CUDA runtime and driver API calls on the CPU.
-CREATE TABLE api_calls (
+-- table api_events: CUDA runtime and driver API calls on the CPU, their names as an id (read the `api_calls` view: it adds them).
+CREATE TABLE api_events (
     trace_id INTEGER NOT NULL,
     start_ns BIGINT NOT NULL,
     end_ns BIGINT NOT NULL,
-    dur_ns BIGINT NOT NULL,
-    api VARCHAR NOT NULL,                  -- 'runtime', 'driver' or 'other'
-    name VARCHAR,                          -- 'cudaLaunchKernel_v7000', 'cuLaunchKernelEx', ...
+    name_id INTEGER NOT NULL,              -- the call's API and name: api_names.name_id of the same trace
     correlation_id BIGINT,
     pid BIGINT,                            -- calling process
     tid BIGINT,                            -- calling thread (operating-system id, unsigned)
     global_tid BIGINT,                     -- nsys globalTid (hardware, VM, pid and tid packed); NULL for nvprof
     return_value BIGINT
 );
+
+-- table api_names: the distinct API functions of each trace's calls.
+CREATE TABLE api_names (
+    trace_id INTEGER NOT NULL,
+    name_id INTEGER NOT NULL,              -- 0, 1, ... within the trace
+    api VARCHAR NOT NULL,                  -- 'runtime', 'driver' or 'other'
+    name VARCHAR                           -- 'cudaLaunchKernel_v7000', 'cuLaunchKernelEx', ...
+);
+
+-- view api_calls: CUDA runtime and driver API calls, as analyses read them: the columns of api_events but name_id, with api and name from api_names and dur_ns = end_ns - start_ns.
+CREATE VIEW api_calls AS
+SELECT e.trace_id, e.start_ns, e.end_ns, e.end_ns - e.start_ns AS dur_ns, n.api, n.name,
+       e.correlation_id, e.pid, e.tid, e.global_tid, e.return_value
+FROM api_events e
+JOIN api_names n ON n.trace_id = e.trace_id AND n.name_id = e.name_id;
 
 -- table memops: memory copies and memsets on the GPU.
 CREATE TABLE memops (

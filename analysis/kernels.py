@@ -71,7 +71,7 @@ def kernel_statistics(
 
     Columns: name, instances, total_ns, pct (share of all kernel time in the trace, %), avg_ns,
     median_ns, min_ns, max_ns, stddev_ns (sample; 0 for one instance). Read from kernel_summary,
-    or with `live` aggregated from the kernels table (the same numbers, computed again).
+    or with `live` aggregated from the launches in the kernels view (the same numbers, computed again).
     """
     return con.sql(f"SELECT * FROM ({_statistics_sql(trace_id, by, live)}) ORDER BY name").pl()
 

@@ -141,7 +141,7 @@ def load_trace(
     finally:
         src.close()
         _apply(con, saved)
-    kernels = sink.rows.get("kernels", 0)
+    kernels = sink.rows.get("kernel_events", 0)
     return LoadResult(trace_id, name, "replaced" if stale else "loaded", kernels,
                       time.perf_counter() - started, dict(sink.rows))
 
@@ -161,20 +161,20 @@ def _record_trace(
         """
         INSERT INTO traces
         WITH activity AS (
-            SELECT start_ns, end_ns FROM kernels WHERE trace_id = $id
+            SELECT start_ns, end_ns FROM kernel_events WHERE trace_id = $id
             UNION ALL SELECT start_ns, end_ns FROM memops WHERE trace_id = $id
         ),
         used AS (
             SELECT g.name, count(*) AS n FROM gpus g
             WHERE g.trace_id = $id AND (
-                g.device_id IN (SELECT DISTINCT device_id FROM kernels WHERE trace_id = $id)
-                OR NOT EXISTS (SELECT 1 FROM kernels WHERE trace_id = $id))
+                g.device_id IN (SELECT DISTINCT device_id FROM kernel_events WHERE trace_id = $id)
+                OR NOT EXISTS (SELECT 1 FROM kernel_events WHERE trace_id = $id))
             GROUP BY g.name
         )
         SELECT $id, $name, $path, $sha, $bytes, $format, $tool, $schema,
                (SELECT string_agg(CASE WHEN n > 1 THEN n || 'x ' || name ELSE name END, ', '
                                   ORDER BY name) FROM used),
-               (SELECT count(*) FROM kernels WHERE trace_id = $id),
+               (SELECT count(*) FROM kernel_events WHERE trace_id = $id),
                (SELECT min(start_ns) FROM activity), (SELECT max(end_ns) FROM activity),
                (SELECT max(end_ns) - min(start_ns) FROM activity),
                $session_start, $loaded_at, $seconds, $version

@@ -321,31 +321,89 @@ _KERNEL_PASSTHROUGH = (
 
 
 def kernel_batch(
-    batch: pa.Table, *, demangled: pa.Array, short: pa.Array | None,
-    mangled: pa.Array, smem_optin: pa.Array, launch_type: pa.Array,
+    batch: pa.Table, *, name_id: pa.Array, smem_optin: pa.Array, launch_type: pa.Array,
 ) -> pa.Table:
-    """The `kernels` columns but kernel_id for one batch of a reader's kernel rows.
+    """The `kernel_events` columns but kernel_id for one batch of a reader's kernel rows.
 
     `batch` carries the columns of _KERNEL_PASSTHROUGH under their store names; the reader
-    supplies the resolved names and its own decoding of the opt-in flag and launch type.
-    A kernel always gets a name: demangled, else short, else mangled. `numbered` adds the ids.
+    supplies the name ids (`Names.number`) and its own decoding of the opt-in flag and launch
+    type. `numbered` adds the kernel ids; `kernel_names` makes the names the ids stand for.
     """
-    import pyarrow.compute as pc
-
-    name = demangled if demangled.null_count == 0 else coalesce_text(demangled, short, mangled)
-    if name.null_count:
-        name = pc.coalesce(decoded(name), pa.scalar("<unnamed kernel>"))
-    cols = {c: batch[c] for c in _KERNEL_PASSTHROUGH}
     return pa.table({
-        **cols,
-        "dur_ns": pc.subtract(cols["end_ns"], cols["start_ns"]),
-        "name": name,
-        "short_name": name if short is None else short if short.null_count == 0 else coalesce_text(short, name),
-        "mangled_name": mangled,
-        "grid_blocks": pc.multiply(pc.multiply(cols["grid_x"], cols["grid_y"]), cols["grid_z"]),
-        "block_threads": pc.multiply(pc.multiply(cols["block_x"], cols["block_y"]), cols["block_z"]),
+        **{c: batch[c] for c in _KERNEL_PASSTHROUGH},
+        "name_id": name_id,
         "smem_optin": smem_optin,
         "launch_type": launch_type,
+    })
+
+
+UNNAMED_KERNEL = "<unnamed kernel>"
+
+
+def kernel_names(
+    demangled: Sequence[str | None], short: Sequence[str | None], mangled: Sequence[str | None],
+) -> pa.Table:
+    """`kernel_names` rows for name ids 0, 1, ...: a kernel always gets a name (demangled, else
+    short, else mangled) and a short name (its own, else that name)."""
+    names = [_first_given(d, s, m, UNNAMED_KERNEL) for d, s, m in zip(demangled, short, mangled)]
+    return pa.table({
+        "name_id": pa.array(range(len(names)), pa.int32()),
+        "name": pa.array(names, pa.string()),
+        "short_name": pa.array([_first_given(s, n) for s, n in zip(short, names)], pa.string()),
+        "mangled_name": pa.array(mangled, pa.string()),
+    })
+
+
+def _first_given(*texts: str | None) -> str:
+    return next(t for t in texts if t is not None)
+
+
+class Names:
+    """Numbers the distinct names of a trace's events, so that an event stores a small integer.
+
+    A name is known by a key: the tuple of one row's values in the columns given to `number`
+    (source string ids, say). Ids are 0, 1, ... in the order keys first appear in the rows, so a
+    load gives the same ids whichever thread read which chunk; `keys[i]` is the key of id i.
+    """
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[Any, ...]] = []
+        self._ids: dict[tuple[Any, ...], int] = {}
+
+    def number(self, *columns: pa.Array | pa.ChunkedArray) -> pa.Array:
+        """The id of each row's key, as int32: vectorised, with a Python step per distinct key."""
+        import pyarrow.compute as pc
+
+        encoded = [pc.dictionary_encode(c, null_encoding="encode") for c in columns]
+        encoded = [e.combine_chunks() if isinstance(e, pa.ChunkedArray) else e for e in encoded]
+        values = [e.dictionary.to_pylist() for e in encoded]
+        combined = pc.cast(encoded[0].indices, pa.int64())
+        for e, v in zip(encoded[1:], values[1:]):  # < rows ** len(columns): no overflow for batches
+            combined = pc.add(pc.multiply(combined, len(v)), pc.cast(e.indices, pa.int64()))
+        groups = pc.dictionary_encode(combined)
+        ids = []
+        for code in groups.dictionary.to_pylist():
+            key = []
+            for v in reversed(values):
+                code, at = divmod(code, len(v))
+                key.append(v[at])
+            ids.append(self._id(tuple(reversed(key))))
+        return pc.take(pa.array(ids, pa.int32()), groups.indices)
+
+    def _id(self, key: tuple[Any, ...]) -> int:
+        found = self._ids.get(key)
+        if found is None:
+            found = self._ids[key] = len(self.keys)
+            self.keys.append(key)
+        return found
+
+
+def api_names(apis: Sequence[str], names: Sequence[str | None]) -> pa.Table:
+    """`api_names` rows for name ids 0, 1, ..."""
+    return pa.table({
+        "name_id": pa.array(range(len(apis)), pa.int32()),
+        "api": pa.array(apis, pa.string()),
+        "name": pa.array(names, pa.string()),
     })
 
 

@@ -18,14 +18,17 @@ import pyarrow.compute as pc
 from traceq.ingest import cupti
 from traceq.ingest.base import (
     CUPTI_DEVICE_LIMITS,
+    Names,
     Sink,
     SourceInfo,
     Strings,
+    api_names,
     coalesce_text,
     column_names,
     enum_lookup,
     fetch_batches,
     kernel_batch,
+    kernel_names,
     numbered,
     row_estimate,
     scan_table,
@@ -76,9 +79,14 @@ class NsysReader:
         _read_gpus(src, tables, sink)
         _read_processes(src, tables, strings, sink)
         if KERNEL in tables:
-            sink.append_all("kernels", _kernels(src, strings))
+            names = Names()
+            sink.append_all("kernel_events", _kernels(src, names))
+            sink.append("kernel_names", kernel_names(*_texts(strings, names.keys, 3)), source_rows=0)
         if RUNTIME in tables:
-            sink.append_all("api_calls", _api_calls(src, strings))
+            names = Names()
+            sink.append_all("api_events", _api_calls(src, names))
+            apis = [API_KIND.get(event_class, "other") for event_class, _ in names.keys]
+            sink.append("api_names", api_names(apis, _texts(strings, names.keys, 2)[1]), source_rows=0)
         if MEMCPY in tables:
             sink.append_all("memops", _memcpy(src))
         if MEMSET in tables:
@@ -90,7 +98,14 @@ class NsysReader:
         return _source_info(src, tables)
 
 
-def _kernels(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
+def _texts(strings: Strings, keys: list[tuple], width: int) -> list[list[str | None]]:
+    """Each position of `keys` (tuples of `width` StringIds ids) as the strings the ids stand for."""
+    columns = list(zip(*keys)) or [()] * width
+    return [strings.lookup(pa.array(ids, I64)).to_pylist() for ids in columns]
+
+
+def _kernels(src: sqlite3.Connection, names: Names) -> Iterator[pa.Table]:
+    """kernel_events rows; `names` numbers the (demangled, short, mangled) StringIds ids of each."""
     have = column_names(src, KERNEL)
     wanted = [
         ("start_ns", "start", ["start"]),
@@ -118,27 +133,27 @@ def _kernels(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
     ]
     schema = _schema(*[(w[0], I64) for w in wanted])
 
-    def columns(batch: pa.Table) -> pa.Table:
+    def columns(batch: pa.Table) -> pa.Table:  # on the reading threads
         node = batch["graph_node_id"]
-        batch = batch.set_column(batch.schema.get_field_index("pid"), "pid", _pid(batch["pid"]))
-        batch = batch.set_column(batch.schema.get_field_index("graph_node_id"), "graph_node_id",
-                                 pc.if_else(pc.equal(node, 0), pa.scalar(None, I64), node))
-        return kernel_batch(
-            batch,
-            demangled=strings.dictionary(batch["demangled_id"].combine_chunks()),
-            short=strings.dictionary(batch["short_id"].combine_chunks()),
-            mangled=strings.dictionary(batch["mangled_id"].combine_chunks()),
-            smem_optin=pc.equal(batch["smem_optin"], 1),
-            launch_type=enum_lookup(batch["launch_type"].combine_chunks(), cupti.LAUNCH_TYPE),
-        )
+        return (batch
+                .set_column(batch.schema.get_field_index("pid"), "pid", _pid(batch["pid"]))
+                .set_column(batch.schema.get_field_index("graph_node_id"), "graph_node_id",
+                            pc.if_else(pc.equal(node, 0), pa.scalar(None, I64), node))
+                .set_column(batch.schema.get_field_index("smem_optin"), "smem_optin",
+                            pc.equal(batch["smem_optin"], 1))
+                .set_column(batch.schema.get_field_index("launch_type"), "launch_type",
+                            enum_lookup(batch["launch_type"].combine_chunks(), cupti.LAUNCH_TYPE)))
 
     offset = 0
-    for kernels in scan_table(src, KERNEL, select_list(have, wanted), schema, transform=columns):
-        yield numbered(kernels, offset)
-        offset += kernels.num_rows
+    for batch in scan_table(src, KERNEL, select_list(have, wanted), schema, transform=columns):
+        name_id = names.number(batch["demangled_id"], batch["short_id"], batch["mangled_id"])
+        yield numbered(kernel_batch(batch, name_id=name_id, smem_optin=batch["smem_optin"],
+                                    launch_type=batch["launch_type"]), offset)
+        offset += batch.num_rows
 
 
-def _api_calls(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
+def _api_calls(src: sqlite3.Connection, names: Names) -> Iterator[pa.Table]:
+    """api_events rows; `names` numbers the (event class, StringIds id) of each call."""
     have = column_names(src, RUNTIME)
     wanted = [
         ("start_ns", "start", ["start"]),
@@ -151,23 +166,21 @@ def _api_calls(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
     ]
     schema = _schema(*[(w[0], I64) for w in wanted])
 
-    def columns(batch: pa.Table) -> pa.Table:
+    def columns(batch: pa.Table) -> pa.Table:  # on the reading threads
         gtid = batch["global_tid"]
-        api = enum_lookup(batch["event_class"].combine_chunks(), API_KIND)
-        return pa.table({
+        return batch.append_column("pid", _pid(gtid)).append_column("tid", _tid(gtid))
+
+    for batch in scan_table(src, RUNTIME, select_list(have, wanted), schema, transform=columns):
+        yield pa.table({
             "start_ns": batch["start_ns"],
             "end_ns": batch["end_ns"],
-            "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
-            "api": pc.coalesce(api, pa.scalar("other")),
-            "name": strings.dictionary(batch["name_id"].combine_chunks()),
+            "name_id": names.number(batch["event_class"], batch["name_id"]),
             "correlation_id": batch["correlation_id"],
-            "pid": _pid(gtid),
-            "tid": _tid(gtid),
-            "global_tid": gtid,
+            "pid": batch["pid"],
+            "tid": batch["tid"],
+            "global_tid": batch["global_tid"],
             "return_value": batch["return_value"],
         })
-
-    yield from scan_table(src, RUNTIME, select_list(have, wanted), schema, transform=columns)
 
 
 def _memcpy(src: sqlite3.Connection) -> Iterator[pa.Table]:

@@ -48,13 +48,16 @@ from traceq.errors import TraceFormatError
 from traceq.ingest import cupti, cupti_cbid
 from traceq.ingest.base import (
     CUPTI_DEVICE_LIMITS,
+    Names,
     Sink,
     SourceInfo,
     Strings,
+    api_names,
     column_names,
     enum_lookup,
     fetch_batches,
     kernel_batch,
+    kernel_names,
     numbered,
     row_estimate,
     select_list,
@@ -122,9 +125,12 @@ def _read(src: sqlite3.Connection, sink: Sink) -> SourceInfo:
     if NAME in tables:
         _read_names(src, strings, sink)
     _read_kernels(src, tables, strings, t0, pid, sink)
+    api = Names()
     for table in API_TABLES:
         if table in tables:
-            _read_api_calls(src, table, t0, sink)
+            _read_api_calls(src, table, t0, api, sink)
+    if api.keys:
+        sink.append("api_names", _api_names(api), source_rows=0)
     for table in (MEMCPY, MEMCPY2, MEMSET):
         if table in tables:
             _read_memops(src, table, t0, pid, sink)
@@ -212,24 +218,26 @@ def _read_kernels(src: sqlite3.Connection, tables: set[str], strings: Strings, t
             where += (f" AND NOT EXISTS (SELECT 1 FROM {CONCURRENT_KERNEL} c "
                       "WHERE c.correlationId = x.correlationId AND c.deviceId = x.deviceId)")
         selects.append(f"SELECT {select_list(have, wanted)} FROM {table} x WHERE {where}")
-    names = _kernel_names(src, present, strings)
+    symbols = _kernel_names(src, present, strings)
     schema = pa.schema([(w[0], I64) for w in wanted])
+    names = Names()
 
     def kernels() -> Iterator[pa.Table]:
         offset = 0
         for batch in fetch_batches(src, " UNION ALL ".join(selects), schema):
-            ids = batch["name_id"].combine_chunks()
             yield numbered(kernel_batch(
                 batch,
-                demangled=names.demangled.lookup(ids),
-                short=names.short.lookup(ids),
-                mangled=strings.lookup(ids),
+                name_id=names.number(batch["name_id"]),
                 smem_optin=pc.equal(batch["smem_optin"], SHMEM_LIMIT_OPTIN),
                 launch_type=enum_lookup(batch["launch_type"].combine_chunks(), LAUNCH_TYPE),
             ), offset)
             offset += batch.num_rows
 
-    sink.append_all("kernels", kernels())
+    sink.append_all("kernel_events", kernels())
+    ids = pa.array([key[0] for key in names.keys], I64)
+    sink.append("kernel_names", kernel_names(symbols.demangled.lookup(ids).to_pylist(),
+                                             symbols.short.lookup(ids).to_pylist(),
+                                             strings.lookup(ids).to_pylist()), source_rows=0)
 
 
 class _KernelNames:
@@ -309,8 +317,9 @@ def _mask(text: str) -> str:
     return "".join(out)
 
 
-def _read_api_calls(src: sqlite3.Connection, table: str, t0: int, sink: Sink) -> None:
-    api, names = API_TABLES[table]
+def _read_api_calls(src: sqlite3.Connection, table: str, t0: int, names: Names, sink: Sink) -> None:
+    """api_events rows of one API table; `names` numbers the (api, cbid) of each call."""
+    api = API_TABLES[table][0]
     wanted = [
         ("start_ns", f"start - {t0}", ["start"]),
         ("end_ns", f'"end" - {t0}', ["end"]),
@@ -323,21 +332,27 @@ def _read_api_calls(src: sqlite3.Connection, table: str, t0: int, sink: Sink) ->
     sql = f"SELECT {select_list(column_names(src, table), wanted)} FROM {table} WHERE {VALID}"
 
     def columns(batch: pa.Table) -> pa.Table:
-        cbid = batch["cbid"].combine_chunks()
-        unknown = pc.binary_join_element_wise("cbid_", pc.cast(cbid, STR), "")
         return pa.table({
             "start_ns": batch["start_ns"],
             "end_ns": batch["end_ns"],
-            "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
-            "api": pa.array([api] * batch.num_rows, type=STR),
-            "name": pc.coalesce(enum_lookup(cbid, names), unknown),
+            "name_id": names.number(pa.repeat(pa.scalar(api), batch.num_rows), batch["cbid"]),
             "correlation_id": batch["correlation_id"],
             "pid": batch["pid"],
             "tid": batch["tid"],
             "return_value": batch["return_value"],
         })
 
-    sink.append_all("api_calls", map(columns, fetch_batches(src, sql, pa.schema([(w[0], I64) for w in wanted]))))
+    sink.append_all("api_events", map(columns, fetch_batches(src, sql, pa.schema([(w[0], I64) for w in wanted]))))
+
+
+def _api_names(names: Names) -> pa.Table:
+    """The api_names rows for the (api, cbid) keys of `names`: a cbid nvprof's tables do not name
+    becomes 'cbid_N'."""
+    labels = {api: known for api, known in API_TABLES.values()}
+    return api_names(
+        [api for api, _ in names.keys],
+        [None if cbid is None else labels[api].get(cbid) or f"cbid_{cbid}" for api, cbid in names.keys],
+    )
 
 
 def _read_memops(src: sqlite3.Connection, table: str, t0: int, pid: str, sink: Sink) -> None:

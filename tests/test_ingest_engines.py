@@ -59,7 +59,7 @@ def test_chunks_keep_rowid_order_and_typing(tmp_path: Path, monkeypatch: pytest.
     stdlib = _load(src, tmp_path / "stdlib.duckdb", "stdlib")
     adbc = _load(src, tmp_path / "adbc.duckdb", "adbc")
     assert adbc == stdlib
-    kernel_ids = [row[0] for row in adbc["kernels"]]
+    kernel_ids = [row[0] for row in adbc["kernel_events"]]
     assert kernel_ids == list(range(len(kernel_ids)))
 
 

@@ -31,7 +31,7 @@ def test_no_stray_root_modules() -> None:
 
 def test_package_data_is_reachable() -> None:
     files = resources.files("traceq")
-    assert "CREATE TABLE kernels" in files.joinpath("schema.sql").read_text()
+    assert "CREATE TABLE kernel_events" in files.joinpath("schema.sql").read_text()
     assert files.joinpath("py.typed").is_file()
 
 
