@@ -247,7 +247,7 @@ def top(
     def build(con, trace_id: int, trace_name: str):
         attribute = context
         if context is None:  # NVTX attribution costs about a second per million kernels; names cost nothing
-            kernels = first_row(con, "SELECT count(*) FROM kernels WHERE trace_id = ?", [trace_id])[0]
+            kernels = first_row(con, "SELECT kernel_count FROM traces WHERE trace_id = ?", [trace_id])[0] or 0
             attribute = kernels <= AUTO_CONTEXT_MAX_KERNELS
             if not attribute:
                 _err(f"note: {kernels:,} kernels: layer and pass columns left out "

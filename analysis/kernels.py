@@ -30,10 +30,7 @@ _NAME_COLUMN = {
 }
 
 
-def _aggregate_sql(trace_id: int, by: NameBy) -> str:
-    """The statistics aggregated from every launch of the trace (the expensive part: the median)."""
-    return f"""
-        SELECT {_NAME_COLUMN[NameBy(by)]} AS name,
+_STATISTICS = """
                count(*)::BIGINT AS instances,
                sum(dur_ns)::BIGINT AS total_ns,
                100.0 * sum(dur_ns) / sum(sum(dur_ns)) OVER () AS pct,
@@ -41,7 +38,13 @@ def _aggregate_sql(trace_id: int, by: NameBy) -> str:
                quantile_cont(dur_ns, 0.5)::DOUBLE AS median_ns,
                min(dur_ns)::BIGINT AS min_ns,
                max(dur_ns)::BIGINT AS max_ns,
-               coalesce(stddev_samp(dur_ns), 0)::DOUBLE AS stddev_ns
+               coalesce(stddev_samp(dur_ns), 0)::DOUBLE AS stddev_ns"""
+
+
+def _aggregate_sql(trace_id: int, by: NameBy) -> str:
+    """The statistics aggregated from every launch of the trace (the expensive part: the median)."""
+    return f"""
+        SELECT {_NAME_COLUMN[NameBy(by)]} AS name, {_STATISTICS}
         FROM kernels WHERE trace_id = {int(trace_id)}
         GROUP BY 1
     """
@@ -58,10 +61,30 @@ def _statistics_sql(trace_id: int, by: NameBy, live: bool) -> str:
 
 def build_kernel_summary(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
     """Write the trace's kernel_summary rows: `kernel_statistics` for every NameBy. The load calls
-    this once, in its transaction, after the kernels are in; `rm` deletes the rows with the trace."""
-    for by in NameBy:
-        con.execute(f"INSERT INTO kernel_summary BY NAME SELECT {int(trace_id)} AS trace_id, "
-                    f"'{by.value}' AS name_by, * FROM ({_aggregate_sql(trace_id, by)})")
+    this once, in its transaction, after the kernels are in; `rm` deletes the rows with the trace.
+
+    The launches are aggregated once per name id; a NameBy under which every name id has a name of
+    its own (the demangled and mangled names, nearly always) takes those rows as they are, and
+    only one under which ids share a name (short names, often) aggregates the launches again.
+    """
+    t = int(trace_id)
+    con.execute(f"""
+        CREATE TEMP TABLE _traceq_by_name_id AS
+        SELECT name_id, {_STATISTICS}
+        FROM (SELECT name_id, end_ns - start_ns AS dur_ns FROM kernel_events WHERE trace_id = {t})
+        GROUP BY name_id""")
+    try:
+        for by in NameBy:
+            name = _NAME_COLUMN[by]
+            distinct = first_row(con, f"SELECT count(DISTINCT {name}) = count(*) FROM kernel_names "
+                                      f"WHERE trace_id = {t}")[0]
+            rows = (f"SELECT {name} AS name, s.* EXCLUDE (name_id) FROM _traceq_by_name_id s "
+                    f"JOIN kernel_names USING (name_id) WHERE trace_id = {t}" if distinct
+                    else _aggregate_sql(t, by))
+            con.execute(f"INSERT INTO kernel_summary BY NAME SELECT {t} AS trace_id, "
+                        f"'{by.value}' AS name_by, * FROM ({rows})")
+    finally:
+        con.execute("DROP TABLE _traceq_by_name_id")
 
 
 def kernel_statistics(
