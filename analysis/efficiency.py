@@ -96,16 +96,7 @@ def launch_ru(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | None =
     occupancy = _shape_occupancy(shapes.select(_SHAPE).unique(), limits)
     frame = (k.join(shapes, on="kernel_id", how="left")
              .join(occupancy, on=_SHAPE, how="left", nulls_equal=True))
-    grid = pl.col("grid_blocks")
-    waves_needed = (grid / pl.col("max_blocks")).ceil()
-    paper_waves = (grid / pl.col("paper_max_blocks")).ceil()
-    kineto_blocks = pl.min_horizontal(pl.col("kineto_blocks"), grid / pl.col("sms"))
-    return (frame.with_columns(
-                waves=grid / pl.col("max_blocks"),
-                ru=grid / (waves_needed * pl.col("max_blocks")),
-                paper_ru=pl.when(pl.col("paper_max_blocks") > 0)
-                .then(grid / (paper_waves * pl.col("paper_max_blocks"))),
-                kineto_occupancy=kineto_blocks * pl.col("block_threads") / pl.col("max_threads_per_sm"))
+    return (_with_ru(frame)
             .select("kernel_id", "name", "short_name", "library", "layer", "pass", "device_id", "dur_ns",
                     "grid_blocks", "block_threads", "registers_per_thread", "smem_static_bytes",
                     "smem_dynamic_bytes", "smem_carveout_bytes", "blocks_per_sm", "limiter", "occupancy",
@@ -149,8 +140,8 @@ def _weighted(column: str) -> pl.Expr:
 
 
 def _dominant(column: str, label: str | None = None) -> pl.Expr:
-    """The value of `column` with the most kernel time in the group."""
-    return pl.col(column).sort_by("dur_ns", descending=True).first().alias(label or column)
+    """The value of `column` at the group's longest launch (the first of them, in kernel order)."""
+    return pl.col(column).sort_by("longest_ns", "first_kernel", descending=[True, False]).first().alias(label or column)
 
 
 _KEYS = {GroupBy.kernel: ["name"], GroupBy.layer: ["layer", "pass"], GroupBy.library: ["library"]}
@@ -163,14 +154,24 @@ def ru_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = 
     `launch_ru`).
 
     Columns: the keys (name | layer, pass | library), kernels, total_ns, then for `kernel`: the
-    launch shape with most time (grid_blocks, block_threads, registers_per_thread, smem_bytes = static + dynamic),
-    limiter and blocks_per_sm of that shape; for `layer` and `library`: library (the dominant
-    one; layer only) and limiter (the dominant one). Then for all: occupancy,
-    waves, ru, paper_ru, kineto_occupancy (kernel-time-weighted means; fractions).
+    launch shape of the group's longest launch (grid_blocks, block_threads, registers_per_thread,
+    smem_bytes = static + dynamic), limiter and blocks_per_sm of that shape; for `layer` and
+    `library`: library (the dominant one; layer only) and limiter (the dominant one). Then for all:
+    occupancy, waves, ru, paper_ru, kineto_occupancy (kernel-time-weighted means; fractions).
+
+    By kernel or library no launch needs its NVTX context, and every launch of one name, shape and
+    grid has the same RU: those are aggregated in the store first (a few thousand groups for ten
+    million launches) and weighted by their time, which gives `launch_ru`'s means.
     """
     by = GroupBy(by)
-    launches = launch_ru(con, trace_id, cc=cc, sms=sms, iteration_regex=iteration_regex,
-                         kernels=kernels).with_columns(
+    if kernels is None and by is not GroupBy.layer:
+        launches = _launch_groups(con, trace_id, cc=cc, sms=sms, library=by is GroupBy.library)
+    else:
+        launches = launch_ru(con, trace_id, cc=cc, sms=sms, iteration_regex=iteration_regex,
+                             kernels=kernels).with_columns(instances=pl.lit(1, pl.Int64),
+                                                           longest_ns=pl.col("dur_ns"),
+                                                           first_kernel=pl.col("kernel_id"))
+    launches = launches.with_columns(
         smem_bytes=pl.col("smem_static_bytes").fill_null(0) + pl.col("smem_dynamic_bytes").fill_null(0))
     keys = _KEYS[by]
     if by is GroupBy.kernel:
@@ -182,9 +183,43 @@ def ru_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = 
         described = [_dominant("limiter")]
     means = ["occupancy", "waves", "ru", "paper_ru", "kineto_occupancy"]
     return (launches.group_by(keys)
-            .agg(pl.len().cast(pl.Int64).alias("kernels"), pl.col("dur_ns").sum().cast(pl.Int64).alias("total_ns"),
+            .agg(pl.col("instances").sum().cast(pl.Int64).alias("kernels"),
+                 pl.col("dur_ns").sum().cast(pl.Int64).alias("total_ns"),
                  *described, *[_weighted(c) for c in means])
             .sort(["total_ns", *keys], descending=[True] + [False] * len(keys), nulls_last=True))
+
+
+def _launch_groups(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | None, sms: int | None,
+                   library: bool) -> pl.DataFrame:
+    """`launch_ru`'s columns (but layer, pass) for groups of launches with one name, shape and grid:
+    instances, dur_ns (their total), longest_ns and first_kernel (the first of the longest)."""
+    limits = device_limits(con, trace_id, cc, sms)
+    groups = con.sql(f"""
+        SELECT name, grid_blocks, {', '.join(_SHAPE)}, count(*) AS instances, sum(dur_ns) AS dur_ns,
+               max(dur_ns) AS longest_ns, arg_min(kernel_id, (-dur_ns, kernel_id)) AS first_kernel
+        FROM kernels WHERE trace_id = {int(trace_id)}
+        GROUP BY ALL""").pl()
+    if library:
+        from traceq.analysis.classify import classify_names
+
+        classes = classify_names(groups["name"].unique(maintain_order=True)).select("name", "library")
+        groups = groups.join(classes, on="name", how="left")
+    occupancy = _shape_occupancy(groups.select(_SHAPE).unique(), limits)
+    return _with_ru(groups.join(occupancy, on=_SHAPE, how="left", nulls_equal=True))
+
+
+def _with_ru(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` (grid_blocks, block_threads and `_shape_occupancy`'s columns) with waves, ru,
+    paper_ru and kineto_occupancy."""
+    grid = pl.col("grid_blocks")
+    waves_needed = (grid / pl.col("max_blocks")).ceil()
+    paper_waves = (grid / pl.col("paper_max_blocks")).ceil()
+    kineto_blocks = pl.min_horizontal(pl.col("kineto_blocks"), grid / pl.col("sms"))
+    return frame.with_columns(
+        waves=grid / pl.col("max_blocks"),
+        ru=grid / (waves_needed * pl.col("max_blocks")),
+        paper_ru=pl.when(pl.col("paper_max_blocks") > 0).then(grid / (paper_waves * pl.col("paper_max_blocks"))),
+        kineto_occupancy=kineto_blocks * pl.col("block_threads") / pl.col("max_threads_per_sm"))
 
 
 # --- compute efficiency ----------------------------------------------------------------------

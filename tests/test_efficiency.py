@@ -96,6 +96,20 @@ def test_grouped_means_are_time_weighted(sample_store) -> None:
     assert by_kernel["kernels"].sum() == launches.height
 
 
+@pytest.mark.parametrize("by", [GroupBy.kernel, GroupBy.library])
+@pytest.mark.parametrize("name", [p.stem for p in sorted(SAMPLES.glob("*.sqlite"))])
+def test_grouped_launches_give_the_per_launch_table(sample_store, name: str, by: GroupBy) -> None:
+    """By kernel or library, ru_table aggregates launches of one name, shape and grid in the
+    store; from every launch (the path `layer` and `compare` take) the table is the same."""
+    from polars.testing import assert_frame_equal
+
+    from traceq.analysis.layers import attributed_kernels
+
+    t = trace_id(sample_store, name)
+    per_launch = ru_table(sample_store, t, by, kernels=attributed_kernels(sample_store, t))
+    assert_frame_equal(ru_table(sample_store, t, by), per_launch, check_exact=False, rel_tol=1e-9)
+
+
 def test_paper_finding_cublas_grids_are_small(sample_store) -> None:
     """The paper's §5: cuBLAS runs convolutions one image at a time, so its conv layers' RU is
     far below cuDNN's (RU about 47 % there; above 95 % with cuDNN)."""
