@@ -36,10 +36,15 @@ WORKERS = max(1, min(2, os.cpu_count() or 1))
 """Reader threads. Two: on a 2-core machine DuckDB's writer needs the rest."""
 
 READ_AHEAD = 8
-"""Chunks read ahead of the writer beyond one per worker. Chunks come back in rowid order, so with
-one spare (as before) a slow chunk stalled both the writer and the idle worker: on the 10M-kernel
-trace the cores were 80 % busy while reading API calls, and the load took 20.3 s; with 8 spare,
-18.8 s for 15 MiB more peak memory (16 gave nothing more)."""
+"""Chunks read ahead of the writer beyond one per worker, at most. Chunks come back in rowid order,
+so with one spare (as before) a slow chunk stalled both the writer and the idle worker: on the
+10M-kernel trace the cores were 80 % busy while reading API calls, and the load took 20.3 s; with
+8 spare, 18.8 s for 15 MiB more peak memory (16 gave nothing more)."""
+
+TEXT_READ_AHEAD = 1
+"""...but for tables that read text (NVTX messages, names): 8 chunks of those ahead put the
+10M-range ResNet-50 load at 966 MiB of peak memory, one at 737 MiB (the 10M-kernel load, all
+integers, gains 15 MiB with 8)."""
 
 ENGINES = ("auto", "adbc", "stdlib")
 """How `open_sqlite` reads big tables: ADBC when it imports (auto), ADBC or fail, or sqlite3."""
@@ -49,22 +54,27 @@ class ArrowScanner:
     """Reads rowid ranges of one SQLite file through ADBC on a few threads."""
 
     def __init__(self, path: Path, workers: int = WORKERS):
-        import adbc_driver_sqlite.dbapi as adbc
+        # ADBC's own API, not its DB-API module: that one imports polars and more (0.2 s a load)
+        import adbc_driver_manager
+        import adbc_driver_sqlite
 
         self.path = path
         self.workers = workers
         uri = path.resolve().as_uri() + "?mode=ro"
         self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._all = [adbc.connect(uri) for _ in range(workers)]
-        for con in self._all:
-            self._idle.put(con)
+        self._all: list[Any] = []  # (database, connection) pairs, one per worker
+        for _ in range(workers):
+            database = adbc_driver_sqlite.connect(uri)
+            self._all.append((database, adbc_driver_manager.AdbcConnection(database)))
+            self._idle.put(self._all[-1][1])
 
     def close(self) -> None:
-        for con in self._all:
-            try:
-                con.close()
-            except Exception:  # a closed or broken connection: nothing left to release
-                pass
+        for database, con in self._all:
+            for handle in (con, database):
+                try:
+                    handle.close()
+                except Exception:  # closed already or broken: nothing left to release
+                    pass
         self._all = []
 
     def scan(
@@ -101,7 +111,8 @@ class ArrowScanner:
                     pending.append((sql, pool.submit(self._read, f"SELECT {typed} UNION ALL {sql}", schema, transform)))
                     return True
 
-                for _ in range(self.workers + READ_AHEAD):
+                text = any(pa.types.is_string(f.type) or pa.types.is_large_string(f.type) for f in schema)
+                for _ in range(self.workers + (TEXT_READ_AHEAD if text else READ_AHEAD)):
                     submit()
                 while pending:
                     sql, future = pending.popleft()
@@ -118,15 +129,18 @@ class ArrowScanner:
     def _read(
         self, sql: str, schema: pa.Schema, transform: Callable[[pa.Table], pa.Table] | None,
     ) -> pa.Table | None:
+        import adbc_driver_manager
+
         con = self._idle.get()
         try:
-            cur = con.cursor()
+            statement = adbc_driver_manager.AdbcStatement(con)
             try:
-                cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(CHUNK_ROWS + 1)})
-                cur.execute(sql)
-                table = cur.fetch_arrow_table()
+                statement.set_options(**{"adbc.sqlite.query.batch_rows": str(CHUNK_ROWS + 1)})
+                statement.set_sql_query(sql)
+                stream, _ = statement.execute_query()
+                table = pa.RecordBatchReader.from_stream(stream).read_all()
             finally:
-                cur.close()
+                statement.close()
         except Exception:  # typically a value of another type than the first row's: sqlite3
             return None     # reads the chunk again, and names the problem if it is damage
         finally:
