@@ -9,7 +9,7 @@ SQLite and are resolved in Arrow against StringIds.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 import pyarrow as pa
@@ -81,12 +81,15 @@ class NsysReader:
         if KERNEL in tables:
             names = Names()
             sink.append_all("kernel_events", _kernels(src, names))
-            sink.append("kernel_names", kernel_names(*_texts(strings, names.keys, 3)), source_rows=0)
+            demangled, short, mangled = list(zip(*names.keys)) or [(), (), ()]
+            sink.append("kernel_names", kernel_names(_texts(strings, demangled), _texts(strings, short),
+                                                     _texts(strings, mangled)), source_rows=0)
         if RUNTIME in tables:
             names = Names()
             sink.append_all("api_events", _api_calls(src, names))
-            apis = [API_KIND.get(event_class, "other") for event_class, _ in names.keys]
-            sink.append("api_names", api_names(apis, _texts(strings, names.keys, 2)[1]), source_rows=0)
+            classes, ids = list(zip(*names.keys)) or [(), ()]
+            sink.append("api_names", api_names([API_KIND.get(c, "other") for c in classes],
+                                               _texts(strings, ids)), source_rows=0)
         if MEMCPY in tables:
             sink.append_all("memops", _memcpy(src))
         if MEMSET in tables:
@@ -98,10 +101,9 @@ class NsysReader:
         return _source_info(src, tables)
 
 
-def _texts(strings: Strings, keys: list[tuple], width: int) -> list[list[str | None]]:
-    """Each position of `keys` (tuples of `width` StringIds ids) as the strings the ids stand for."""
-    columns = list(zip(*keys)) or [()] * width
-    return [strings.lookup(pa.array(ids, I64)).to_pylist() for ids in columns]
+def _texts(strings: Strings, ids: Sequence[int | None]) -> list[str | None]:
+    """The strings that StringIds ids stand for (None for a NULL or unknown id)."""
+    return strings.lookup(pa.array(ids, I64)).to_pylist()
 
 
 def _kernels(src: sqlite3.Connection, names: Names) -> Iterator[pa.Table]:
