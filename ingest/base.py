@@ -279,17 +279,7 @@ class Strings:
 
 def enum_lookup(codes: pa.Array, labels: dict[int, str]) -> pa.DictionaryArray:
     """Map small integer codes to labels, dictionary-encoded; unknown codes become null."""
-    import pyarrow.compute as pc
-
-    size = max(labels) + 1
-    dense = pa.array([labels.get(i) for i in range(size)], type=pa.string())
-    known = pa.array([i in labels and labels[i] is not None for i in range(size)])
-    codes = pc.cast(codes, pa.int64())
-    inside = pc.and_(pc.greater_equal(codes, 0), pc.less(codes, size))
-    safe = pc.if_else(inside, codes, pa.scalar(None, type=pa.int64()))
-    keep = pc.fill_null(pc.take(known, safe), False)
-    indices = pc.if_else(keep, pc.cast(codes, pa.int32(), safe=False), pa.scalar(None, type=pa.int32()))
-    return pa.DictionaryArray.from_arrays(indices, dense)
+    return Strings(list(labels), list(labels.values())).dictionary(codes)
 
 
 CUPTI_DEVICE_LIMITS: list[tuple[str, str, list[str]]] = [
