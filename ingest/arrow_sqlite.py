@@ -43,7 +43,7 @@ so with one spare (as before) a slow chunk stalled both the writer and the idle 
 
 TEXT_READ_AHEAD = 1
 """...but for tables that read text (NVTX messages, names): 8 chunks of those ahead put the
-10M-range ResNet-50 load at 966 MiB of peak memory, one at 737 MiB (the 10M-kernel load, all
+10M-range ResNet-50 load at 966 MiB of peak memory, one at 769 MiB (the 10M-kernel load, all
 integers, gains 15 MiB with 8)."""
 
 ENGINES = ("auto", "adbc", "stdlib")
@@ -60,6 +60,7 @@ class ArrowScanner:
 
         self.path = path
         self.workers = workers
+        self._statement = adbc_driver_manager.AdbcStatement
         uri = path.resolve().as_uri() + "?mode=ro"
         self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._all: list[Any] = []  # (database, connection) pairs, one per worker
@@ -111,7 +112,7 @@ class ArrowScanner:
                     pending.append((sql, pool.submit(self._read, f"SELECT {typed} UNION ALL {sql}", schema, transform)))
                     return True
 
-                text = any(pa.types.is_string(f.type) or pa.types.is_large_string(f.type) for f in schema)
+                text = any(_is_text(f.type) for f in schema)
                 for _ in range(self.workers + (TEXT_READ_AHEAD if text else READ_AHEAD)):
                     submit()
                 while pending:
@@ -129,11 +130,9 @@ class ArrowScanner:
     def _read(
         self, sql: str, schema: pa.Schema, transform: Callable[[pa.Table], pa.Table] | None,
     ) -> pa.Table | None:
-        import adbc_driver_manager
-
         con = self._idle.get()
         try:
-            statement = adbc_driver_manager.AdbcStatement(con)
+            statement = self._statement(con)
             try:
                 statement.set_options(**{"adbc.sqlite.query.batch_rows": str(CHUNK_ROWS + 1)})
                 statement.set_sql_query(sql)
@@ -165,8 +164,12 @@ def _yield_to_writer() -> None:
         pass
 
 
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
 def _typed_value(t: pa.DataType) -> str:
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
+    if _is_text(t):
         return "''"
     if pa.types.is_floating(t):
         return "0.0"
