@@ -53,8 +53,6 @@ class Classification:
     tensor_cores: bool = False
 
 
-
-
 @dataclass(frozen=True)
 class Rule:
     """One compiled rule: regexes over one name field and the answer they give."""

@@ -93,10 +93,7 @@ def launch_ru(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | None =
     shapes = con.sql(
         f"SELECT kernel_id, dur_ns, grid_blocks, {', '.join(_SHAPE)} FROM kernels "
         f"WHERE trace_id = {int(trace_id)}").pl()
-    occupancy = _shape_occupancy(shapes.select(_SHAPE).unique(), limits)
-    frame = (k.join(shapes, on="kernel_id", how="left")
-             .join(occupancy, on=_SHAPE, how="left", nulls_equal=True))
-    return (_with_ru(frame)
+    return (_with_ru(k.join(shapes, on="kernel_id", how="left"), limits)
             .select("kernel_id", "name", "short_name", "library", "layer", "pass", "device_id", "dur_ns",
                     "grid_blocks", "block_threads", "registers_per_thread", "smem_static_bytes",
                     "smem_dynamic_bytes", "smem_carveout_bytes", "blocks_per_sm", "limiter", "occupancy",
@@ -204,13 +201,14 @@ def _launch_groups(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | N
 
         classes = classify_names(groups["name"].unique(maintain_order=True)).select("name", "library")
         groups = groups.join(classes, on="name", how="left")
-    occupancy = _shape_occupancy(groups.select(_SHAPE).unique(), limits)
-    return _with_ru(groups.join(occupancy, on=_SHAPE, how="left", nulls_equal=True))
+    return _with_ru(groups, limits)
 
 
-def _with_ru(frame: pl.DataFrame) -> pl.DataFrame:
-    """`frame` (grid_blocks, block_threads and `_shape_occupancy`'s columns) with waves, ru,
-    paper_ru and kineto_occupancy."""
+def _with_ru(frame: pl.DataFrame, limits: dict[int, tuple[GpuLimits, int]]) -> pl.DataFrame:
+    """`frame` (grid_blocks and the `_SHAPE` columns) with `_shape_occupancy`'s columns, computed
+    once per distinct shape, and waves, ru, paper_ru and kineto_occupancy."""
+    occupancy = _shape_occupancy(frame.select(_SHAPE).unique(), limits)
+    frame = frame.join(occupancy, on=_SHAPE, how="left", nulls_equal=True)
     grid = pl.col("grid_blocks")
     waves_needed = (grid / pl.col("max_blocks")).ceil()
     paper_waves = (grid / pl.col("paper_max_blocks")).ceil()
