@@ -380,12 +380,53 @@ class Names:
             ids.append(self._id(tuple(reversed(key))))
         return pc.take(pa.array(ids, pa.int32()), groups.indices)
 
+    def number_packed(self, keys: pa.DictionaryArray, columns: int) -> pa.Array:
+        """`number` of the `columns` columns that `pack_keys` packed into `keys`: the same ids,
+        for a Python step per distinct key of the batch and one `take`."""
+        import pyarrow.compute as pc
+
+        width = _KEY_BITS // columns
+        mask = (1 << width) - 1
+        ids = []
+        for code in keys.dictionary.to_pylist():
+            fields = [(code >> (width * (columns - 1 - i))) & mask for i in range(columns)]
+            ids.append(self._id(tuple(None if f == 0 else f - 1 for f in fields)))
+        return pc.take(pa.array(ids, pa.int32()), keys.indices)
+
     def _id(self, key: tuple[Any, ...]) -> int:
         found = self._ids.get(key)
         if found is None:
             found = self._ids[key] = len(self.keys)
             self.keys.append(key)
         return found
+
+
+_KEY_BITS = 63
+"""Bits of an int64 that `pack_keys` shares out between the key columns (the sign bit stays 0)."""
+
+
+def pack_keys(*columns: pa.Array | pa.ChunkedArray) -> pa.DictionaryArray | None:
+    """Each row's key, the tuple of its values in the integer `columns`, packed into one int64 and
+    dictionary-encoded, for `Names.number_packed`; None when a value does not fit its share of
+    the bits (negative, or too large: then `Names.number` numbers the columns).
+
+    Thread-safe and vectorised: a reader runs it on its own threads, so that the thread writing
+    the store only looks up the few distinct keys of each batch. A value v is stored as v + 1,
+    a NULL as 0.
+    """
+    import pyarrow.compute as pc
+
+    width = _KEY_BITS // len(columns)
+    packed = None
+    for c in columns:
+        bounds = pc.min_max(c).as_py()
+        if bounds["min"] is not None and (bounds["min"] < 0 or bounds["max"] + 1 >= 1 << width):
+            return None
+        field = pc.fill_null(pc.add(pc.cast(c, pa.int64()), 1), 0)
+        packed = field if packed is None else pc.add(pc.shift_left(packed, width), field)
+    if isinstance(packed, pa.ChunkedArray):
+        packed = packed.combine_chunks()
+    return pc.dictionary_encode(packed)
 
 
 def api_names(apis: Sequence[str], names: Sequence[str | None]) -> pa.Table:

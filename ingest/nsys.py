@@ -30,6 +30,7 @@ from traceq.ingest.base import (
     kernel_batch,
     kernel_names,
     numbered,
+    pack_keys,
     row_estimate,
     scan_table,
     select_list,
@@ -137,6 +138,9 @@ def _kernels(src: sqlite3.Connection, names: Names) -> Iterator[pa.Table]:
 
     def columns(batch: pa.Table) -> pa.Table:  # on the reading threads
         node = batch["graph_node_id"]
+        keys = pack_keys(batch["demangled_id"], batch["short_id"], batch["mangled_id"])
+        if keys is not None:
+            batch = batch.append_column("name_key", keys)
         return (batch
                 .set_column(batch.schema.get_field_index("pid"), "pid", _pid(batch["pid"]))
                 .set_column(batch.schema.get_field_index("graph_node_id"), "graph_node_id",
@@ -148,7 +152,8 @@ def _kernels(src: sqlite3.Connection, names: Names) -> Iterator[pa.Table]:
 
     offset = 0
     for batch in scan_table(src, KERNEL, select_list(have, wanted), schema, transform=columns):
-        name_id = names.number(batch["demangled_id"], batch["short_id"], batch["mangled_id"])
+        name_id = (names.number_packed(batch["name_key"].combine_chunks(), 3) if "name_key" in batch.column_names
+                   else names.number(batch["demangled_id"], batch["short_id"], batch["mangled_id"]))
         yield numbered(kernel_batch(batch, name_id=name_id, smem_optin=batch["smem_optin"],
                                     launch_type=batch["launch_type"]), offset)
         offset += batch.num_rows
@@ -170,13 +175,17 @@ def _api_calls(src: sqlite3.Connection, names: Names) -> Iterator[pa.Table]:
 
     def columns(batch: pa.Table) -> pa.Table:  # on the reading threads
         gtid = batch["global_tid"]
+        keys = pack_keys(batch["event_class"], batch["name_id"])
+        if keys is not None:
+            batch = batch.append_column("name_key", keys)
         return batch.append_column("pid", _pid(gtid)).append_column("tid", _tid(gtid))
 
     for batch in scan_table(src, RUNTIME, select_list(have, wanted), schema, transform=columns):
         yield pa.table({
             "start_ns": batch["start_ns"],
             "end_ns": batch["end_ns"],
-            "name_id": names.number(batch["event_class"], batch["name_id"]),
+            "name_id": (names.number_packed(batch["name_key"].combine_chunks(), 2) if "name_key" in batch.column_names
+                        else names.number(batch["event_class"], batch["name_id"])),
             "correlation_id": batch["correlation_id"],
             "pid": batch["pid"],
             "tid": batch["tid"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from traceq.ingest.base import UNNAMED_KERNEL, Names, kernel_names
+from traceq.ingest.base import UNNAMED_KERNEL, Names, kernel_names, pack_keys
 from traceq.store import open_store
 
 
@@ -40,6 +40,35 @@ def test_strings_and_chunked_arrays_number_too() -> None:
     names = Names()
     ids = names.number(pa.chunked_array([["runtime", "driver"], ["runtime"]]), pa.array([5, 5, 5]))
     assert ids.to_pylist() == [0, 1, 0]
+
+
+@pytest.mark.parametrize("columns", [
+    [[7, 3, 7, None, 0], [1, 1, 1, 1, 0], [None, None, 5, None, 0]],
+    [[2**21 - 2, 0, 2**21 - 2], [None, 1, None], [1, 1, 1]],  # the largest value three columns fit
+    [[2**31 - 2, 5, 2**31 - 2], [0, 0, 0]],                  # and two
+    [[4, 4, 8]],
+    [[1, 2, 3], [None, None, None]],                         # a column the trace lacks: all NULL
+])
+def test_keys_packed_on_a_reading_thread_number_as_the_columns_do(columns: list[list[int | None]]) -> None:
+    """`pack_keys` and `number_packed` give `number`'s ids and keys, over batches in row order."""
+    first, second = ([pa.array(c[:2], pa.int64()) for c in columns], [pa.array(c[2:], pa.int64()) for c in columns])
+    plain, packed = Names(), Names()
+    expected = [plain.number(*first).to_pylist(), plain.number(*second).to_pylist()]
+    got = []
+    for batch in (first, second):
+        keys = pack_keys(*[pa.chunked_array([c]) for c in batch])
+        assert keys is not None
+        got.append(packed.number_packed(keys, len(columns)).to_pylist())
+    assert got == expected and packed.keys == plain.keys
+
+
+@pytest.mark.parametrize("columns", [
+    [[-1, 2], [0, 0], [0, 0]],   # negative
+    [[2**21 - 1, 0], [0, 0], [0, 0]],  # one too many for three columns of 21 bits
+    [[0, 0], [2**31 - 1, 0]],
+])
+def test_keys_that_do_not_fit_are_left_to_number(columns: list[list[int]]) -> None:
+    assert pack_keys(*[pa.array(c, pa.int64()) for c in columns]) is None
 
 
 def test_every_kernel_gets_a_name_and_a_short_name() -> None:
