@@ -95,7 +95,8 @@ def build_kernel_summary(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
                 FROM (SELECT n.name, e.end_ns - e.start_ns AS dur_ns
                       FROM kernel_events e JOIN named n USING (name_id)
                       WHERE e.trace_id = {t} AND n.ids > 1)
-                GROUP BY name""")
+                GROUP BY name
+                ORDER BY name""")  # rows in one order whichever thread finishes first
     finally:
         con.execute("DROP TABLE _traceq_by_name_id")
 
