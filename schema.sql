@@ -127,16 +127,14 @@ CREATE TABLE kernel_summary (
     stddev_ns DOUBLE NOT NULL              -- sample standard deviation; 0 for a single launch
 );
 
--- table api_events: CUDA runtime and driver API calls on the CPU, their names as an id (read the `api_calls` view: it adds them).
+-- table api_events: CUDA runtime and driver API calls on the CPU, their names and threads as ids (read the `api_calls` view: it adds them).
 CREATE TABLE api_events (
     trace_id INTEGER NOT NULL,
     start_ns BIGINT NOT NULL,
     end_ns BIGINT NOT NULL,
     name_id INTEGER NOT NULL,              -- the call's API and name: api_names.name_id of the same trace
+    thread_id INTEGER NOT NULL,            -- the calling thread: api_threads.thread_id of the same trace
     correlation_id BIGINT,
-    pid BIGINT,                            -- calling process
-    tid BIGINT,                            -- calling thread (operating-system id, unsigned)
-    global_tid BIGINT,                     -- nsys globalTid (hardware, VM, pid and tid packed); NULL for nvprof
     return_value BIGINT
 );
 
@@ -148,12 +146,22 @@ CREATE TABLE api_names (
     name VARCHAR                           -- 'cudaLaunchKernel_v7000', 'cuLaunchKernelEx', ...
 );
 
--- view api_calls: CUDA runtime and driver API calls, as analyses read them: the columns of api_events but name_id, with api and name from api_names and dur_ns = end_ns - start_ns.
+-- table api_threads: the distinct threads that made each trace's API calls.
+CREATE TABLE api_threads (
+    trace_id INTEGER NOT NULL,
+    thread_id INTEGER NOT NULL,            -- 0, 1, ... within the trace
+    pid BIGINT,                            -- calling process
+    tid BIGINT,                            -- calling thread (operating-system id, unsigned)
+    global_tid BIGINT                      -- nsys globalTid (hardware, VM, pid and tid packed); NULL for nvprof
+);
+
+-- view api_calls: CUDA runtime and driver API calls, as analyses read them: the columns of api_events but name_id and thread_id, with api and name from api_names, pid, tid and global_tid from api_threads, and dur_ns = end_ns - start_ns.
 CREATE VIEW api_calls AS
 SELECT e.trace_id, e.start_ns, e.end_ns, e.end_ns - e.start_ns AS dur_ns, n.api, n.name,
-       e.correlation_id, e.pid, e.tid, e.global_tid, e.return_value
+       e.correlation_id, t.pid, t.tid, t.global_tid, e.return_value
 FROM api_events e
-JOIN api_names n ON n.trace_id = e.trace_id AND n.name_id = e.name_id;
+JOIN api_names n ON n.trace_id = e.trace_id AND n.name_id = e.name_id
+JOIN api_threads t ON t.trace_id = e.trace_id AND t.thread_id = e.thread_id;
 
 -- table memops: memory copies and memsets on the GPU.
 CREATE TABLE memops (

@@ -438,6 +438,17 @@ def api_names(apis: Sequence[str], names: Sequence[str | None]) -> pa.Table:
     })
 
 
+def api_threads(pids: Sequence[int | None], tids: Sequence[int | None],
+                global_tids: Sequence[int | None]) -> pa.Table:
+    """`api_threads` rows for thread ids 0, 1, ..."""
+    return pa.table({
+        "thread_id": pa.array(range(len(pids)), pa.int32()),
+        "pid": pa.array(pids, pa.int64()),
+        "tid": pa.array(tids, pa.int64()),
+        "global_tid": pa.array(global_tids, pa.int64()),
+    })
+
+
 def numbered(kernels: pa.Table, first_id: int) -> pa.Table:
     """`kernels` with kernel_id first_id, first_id + 1, ... (ids follow the source's row order)."""
     import pyarrow.compute as pc

@@ -23,6 +23,7 @@ from traceq.ingest.base import (
     SourceInfo,
     Strings,
     api_names,
+    api_threads,
     coalesce_text,
     column_names,
     enum_lookup,
@@ -86,11 +87,15 @@ class NsysReader:
             sink.append("kernel_names", kernel_names(_texts(strings, demangled), _texts(strings, short),
                                                      _texts(strings, mangled)), source_rows=0)
         if RUNTIME in tables:
-            names = Names()
-            sink.append_all("api_events", _api_calls(src, names))
+            names, threads = Names(), Names()
+            sink.append_all("api_events", _api_calls(src, names, threads))
             classes, ids = list(zip(*names.keys)) or [(), ()]
             sink.append("api_names", api_names([API_KIND.get(c, "other") for c in classes],
                                                _texts(strings, ids)), source_rows=0)
+            global_tids = [key[0] for key in threads.keys]
+            sink.append("api_threads", api_threads(
+                [None if g is None else g >> 24 & 0xFFFFFF for g in global_tids],
+                [None if g is None else g & 0xFFFFFF for g in global_tids], global_tids), source_rows=0)
         if MEMCPY in tables:
             sink.append_all("memops", _memcpy(src))
         if MEMSET in tables:
@@ -138,9 +143,7 @@ def _kernels(src: sqlite3.Connection, names: Names) -> Iterator[pa.Table]:
 
     def columns(batch: pa.Table) -> pa.Table:  # on the reading threads
         node = batch["graph_node_id"]
-        keys = pack_keys(batch["demangled_id"], batch["short_id"], batch["mangled_id"])
-        if keys is not None:
-            batch = batch.append_column("name_key", keys)
+        batch = _with_keys(batch, "name_key", "demangled_id", "short_id", "mangled_id")
         return (batch
                 .set_column(batch.schema.get_field_index("pid"), "pid", _pid(batch["pid"]))
                 .set_column(batch.schema.get_field_index("graph_node_id"), "graph_node_id",
@@ -152,15 +155,15 @@ def _kernels(src: sqlite3.Connection, names: Names) -> Iterator[pa.Table]:
 
     offset = 0
     for batch in scan_table(src, KERNEL, select_list(have, wanted), schema, transform=columns):
-        name_id = (names.number_packed(batch["name_key"].combine_chunks(), 3) if "name_key" in batch.column_names
-                   else names.number(batch["demangled_id"], batch["short_id"], batch["mangled_id"]))
+        name_id = _ids(batch, "name_key", names, "demangled_id", "short_id", "mangled_id")
         yield numbered(kernel_batch(batch, name_id=name_id, smem_optin=batch["smem_optin"],
                                     launch_type=batch["launch_type"]), offset)
         offset += batch.num_rows
 
 
-def _api_calls(src: sqlite3.Connection, names: Names) -> Iterator[pa.Table]:
-    """api_events rows; `names` numbers the (event class, StringIds id) of each call."""
+def _api_calls(src: sqlite3.Connection, names: Names, threads: Names) -> Iterator[pa.Table]:
+    """api_events rows; `names` numbers the (event class, StringIds id) of each call, `threads`
+    its globalTid (the decoded pid and tid go once per thread into api_threads)."""
     have = column_names(src, RUNTIME)
     wanted = [
         ("start_ns", "start", ["start"]),
@@ -174,24 +177,31 @@ def _api_calls(src: sqlite3.Connection, names: Names) -> Iterator[pa.Table]:
     schema = _schema(*[(w[0], I64) for w in wanted])
 
     def columns(batch: pa.Table) -> pa.Table:  # on the reading threads
-        gtid = batch["global_tid"]
-        keys = pack_keys(batch["event_class"], batch["name_id"])
-        if keys is not None:
-            batch = batch.append_column("name_key", keys)
-        return batch.append_column("pid", _pid(gtid)).append_column("tid", _tid(gtid))
+        return _with_keys(_with_keys(batch, "name_key", "event_class", "name_id"), "thread_key", "global_tid")
 
     for batch in scan_table(src, RUNTIME, select_list(have, wanted), schema, transform=columns):
         yield pa.table({
             "start_ns": batch["start_ns"],
             "end_ns": batch["end_ns"],
-            "name_id": (names.number_packed(batch["name_key"].combine_chunks(), 2) if "name_key" in batch.column_names
-                        else names.number(batch["event_class"], batch["name_id"])),
+            "name_id": _ids(batch, "name_key", names, "event_class", "name_id"),
+            "thread_id": _ids(batch, "thread_key", threads, "global_tid"),
             "correlation_id": batch["correlation_id"],
-            "pid": batch["pid"],
-            "tid": batch["tid"],
-            "global_tid": batch["global_tid"],
             "return_value": batch["return_value"],
         })
+
+
+def _with_keys(batch: pa.Table, key: str, *columns: str) -> pa.Table:
+    """`batch` with the `columns` of each row packed as column `key`, when they fit (`pack_keys`):
+    on a reading thread, so that the writing thread only numbers each batch's distinct keys."""
+    packed = pack_keys(*[batch[c] for c in columns])
+    return batch if packed is None else batch.append_column(key, packed)
+
+
+def _ids(batch: pa.Table, key: str, names: Names, *columns: str) -> pa.Array:
+    """The ids `names` gives the keys of `columns`: from their packed column `key` when there is one."""
+    if key in batch.column_names:
+        return names.number_packed(batch[key].combine_chunks(), len(columns))
+    return names.number(*[batch[c] for c in columns])
 
 
 def _memcpy(src: sqlite3.Connection) -> Iterator[pa.Table]:

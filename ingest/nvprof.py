@@ -53,6 +53,7 @@ from traceq.ingest.base import (
     SourceInfo,
     Strings,
     api_names,
+    api_threads,
     column_names,
     enum_lookup,
     fetch_batches,
@@ -125,12 +126,14 @@ def _read(src: sqlite3.Connection, sink: Sink) -> SourceInfo:
     if NAME in tables:
         _read_names(src, strings, sink)
     _read_kernels(src, tables, strings, t0, pid, sink)
-    api = Names()
+    api, threads = Names(), Names()
     for table in API_TABLES:
         if table in tables:
-            _read_api_calls(src, table, t0, api, sink)
+            _read_api_calls(src, table, t0, api, threads, sink)
     if api.keys:
         sink.append("api_names", _api_names(api), source_rows=0)
+        pids, tids = zip(*threads.keys)
+        sink.append("api_threads", api_threads(pids, tids, [None] * len(pids)), source_rows=0)
     for table in (MEMCPY, MEMCPY2, MEMSET):
         if table in tables:
             _read_memops(src, table, t0, pid, sink)
@@ -317,8 +320,10 @@ def _mask(text: str) -> str:
     return "".join(out)
 
 
-def _read_api_calls(src: sqlite3.Connection, table: str, t0: int, names: Names, sink: Sink) -> None:
-    """api_events rows of one API table; `names` numbers the (api, cbid) of each call."""
+def _read_api_calls(src: sqlite3.Connection, table: str, t0: int, names: Names, threads: Names,
+                    sink: Sink) -> None:
+    """api_events rows of one API table; `names` numbers the (api, cbid) of each call, `threads`
+    its (process, thread)."""
     api = API_TABLES[table][0]
     wanted = [
         ("start_ns", f"start - {t0}", ["start"]),
@@ -336,9 +341,8 @@ def _read_api_calls(src: sqlite3.Connection, table: str, t0: int, names: Names, 
             "start_ns": batch["start_ns"],
             "end_ns": batch["end_ns"],
             "name_id": names.number(pa.repeat(pa.scalar(api), batch.num_rows), batch["cbid"]),
+            "thread_id": threads.number(batch["pid"], batch["tid"]),
             "correlation_id": batch["correlation_id"],
-            "pid": batch["pid"],
-            "tid": batch["tid"],
             "return_value": batch["return_value"],
         })
 

@@ -185,8 +185,9 @@ def test_kernels_without_ranges_or_launches() -> None:
     con.execute("INSERT INTO kernel_events (trace_id, kernel_id, start_ns, end_ns, correlation_id, pid, name_id) "
                 "VALUES (1, 0, 5, 6, 7, 1, 0), (1, 1, 8, 9, 8, 1, 0)")
     con.execute("INSERT INTO api_names (trace_id, name_id, api) VALUES (1, 0, 'runtime')")
-    con.execute("INSERT INTO api_events (trace_id, start_ns, end_ns, name_id, correlation_id, pid, tid) "
-                "VALUES (1, 1, 2, 0, 7, 1, 10)")
+    con.execute("INSERT INTO api_threads (trace_id, thread_id, pid, tid) VALUES (1, 0, 1, 10)")
+    con.execute("INSERT INTO api_events (trace_id, start_ns, end_ns, name_id, thread_id, correlation_id) "
+                "VALUES (1, 1, 2, 0, 0, 7)")
     frame = kernel_attribution(con, 1)
     assert frame["kernel_id"].to_list() == [0, 1]
     assert frame["stage"].to_list() == ["other", "other"]
