@@ -76,16 +76,7 @@ CREATE TABLE kernel_events (
     correlation_id BIGINT,                 -- links to api_calls.correlation_id within the same pid
     pid BIGINT,                            -- launching process
     name_id INTEGER NOT NULL,              -- the kernel's names: kernel_names.name_id of the same trace
-    grid_x INTEGER, grid_y INTEGER, grid_z INTEGER,
-    block_x INTEGER, block_y INTEGER, block_z INTEGER,
-    registers_per_thread INTEGER,
-    smem_static_bytes INTEGER,             -- static shared memory per block
-    smem_dynamic_bytes INTEGER,            -- dynamic shared memory per block
-    smem_carveout_bytes INTEGER,           -- shared memory per SM the driver configured for the launch (sharedMemoryExecuted); NULL when unknown
-    smem_optin BOOLEAN,                    -- the function opted in to more than 48 KiB per block (sharedMemoryLimitConfig = OPTIN); NULL when unknown
-    local_memory_per_thread_bytes INTEGER,
-    local_memory_total_bytes BIGINT,
-    launch_type VARCHAR,                   -- 'regular', 'cooperative', 'cooperative_multi_device' or NULL
+    config_id INTEGER NOT NULL,            -- the launch's configuration: kernel_configs.config_id of the same trace
     graph_node_id BIGINT                   -- CUDA graph node; NULL when not launched from a graph
 );
 
@@ -98,19 +89,36 @@ CREATE TABLE kernel_names (
     mangled_name VARCHAR                   -- raw `_Z...` symbol; NULL when the trace lacks it
 );
 
--- view kernels: one row per kernel launch, as analyses read it: the columns of kernel_events but name_id, with name, short_name and mangled_name from kernel_names, dur_ns = end_ns - start_ns, grid_blocks = grid_x * grid_y * grid_z (BIGINT) and block_threads = block_x * block_y * block_z.
+-- table kernel_configs: the distinct launch configurations of each trace's kernels (a launch stores the id).
+CREATE TABLE kernel_configs (
+    trace_id INTEGER NOT NULL,
+    config_id INTEGER NOT NULL,            -- 0, 1, ... within the trace
+    grid_x INTEGER, grid_y INTEGER, grid_z INTEGER,
+    block_x INTEGER, block_y INTEGER, block_z INTEGER,
+    registers_per_thread INTEGER,
+    smem_static_bytes INTEGER,             -- static shared memory per block
+    smem_dynamic_bytes INTEGER,            -- dynamic shared memory per block
+    smem_carveout_bytes INTEGER,           -- shared memory per SM the driver configured for the launch (sharedMemoryExecuted); NULL when unknown
+    smem_optin BOOLEAN,                    -- the function opted in to more than 48 KiB per block (sharedMemoryLimitConfig = OPTIN); NULL when unknown
+    local_memory_per_thread_bytes INTEGER,
+    local_memory_total_bytes BIGINT,
+    launch_type VARCHAR                    -- 'regular', 'cooperative', 'cooperative_multi_device' or NULL
+);
+
+-- view kernels: one row per kernel launch, as analyses read it: the columns of kernel_events but name_id and config_id, with name, short_name and mangled_name from kernel_names, the launch configuration from kernel_configs, dur_ns = end_ns - start_ns, grid_blocks = grid_x * grid_y * grid_z (BIGINT) and block_threads = block_x * block_y * block_z.
 CREATE VIEW kernels AS
 SELECT e.trace_id, e.kernel_id, e.start_ns, e.end_ns, e.end_ns - e.start_ns AS dur_ns,
        e.device_id, e.context_id, e.stream_id, e.correlation_id, e.pid,
        n.name, n.short_name, n.mangled_name,
-       e.grid_x, e.grid_y, e.grid_z, e.block_x, e.block_y, e.block_z,
-       e.grid_x::BIGINT * e.grid_y * e.grid_z AS grid_blocks,
-       e.block_x * e.block_y * e.block_z AS block_threads,
-       e.registers_per_thread, e.smem_static_bytes, e.smem_dynamic_bytes, e.smem_carveout_bytes,
-       e.smem_optin, e.local_memory_per_thread_bytes, e.local_memory_total_bytes, e.launch_type,
+       c.grid_x, c.grid_y, c.grid_z, c.block_x, c.block_y, c.block_z,
+       c.grid_x::BIGINT * c.grid_y * c.grid_z AS grid_blocks,
+       c.block_x * c.block_y * c.block_z AS block_threads,
+       c.registers_per_thread, c.smem_static_bytes, c.smem_dynamic_bytes, c.smem_carveout_bytes,
+       c.smem_optin, c.local_memory_per_thread_bytes, c.local_memory_total_bytes, c.launch_type,
        e.graph_node_id
 FROM kernel_events e
-JOIN kernel_names n ON n.trace_id = e.trace_id AND n.name_id = e.name_id;
+JOIN kernel_names n ON n.trace_id = e.trace_id AND n.name_id = e.name_id
+JOIN kernel_configs c ON c.trace_id = e.trace_id AND c.config_id = e.config_id;
 
 -- table kernel_summary: per-name kernel statistics of each trace, written by the load (traceq.analysis.kernels.build_kernel_summary) so that `traceq top` reads a few rows instead of every launch.
 CREATE TABLE kernel_summary (

@@ -34,4 +34,8 @@ MEMORY_KIND = {
 
 LAUNCH_TYPE = {1: "regular", 2: "cooperative", 3: "cooperative_multi_device"}
 
+SHMEM_LIMIT_OPTIN = 1
+"""sharedMemoryLimitConfig of a function that opted in to more than 48 KiB of shared memory per
+block (CUPTI_FUNC_SHMEM_LIMIT_OPTIN; 0 is the default limit)."""
+
 MEMORY_OPERATION = {0: "alloc", 1: "free"}

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from traceq.ingest import cupti
 from traceq.ingest.base import (
     CUPTI_DEVICE_LIMITS,
+    KERNEL_CONFIG_COLUMNS,
     Names,
     Sink,
     SourceInfo,
@@ -29,9 +30,10 @@ from traceq.ingest.base import (
     enum_lookup,
     fetch_batches,
     kernel_batch,
+    kernel_configs,
     kernel_names,
+    key_rows,
     numbered,
-    pack_keys,
     row_estimate,
     scan_table,
     select_list,
@@ -81,11 +83,13 @@ class NsysReader:
         _read_gpus(src, tables, sink)
         _read_processes(src, tables, strings, sink)
         if KERNEL in tables:
-            names = Names()
-            sink.append_all("kernel_events", _kernels(src, names))
+            names, configs = Names(), Names()
+            sink.append_all("kernel_events", _kernels(src, names, configs))
             demangled, short, mangled = list(zip(*names.keys)) or [(), (), ()]
             sink.append("kernel_names", kernel_names(_texts(strings, demangled), _texts(strings, short),
                                                      _texts(strings, mangled)), source_rows=0)
+            sink.append("kernel_configs", kernel_configs(configs.keys, optin_code=cupti.SHMEM_LIMIT_OPTIN,
+                                                         launch_types=cupti.LAUNCH_TYPE), source_rows=0)
         if RUNTIME in tables:
             names, threads = Names(), Names()
             sink.append_all("api_events", _api_calls(src, names, threads))
@@ -112,8 +116,9 @@ def _texts(strings: Strings, ids: Sequence[int | None]) -> list[str | None]:
     return strings.lookup(pa.array(ids, I64)).to_pylist()
 
 
-def _kernels(src: sqlite3.Connection, names: Names) -> Iterator[pa.Table]:
-    """kernel_events rows; `names` numbers the (demangled, short, mangled) StringIds ids of each."""
+def _kernels(src: sqlite3.Connection, names: Names, configs: Names) -> Iterator[pa.Table]:
+    """kernel_events rows; `names` numbers the (demangled, short, mangled) StringIds ids of each,
+    `configs` its launch configuration (KERNEL_CONFIG_COLUMNS)."""
     have = column_names(src, KERNEL)
     wanted = [
         ("start_ns", "start", ["start"]),
@@ -133,7 +138,7 @@ def _kernels(src: sqlite3.Connection, names: Names) -> Iterator[pa.Table]:
         ("smem_static_bytes", "staticSharedMemory", ["staticSharedMemory"]),
         ("smem_dynamic_bytes", "dynamicSharedMemory", ["dynamicSharedMemory"]),
         ("smem_carveout_bytes", "sharedMemoryExecuted", ["sharedMemoryExecuted"]),
-        ("smem_optin", "sharedMemoryLimitConfig", ["sharedMemoryLimitConfig"]),
+        ("smem_optin", "sharedMemoryLimitConfig", ["sharedMemoryLimitConfig"]),  # codes: kernel_configs
         ("local_memory_per_thread_bytes", "localMemoryPerThread", ["localMemoryPerThread"]),
         ("local_memory_total_bytes", "localMemoryTotal", ["localMemoryTotal"]),
         ("launch_type", "launchType", ["launchType"]),
@@ -143,21 +148,18 @@ def _kernels(src: sqlite3.Connection, names: Names) -> Iterator[pa.Table]:
 
     def columns(batch: pa.Table) -> pa.Table:  # on the reading threads
         node = batch["graph_node_id"]
-        batch = _with_keys(batch, "name_key", "demangled_id", "short_id", "mangled_id")
+        batch = (batch
+                 .append_column("name_key", key_rows(batch["demangled_id"], batch["short_id"], batch["mangled_id"]))
+                 .append_column("config_key", key_rows(*[batch[c] for c in KERNEL_CONFIG_COLUMNS])))
         return (batch
                 .set_column(batch.schema.get_field_index("pid"), "pid", _pid(batch["pid"]))
                 .set_column(batch.schema.get_field_index("graph_node_id"), "graph_node_id",
-                            pc.if_else(pc.equal(node, 0), pa.scalar(None, I64), node))
-                .set_column(batch.schema.get_field_index("smem_optin"), "smem_optin",
-                            pc.equal(batch["smem_optin"], 1))
-                .set_column(batch.schema.get_field_index("launch_type"), "launch_type",
-                            enum_lookup(batch["launch_type"].combine_chunks(), cupti.LAUNCH_TYPE)))
+                            pc.if_else(pc.equal(node, 0), pa.scalar(None, I64), node)))
 
     offset = 0
     for batch in scan_table(src, KERNEL, select_list(have, wanted), schema, transform=columns):
-        name_id = _ids(batch, "name_key", names, "demangled_id", "short_id", "mangled_id")
-        yield numbered(kernel_batch(batch, name_id=name_id, smem_optin=batch["smem_optin"],
-                                    launch_type=batch["launch_type"]), offset)
+        yield numbered(kernel_batch(batch, name_id=names.number_keys(batch["name_key"]),
+                                    config_id=configs.number_keys(batch["config_key"])), offset)
         offset += batch.num_rows
 
 
@@ -177,31 +179,18 @@ def _api_calls(src: sqlite3.Connection, names: Names, threads: Names) -> Iterato
     schema = _schema(*[(w[0], I64) for w in wanted])
 
     def columns(batch: pa.Table) -> pa.Table:  # on the reading threads
-        return _with_keys(_with_keys(batch, "name_key", "event_class", "name_id"), "thread_key", "global_tid")
+        return (batch.append_column("name_key", key_rows(batch["event_class"], batch["name_id"]))
+                .append_column("thread_key", key_rows(batch["global_tid"])))
 
     for batch in scan_table(src, RUNTIME, select_list(have, wanted), schema, transform=columns):
         yield pa.table({
             "start_ns": batch["start_ns"],
             "end_ns": batch["end_ns"],
-            "name_id": _ids(batch, "name_key", names, "event_class", "name_id"),
-            "thread_id": _ids(batch, "thread_key", threads, "global_tid"),
+            "name_id": names.number_keys(batch["name_key"]),
+            "thread_id": threads.number_keys(batch["thread_key"]),
             "correlation_id": batch["correlation_id"],
             "return_value": batch["return_value"],
         })
-
-
-def _with_keys(batch: pa.Table, key: str, *columns: str) -> pa.Table:
-    """`batch` with the `columns` of each row packed as column `key`, when they fit (`pack_keys`):
-    on a reading thread, so that the writing thread only numbers each batch's distinct keys."""
-    packed = pack_keys(*[batch[c] for c in columns])
-    return batch if packed is None else batch.append_column(key, packed)
-
-
-def _ids(batch: pa.Table, key: str, names: Names, *columns: str) -> pa.Array:
-    """The ids `names` gives the keys of `columns`: from their packed column `key` when there is one."""
-    if key in batch.column_names:
-        return names.number_packed(batch[key].combine_chunks(), len(columns))
-    return names.number(*[batch[c] for c in columns])
 
 
 def _memcpy(src: sqlite3.Connection) -> Iterator[pa.Table]:

@@ -48,6 +48,7 @@ from traceq.errors import TraceFormatError
 from traceq.ingest import cupti, cupti_cbid
 from traceq.ingest.base import (
     CUPTI_DEVICE_LIMITS,
+    KERNEL_CONFIG_COLUMNS,
     Names,
     Sink,
     SourceInfo,
@@ -58,6 +59,7 @@ from traceq.ingest.base import (
     enum_lookup,
     fetch_batches,
     kernel_batch,
+    kernel_configs,
     kernel_names,
     numbered,
     row_estimate,
@@ -223,20 +225,19 @@ def _read_kernels(src: sqlite3.Connection, tables: set[str], strings: Strings, t
         selects.append(f"SELECT {select_list(have, wanted)} FROM {table} x WHERE {where}")
     symbols = _kernel_names(src, present, strings)
     schema = pa.schema([(w[0], I64) for w in wanted])
-    names = Names()
+    names, configs = Names(), Names()
 
     def kernels() -> Iterator[pa.Table]:
         offset = 0
         for batch in fetch_batches(src, " UNION ALL ".join(selects), schema):
-            yield numbered(kernel_batch(
-                batch,
-                name_id=names.number(batch["name_id"]),
-                smem_optin=pc.equal(batch["smem_optin"], SHMEM_LIMIT_OPTIN),
-                launch_type=enum_lookup(batch["launch_type"].combine_chunks(), LAUNCH_TYPE),
-            ), offset)
+            yield numbered(kernel_batch(batch, name_id=names.number(batch["name_id"]),
+                                        config_id=configs.number(*[batch[c] for c in KERNEL_CONFIG_COLUMNS])),
+                           offset)
             offset += batch.num_rows
 
     sink.append_all("kernel_events", kernels())
+    sink.append("kernel_configs", kernel_configs(configs.keys, optin_code=SHMEM_LIMIT_OPTIN,
+                                                 launch_types=LAUNCH_TYPE), source_rows=0)
     ids = pa.array([key[0] for key in names.keys], I64)
     sink.append("kernel_names", kernel_names(symbols.demangled.lookup(ids).to_pylist(),
                                              symbols.short.lookup(ids).to_pylist(),

@@ -182,8 +182,9 @@ def test_same_as_the_all_sql_form_on_random_traces(seed: int) -> None:
 def test_kernels_without_ranges_or_launches() -> None:
     con = _store([])
     con.execute("INSERT INTO kernel_names (trace_id, name_id, name, short_name) VALUES (1, 0, 'k', 'k')")
-    con.execute("INSERT INTO kernel_events (trace_id, kernel_id, start_ns, end_ns, correlation_id, pid, name_id) "
-                "VALUES (1, 0, 5, 6, 7, 1, 0), (1, 1, 8, 9, 8, 1, 0)")
+    con.execute("INSERT INTO kernel_configs (trace_id, config_id) VALUES (1, 0)")
+    con.execute("INSERT INTO kernel_events (trace_id, kernel_id, start_ns, end_ns, correlation_id, pid, name_id, "
+                "config_id) VALUES (1, 0, 5, 6, 7, 1, 0, 0), (1, 1, 8, 9, 8, 1, 0, 0)")
     con.execute("INSERT INTO api_names (trace_id, name_id, api) VALUES (1, 0, 'runtime')")
     con.execute("INSERT INTO api_threads (trace_id, thread_id, pid, tid) VALUES (1, 0, 1, 10)")
     con.execute("INSERT INTO api_events (trace_id, start_ns, end_ns, name_id, thread_id, correlation_id) "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from traceq.ingest.base import UNNAMED_KERNEL, Names, kernel_names, pack_keys
+from traceq.ingest.base import KERNEL_CONFIG_COLUMNS, UNNAMED_KERNEL, Names, kernel_configs, kernel_names, key_rows
 from traceq.store import open_store
 
 
@@ -44,31 +44,36 @@ def test_strings_and_chunked_arrays_number_too() -> None:
 
 @pytest.mark.parametrize("columns", [
     [[7, 3, 7, None, 0], [1, 1, 1, 1, 0], [None, None, 5, None, 0]],
-    [[2**21 - 2, 0, 2**21 - 2], [None, 1, None], [1, 1, 1]],  # the largest value three columns fit
-    [[2**31 - 2, 5, 2**31 - 2], [0, 0, 0]],                  # and two
-    [[4, 4, 8]],
-    [[1, 2, 3], [None, None, None]],                         # a column the trace lacks: all NULL
+    [[2**62, -(2**62), 2**62, 0], [1, 1, 1, 1]],                  # ranges past 63 bits: dictionary indices
+    [[2**40, 0, 2**40, 7], [2**40, 0, 2**40, 3], [1, 2, 1, 2]],    # together past 63 bits: the code is condensed
+    [["runtime", "driver", "runtime", None], [5, 5, 5, 5]],        # text
+    [[1, 2, 3], [None, None, None]],                               # a column the trace lacks: all NULL
+    [[c % 3 for c in range(20)]] * 14,                             # a kernel's launch configuration
 ])
-def test_keys_packed_on_a_reading_thread_number_as_the_columns_do(columns: list[list[int | None]]) -> None:
-    """`pack_keys` and `number_packed` give `number`'s ids and keys, over batches in row order."""
-    first, second = ([pa.array(c[:2], pa.int64()) for c in columns], [pa.array(c[2:], pa.int64()) for c in columns])
-    plain, packed = Names(), Names()
-    expected = [plain.number(*first).to_pylist(), plain.number(*second).to_pylist()]
+def test_keys_encoded_on_a_reading_thread_number_as_the_columns_do(columns: list[list]) -> None:
+    """`key_rows` then `number_keys` give the ids and keys of numbering the columns row by row."""
+    half = len(columns[0]) // 2
+    names = Names()
     got = []
-    for batch in (first, second):
-        keys = pack_keys(*[pa.chunked_array([c]) for c in batch])
-        assert keys is not None
-        got.append(packed.number_packed(keys, len(columns)).to_pylist())
-    assert got == expected and packed.keys == plain.keys
+    for part in (slice(0, half), slice(half, None)):
+        keys = key_rows(*[pa.chunked_array([pa.array(c[part])]) for c in columns])
+        assert keys.indices.type == pa.int32()
+        got += names.number_keys(keys).to_pylist()
+    rows = list(zip(*columns))
+    first_seen = list(dict.fromkeys(rows))
+    assert names.keys == first_seen
+    assert got == [first_seen.index(r) for r in rows]
 
 
-@pytest.mark.parametrize("columns", [
-    [[-1, 2], [0, 0], [0, 0]],   # negative
-    [[2**21 - 1, 0], [0, 0], [0, 0]],  # one too many for three columns of 21 bits
-    [[0, 0], [2**31 - 1, 0]],
-])
-def test_keys_that_do_not_fit_are_left_to_number(columns: list[list[int]]) -> None:
-    assert pack_keys(*[pa.array(c, pa.int64()) for c in columns]) is None
+def test_a_kernel_configuration_decodes_the_sources_codes() -> None:
+    key = dict(zip(KERNEL_CONFIG_COLUMNS, range(1, 100)))
+    other = {**key, "smem_optin": 1, "launch_type": 9}
+    unknown = {**key, "smem_optin": None, "launch_type": None}
+    rows = kernel_configs([tuple(k.values()) for k in (key, other, unknown)], optin_code=1,
+                          launch_types={key["launch_type"]: "regular"}).to_pylist()
+    assert [r["config_id"] for r in rows] == [0, 1, 2]
+    assert [(r["smem_optin"], r["launch_type"]) for r in rows] == [(False, "regular"), (True, None), (None, None)]
+    assert rows[0]["grid_x"] == key["grid_x"] and rows[0]["local_memory_total_bytes"] == key["local_memory_total_bytes"]
 
 
 def test_every_kernel_gets_a_name_and_a_short_name() -> None:
