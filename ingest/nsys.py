@@ -96,10 +96,9 @@ class NsysReader:
             classes, ids = list(zip(*names.keys)) or [(), ()]
             sink.append("api_names", api_names([API_KIND.get(c, "other") for c in classes],
                                                _texts(strings, ids)), source_rows=0)
-            global_tids = [key[0] for key in threads.keys]
-            sink.append("api_threads", api_threads(
-                [None if g is None else g >> 24 & 0xFFFFFF for g in global_tids],
-                [None if g is None else g & 0xFFFFFF for g in global_tids], global_tids), source_rows=0)
+            global_tids = pa.array([key[0] for key in threads.keys], I64)
+            sink.append("api_threads", api_threads(_pid(global_tids).to_pylist(), _tid(global_tids).to_pylist(),
+                                                   global_tids.to_pylist()), source_rows=0)
         if MEMCPY in tables:
             sink.append_all("memops", _memcpy(src))
         if MEMSET in tables:

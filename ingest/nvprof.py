@@ -93,7 +93,6 @@ LAUNCH_TYPE = {0: "regular", 1: "cooperative", 2: "cooperative_multi_device"}
 OBJECT_PROCESS, OBJECT_THREAD = 1, 2
 MARKER_INSTANT, MARKER_START, MARKER_END = 1, 2, 4
 MARKER_COLOR_ARGB = 2
-SHMEM_LIMIT_OPTIN = 1
 
 I64, STR, BIN = pa.int64(), pa.string(), pa.binary()
 
@@ -236,7 +235,7 @@ def _read_kernels(src: sqlite3.Connection, tables: set[str], strings: Strings, t
             offset += batch.num_rows
 
     sink.append_all("kernel_events", kernels())
-    sink.append("kernel_configs", kernel_configs(configs.keys, optin_code=SHMEM_LIMIT_OPTIN,
+    sink.append("kernel_configs", kernel_configs(configs.keys, optin_code=cupti.SHMEM_LIMIT_OPTIN,
                                                  launch_types=LAUNCH_TYPE), source_rows=0)
     ids = pa.array([key[0] for key in names.keys], I64)
     sink.append("kernel_names", kernel_names(symbols.demangled.lookup(ids).to_pylist(),
