@@ -64,7 +64,7 @@ CREATE TABLE gpus (
     max_smem_per_block_optin_bytes INTEGER -- with cudaFuncAttributeMaxDynamicSharedMemorySize; NULL when unknown
 );
 
--- table kernel_events: one row per kernel launch that ran on a GPU, its names as an id (read the `kernels` view: it adds them).
+-- table kernel_events: one row per kernel launch that ran on a GPU, its names and launch configuration as ids (read the `kernels` view: it adds them).
 CREATE TABLE kernel_events (
     trace_id INTEGER NOT NULL,
     kernel_id BIGINT NOT NULL,             -- 0-based, in the source file's row order
