@@ -57,11 +57,41 @@ def test_every_export_loads_with_source_counts(store, path: Path) -> None:
         "SELECT count(*) FROM kernels WHERE trace_id = ? AND (dur_ns < 0 OR dur_ns != end_ns - start_ns)",
         [tid]).fetchall()[0][0]
     assert bad_times == 0
+    _threads_and_configurations_match_the_source(store, tid, path)
     if counts["kernels"]:
         launched = store.execute(
             "SELECT count(*), count(launch_tid) FROM kernel_launches WHERE trace_id = ?", [tid]).fetchall()[0]
         assert launched[0] == counts["kernels"], "the launch join must not duplicate kernels"
         assert launched[1] == counts["kernels"], "every kernel has its launching call and thread"
+
+
+def _grouped(con, sql: str, params: list | None = None) -> list[tuple]:
+    return sorted(map(tuple, con.execute(sql, params or []).fetchall()))
+
+
+def _threads_and_configurations_match_the_source(store, tid: int, path: Path) -> None:
+    """The store keeps each calling thread and launch configuration once per trace (api_threads,
+    kernel_configs); the views must give every call and launch back its own, as SQLite decodes
+    them from the export's rows."""
+    import sqlite3
+
+    src = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
+        expected = _grouped(src, "SELECT globalTid / 16777216 % 16777216, globalTid % 16777216, globalTid, count(*) "
+                                 "FROM CUPTI_ACTIVITY_KIND_RUNTIME GROUP BY 1, 2, 3")
+        got = _grouped(store, "SELECT pid, tid, global_tid, count(*) FROM api_calls WHERE trace_id = ? "
+                              "GROUP BY 1, 2, 3", [tid])
+        assert got == expected
+    if "CUPTI_ACTIVITY_KIND_KERNEL" in tables:
+        columns = "gridX, gridY, gridZ, blockX, blockY, blockZ, registersPerThread, staticSharedMemory, " \
+                  "dynamicSharedMemory, localMemoryTotal"
+        expected = _grouped(src, f"SELECT {columns}, count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10")
+        got = _grouped(store, "SELECT grid_x, grid_y, grid_z, block_x, block_y, block_z, registers_per_thread, "
+                              "smem_static_bytes, smem_dynamic_bytes, local_memory_total_bytes, count(*) "
+                              "FROM kernels WHERE trace_id = ? GROUP BY ALL", [tid])
+        assert got == expected
+    src.close()
 
 
 def test_names_agree_with_string_table(tmp_path: Path) -> None:
