@@ -10,6 +10,8 @@ each with its own read-only connection, and yields the chunks in rowid order: th
 order are exactly those of the stdlib path (`SELECT ... FROM table`, a rowid-order scan), with at
 most a few chunks in memory. A chunk the driver cannot type (it infers each column's type from
 the first row, and refuses a later value of another type) is read again with `sqlite3`.
+Columns that hold one value all through the first chunk are checked, not read, in the next ones
+(see `scan`): the driver's cost is per value it passes.
 
 docs/performance.md has the measurements behind these choices.
 """
@@ -22,12 +24,15 @@ import sqlite3
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from traceq.ingest.base import as_select
 
 CHUNK_ROWS = 65_536
 """Rowids per chunk: big enough that a query's start-up cost is lost, small enough to bound memory."""
@@ -79,16 +84,24 @@ class ArrowScanner:
         self._all = []
 
     def scan(
-        self, src: sqlite3.Connection, table: str, select: str, schema: pa.Schema, where: str,
-        fallback: Callable[[str], Iterator[pa.Table]],
+        self, src: sqlite3.Connection, table: str, columns: Sequence[tuple[str, str]], schema: pa.Schema,
+        where: str, fallback: Callable[[str], Iterator[pa.Table]],
         transform: Callable[[pa.Table], pa.Table] | None = None,
     ) -> Iterator[pa.Table]:
-        """The rows of `SELECT {select} FROM table WHERE {where}` in rowid order, as tables of `schema`.
+        """The rows of `SELECT expression AS column, ... FROM table WHERE {where}` in rowid order, as tables of `schema`.
 
-        `select` names each column `AS` its field in `schema`; `fallback(sql)` reads one chunk's
-        SQL with sqlite3 when the driver refuses it. `transform`, when given, is applied to each
-        chunk on the reading thread (Arrow compute releases the GIL), so the thread that inserts
-        into the store does nothing else.
+        `columns` holds (column, SQL expression) pairs for the fields of `schema`; `fallback(sql)`
+        reads one chunk's SQL with sqlite3 when the driver refuses it. `transform`, when given,
+        is applied to each chunk on the reading thread (Arrow compute releases the GIL), so the
+        thread that inserts into the store does nothing else.
+
+        Integer columns that hold one value throughout the first chunk (MIN_PRESUMED of them at
+        least) are presumed to hold it in the next ones: a chunk then reads, instead of them, one
+        column saying row by row whether every one of them still does (`(expression) IS value
+        AND ...`), and they are filled in when all rows do. A chunk where some row does not is
+        read again in full, and the columns that changed in it are read from then on. SQLite
+        still decodes every value; the driver, which costs more per value, passes one instead
+        of several (docs/performance.md, "The fifth round").
         """
         # Two queries: SQLite answers min() or max() of the rowid alone from the b-tree's ends,
         # but both in one query by scanning the whole table.
@@ -96,29 +109,36 @@ class ArrowScanner:
         hi = src.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0]
         if lo is None:
             return
-        body = f'SELECT {select} FROM "{table}" WHERE ({where}) AND rowid BETWEEN {{lo}} AND {{hi}}'
-        # A first row of the right types, dropped after reading: the driver types each column
-        # from the first row it sees, and a column that starts with NULLs would become int64.
-        typed = ", ".join(f"{_typed_value(f.type)} AS {f.name}" for f in schema)
+        span = f'FROM "{table}" WHERE ({where}) AND rowid BETWEEN {{lo}} AND {{hi}}'
         ranges = iter(range(lo, hi + 1, CHUNK_ROWS))
-        pending: deque[tuple[str, Future[pa.Table | None]]] = deque()
+        presumed: dict[str, int | None] = {}
+        pending: deque[tuple[str, Future[tuple[pa.Table | None, dict[str, int | None] | None]]]] = deque()
         with ThreadPoolExecutor(self.workers, thread_name_prefix="traceq-sqlite", initializer=_yield_to_writer) as pool:
             try:
-                def submit() -> bool:
+                def submit(learn: bool = False) -> bool:
                     start = next(ranges, None)
                     if start is None:
                         return False
-                    sql = body.format(lo=start, hi=min(start + CHUNK_ROWS - 1, hi))
-                    pending.append((sql, pool.submit(self._read, f"SELECT {typed} UNION ALL {sql}", schema, transform)))
+                    chunk = span.format(lo=start, hi=min(start + CHUNK_ROWS - 1, hi))
+                    pending.append((f"SELECT {as_select(columns)} {chunk}", pool.submit(
+                        self._read, chunk, columns, schema, dict(presumed), learn, transform)))
                     return True
 
+                # the first chunk alone: what it holds decides what the others presume
+                submit(learn=True)
                 text = any(_is_text(f.type) for f in schema)
-                for _ in range(self.workers + (TEXT_READ_AHEAD if text else READ_AHEAD)):
-                    submit()
+                ahead = self.workers + (TEXT_READ_AHEAD if text else READ_AHEAD)
+                first = True
                 while pending:
                     sql, future = pending.popleft()
-                    submit()
-                    chunk = future.result()
+                    chunk, held = future.result()
+                    if held is not None:  # read in full: presume from then on what it held throughout
+                        if not first:
+                            held = {c: v for c, v in presumed.items() if c in held and held[c] == v}
+                        presumed = held if len(held) >= MIN_PRESUMED else {}
+                    first = False
+                    while len(pending) < ahead and submit():
+                        pass
                     if chunk is None:
                         yield from (t if transform is None else transform(t) for t in fallback(sql))
                     elif chunk.num_rows:
@@ -128,24 +148,89 @@ class ArrowScanner:
                     future.cancel()
 
     def _read(
-        self, sql: str, schema: pa.Schema, transform: Callable[[pa.Table], pa.Table] | None,
-    ) -> pa.Table | None:
+        self, chunk: str, columns: Sequence[tuple[str, str]], schema: pa.Schema,
+        presumed: dict[str, int | None], learn: bool, transform: Callable[[pa.Table], pa.Table] | None,
+    ) -> tuple[pa.Table | None, dict[str, int | None] | None]:
+        """One chunk (`chunk`: the FROM clause of its rowid range), and, when it was read in full
+        because `learn` or because a presumed value did not hold, its one-valued columns.
+        None for the table when the driver refuses the chunk."""
         con = self._idle.get()
+        try:
+            table = None
+            if presumed:
+                rest = [(c, e) for c, e in columns if c not in presumed]
+                check = " AND ".join(f"({e}) IS {_literal(presumed[c])}" for c, e in columns if c in presumed)
+                fields = [schema.field(c) for c, _ in rest] + [pa.field(HELD, pa.int64())]
+                table = self._query(con, rest + [(HELD, f"({check})")], chunk, pa.schema(fields))
+                if table is not None:
+                    held = table[HELD]
+                    if held.null_count == 0 and pc.min(held).as_py() in (None, 1):
+                        table = _filled(table, presumed, schema)
+                        return (table if transform is None else transform(table)), None
+            table = self._query(con, columns, chunk, schema)
+        finally:
+            self._idle.put(con)
+        if table is None:
+            return None, None
+        held_values = _one_valued(table) if learn or presumed else None
+        return (table if transform is None else transform(table)), held_values
+
+    def _query(
+        self, con: Any, columns: Sequence[tuple[str, str]], chunk: str, schema: pa.Schema,
+    ) -> pa.Table | None:
+        # A first row of the right types, dropped after reading: the driver types each column
+        # from the first row it sees, and a column that starts with NULLs would become int64.
+        typed = ", ".join(f"{_typed_value(f.type)} AS {f.name}" for f in schema)
         try:
             statement = self._statement(con)
             try:
                 statement.set_options(**{"adbc.sqlite.query.batch_rows": str(CHUNK_ROWS + 1)})
-                statement.set_sql_query(sql)
+                statement.set_sql_query(f"SELECT {typed} UNION ALL SELECT {as_select(columns)} {chunk}")
                 stream, _ = statement.execute_query()
                 table = pa.RecordBatchReader.from_stream(stream).read_all()
             finally:
                 statement.close()
         except Exception:  # typically a value of another type than the first row's: sqlite3
             return None     # reads the chunk again, and names the problem if it is damage
-        finally:
-            self._idle.put(con)
-        table = table.slice(1).rename_columns(schema.names).cast(schema)
-        return table if transform is None else transform(table)
+        return table.slice(1).rename_columns(schema.names).cast(schema)
+
+
+MIN_PRESUMED = 2
+"""Presuming one column saves nothing: the column that checks it replaces it."""
+
+HELD = "traceq_presumed_held"
+"""The column that says whether a row holds every presumed value (1) or not (0)."""
+
+
+def _literal(value: int | None) -> str:
+    return "NULL" if value is None else str(int(value))
+
+
+def _one_valued(table: pa.Table) -> dict[str, int | None]:
+    """The integer columns of `table` that hold one value (or only NULL) in every row."""
+    found: dict[str, int | None] = {}
+    if not table.num_rows:
+        return found
+    for field, column in zip(table.schema, table.columns):
+        if not pa.types.is_integer(field.type):
+            continue
+        if column.null_count == table.num_rows:
+            found[field.name] = None
+        elif column.null_count == 0:
+            low, high = pc.min_max(column).values()
+            if low == high:
+                found[field.name] = low.as_py()
+    return found
+
+
+def _filled(table: pa.Table, presumed: dict[str, int | None], schema: pa.Schema) -> pa.Table:
+    """`table` with the presumed columns put back, each its one value in every row."""
+    n = table.num_rows
+    return pa.Table.from_arrays([
+        (pa.nulls(n, f.type) if presumed[f.name] is None else pa.repeat(pa.scalar(presumed[f.name], f.type), n))
+        if f.name in presumed else table[f.name]
+        for f in schema
+    ], schema=schema)
 
 
 READER_NICENESS = 5

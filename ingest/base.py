@@ -166,16 +166,25 @@ def row_estimate(src: sqlite3.Connection, tables: Iterable[str]) -> int:
     return total
 
 
-def select_list(available: set[str], wanted: Sequence[tuple[str, str, Sequence[str]]]) -> str:
-    """A SELECT list naming each store column once: its source expression, or NULL.
+def select_columns(
+    available: set[str], wanted: Sequence[tuple[str, str, Sequence[str]]]
+) -> list[tuple[str, str]]:
+    """(store column, SQL expression) for each of `wanted`: its source expression, or NULL.
 
     `wanted` holds (store column, SQL expression over source columns, source columns the
     expression needs). When any needed column is missing from `available`, NULL stands in.
     """
-    parts = []
-    for alias, expr, needs in wanted:
-        parts.append(f"{expr if all(c in available for c in needs) else 'NULL'} AS {alias}")
-    return ", ".join(parts)
+    return [(alias, expr if all(c in available for c in needs) else "NULL") for alias, expr, needs in wanted]
+
+
+def select_list(available: set[str], wanted: Sequence[tuple[str, str, Sequence[str]]]) -> str:
+    """`select_columns` as a SELECT list naming each store column once."""
+    return as_select(select_columns(available, wanted))
+
+
+def as_select(columns: Sequence[tuple[str, str]]) -> str:
+    """A SELECT list from (column, SQL expression) pairs."""
+    return ", ".join(f"{expr} AS {alias}" for alias, expr in columns)
 
 
 def fetch_batches(
@@ -194,18 +203,18 @@ def fetch_batches(
 
 
 def scan_table(
-    src: sqlite3.Connection, table: str, select: str, schema: pa.Schema, where: str = "1",
-    transform: Callable[[pa.Table], pa.Table] | None = None,
+    src: sqlite3.Connection, table: str, columns: Sequence[tuple[str, str]], schema: pa.Schema,
+    where: str = "1", transform: Callable[[pa.Table], pa.Table] | None = None,
 ) -> Iterator[pa.Table]:
-    """`SELECT {select} FROM table WHERE {where}` as Arrow tables of `schema`, in rowid order.
+    """`SELECT expression AS column, ... FROM table WHERE {where}` as Arrow tables of `schema`, in rowid order.
 
-    `select` names each column `AS` its field of `schema`. A source opened with the ADBC engine
-    (see `open_sqlite`) reads the table in parallel rowid ranges; otherwise, or for a table
-    without rowids, this is `fetch_batches` over the plain query. Both give the same rows in
-    the same order. `transform`, applied to every table before it is yielded, runs on the
-    reading threads when there are some.
+    `columns` holds (column, SQL expression) pairs, the columns being those of `schema` (see
+    `select_columns`). A source opened with the ADBC engine (see `open_sqlite`) reads the table
+    in parallel rowid ranges; otherwise, or for a table without rowids, this is `fetch_batches`
+    over the plain query. Both give the same rows in the same order. `transform`, applied to
+    every table before it is yielded, runs on the reading threads when there are some.
     """
-    sql = f'SELECT {select} FROM "{table}" WHERE ({where})'
+    sql = f'SELECT {as_select(columns)} FROM "{table}" WHERE ({where})'
     scanner = getattr(src, "scanner", None)
     if scanner is not None:
         try:
@@ -217,7 +226,7 @@ def scan_table(
         yield from (batches if transform is None else map(transform, batches))
         return
     try:
-        yield from scanner.scan(src, table, select, schema, where,
+        yield from scanner.scan(src, table, columns, schema, where,
                                 lambda chunk_sql: fetch_batches(src, chunk_sql, schema), transform)
     except sqlite3.DatabaseError as e:
         raise TraceFormatError(f"the SQLite file is damaged or truncated ({e})") from None

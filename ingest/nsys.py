@@ -36,6 +36,7 @@ from traceq.ingest.base import (
     numbered,
     row_estimate,
     scan_table,
+    select_columns,
     select_list,
     table_names,
 )
@@ -156,7 +157,7 @@ def _kernels(src: sqlite3.Connection, names: Names, configs: Names) -> Iterator[
                             pc.if_else(pc.equal(node, 0), pa.scalar(None, I64), node)))
 
     offset = 0
-    for batch in scan_table(src, KERNEL, select_list(have, wanted), schema, transform=columns):
+    for batch in scan_table(src, KERNEL, select_columns(have, wanted), schema, transform=columns):
         yield numbered(kernel_batch(batch, name_id=names.number_keys(batch["name_key"]),
                                     config_id=configs.number_keys(batch["config_key"])), offset)
         offset += batch.num_rows
@@ -181,7 +182,7 @@ def _api_calls(src: sqlite3.Connection, names: Names, threads: Names) -> Iterato
         return (batch.append_column("name_key", key_rows(batch["event_class"], batch["name_id"]))
                 .append_column("thread_key", key_rows(batch["global_tid"])))
 
-    for batch in scan_table(src, RUNTIME, select_list(have, wanted), schema, transform=columns):
+    for batch in scan_table(src, RUNTIME, select_columns(have, wanted), schema, transform=columns):
         yield pa.table({
             "start_ns": batch["start_ns"],
             "end_ns": batch["end_ns"],
@@ -213,7 +214,7 @@ def _memcpy(src: sqlite3.Connection) -> Iterator[pa.Table]:
         cols["dst_kind"] = enum_lookup(cols["dst_kind"].combine_chunks(), cupti.MEMORY_KIND)
         return pa.table(cols)
 
-    yield from scan_table(src, MEMCPY, select_list(have, wanted), schema, transform=columns)
+    yield from scan_table(src, MEMCPY, select_columns(have, wanted), schema, transform=columns)
 
 
 def _memset(src: sqlite3.Connection) -> Iterator[pa.Table]:
@@ -235,7 +236,7 @@ def _memset(src: sqlite3.Connection) -> Iterator[pa.Table]:
         cols["dst_kind"] = enum_lookup(cols["dst_kind"].combine_chunks(), cupti.MEMORY_KIND)
         return pa.table(cols)
 
-    yield from scan_table(src, MEMSET, select_list(have, wanted), schema, transform=columns)
+    yield from scan_table(src, MEMSET, select_columns(have, wanted), schema, transform=columns)
 
 
 def _nvtx(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
@@ -290,7 +291,7 @@ def _nvtx(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
             "end_tid": _tid(batch["end_global_tid"]),
         })
 
-    yield from scan_table(src, NVTX, select_list(have, wanted), schema, f"eventType IN ({kinds})", columns)
+    yield from scan_table(src, NVTX, select_columns(have, wanted), schema, f"eventType IN ({kinds})", columns)
 
 
 def _memory_events(src: sqlite3.Connection) -> Iterator[pa.Table]:
@@ -314,7 +315,7 @@ def _memory_events(src: sqlite3.Connection) -> Iterator[pa.Table]:
         cols["address"] = pc.cast(cols["address"], pa.uint64(), safe=False)
         return pa.table(cols)
 
-    yield from scan_table(src, MEMORY, select_list(have, wanted), schema, transform=columns)
+    yield from scan_table(src, MEMORY, select_columns(have, wanted), schema, transform=columns)
 
 
 def _read_gpus(src: sqlite3.Connection, tables: set[str], sink: Sink) -> None:

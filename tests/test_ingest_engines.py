@@ -63,14 +63,50 @@ def test_chunks_keep_rowid_order_and_typing(tmp_path: Path, monkeypatch: pytest.
     assert kernel_ids == list(range(len(kernel_ids)))
 
 
-def test_a_value_the_driver_cannot_type_is_read_by_sqlite3(
+def test_presumed_values_that_stop_holding_are_read_in_full(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, adbc: None
+) -> None:
+    """Columns that hold one value in the first chunk are presumed in the next ones. Where a later
+    row has another value, or a value where all were NULL, that chunk is read again in full, and
+    the column that changed is read from then on: the store is the stdlib reader's all the same."""
+    src = tmp_path / "changing.sqlite"
+    con = _copy_of_lenet(src)
+    # rowids 1 to 260 in chunks of 16: these rows are in chunks 5, 7 and 9
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET blockZ = 2 WHERE rowid = 70")
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET graphNodeId = 5 WHERE rowid = 100")
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET streamId = 8 WHERE rowid = 132")
+    con.commit()
+    con.close()
+    monkeypatch.setattr(arrow_sqlite, "CHUNK_ROWS", 16)
+    monkeypatch.setattr(arrow_sqlite, "READ_AHEAD", 0)  # so that a change is known before the last chunks
+    reads: list[tuple[int, set[str]]] = []  # (chunk, columns read) of each kernel query
+    query = arrow_sqlite.ArrowScanner._query
+
+    def spy(self: object, con: object, columns: list[tuple[str, str]], chunk: str, schema: object) -> object:
+        if "CUPTI_ACTIVITY_KIND_KERNEL" in chunk:
+            reads.append((int(chunk.split("BETWEEN ")[1].split()[0]) // 16 + 1, {c for c, _ in columns}))
+        return query(self, con, columns, chunk, schema)
+
+    monkeypatch.setattr(arrow_sqlite.ArrowScanner, "_query", spy)
+    assert _load(src, tmp_path / "adbc.duckdb", "adbc") == _load(src, tmp_path / "stdlib.duckdb", "stdlib")
+    reads.sort(key=lambda r: (r[0], arrow_sqlite.HELD not in r[1]))
+    assert [chunk for chunk, columns in reads if arrow_sqlite.HELD not in columns] == [1, 5, 7, 9]
+    presumed = [(chunk, columns) for chunk, columns in reads if arrow_sqlite.HELD in columns]
+    assert [chunk for chunk, _ in presumed] == list(range(2, 18))
+    assert {"block_z", "graph_node_id", "stream_id", "device_id"}.isdisjoint(presumed[0][1])
+    assert {"block_z", "graph_node_id", "stream_id"} <= presumed[-1][1]
+    assert "device_id" not in presumed[-1][1]  # still presumed
+
+
+@pytest.mark.parametrize("column", ["gridX", "streamId"])  # one that varies, one presumed
+def test_a_value_the_driver_cannot_type_is_read_by_sqlite3(
+    column: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, adbc: None
 ) -> None:
     """Text in an INTEGER column after integers: ADBC refuses the chunk and sqlite3 reads it, so
     the outcome is the stdlib reader's."""
     src = tmp_path / "mixed.sqlite"
     con = _copy_of_lenet(src)
-    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET gridX = 'x' WHERE rowid = 40")
+    con.execute(f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET {column} = 'x' WHERE rowid = 40")
     con.commit()
     con.close()
     monkeypatch.setattr(arrow_sqlite, "CHUNK_ROWS", 32)
