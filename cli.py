@@ -197,7 +197,7 @@ def load(
             typer.echo(
                 f"{result.status} {result.name!r} (trace {result.trace_id}) from {path}: "
                 f"{result.kernel_count:,} kernels, {rows.get('api_events', 0):,} API calls, "
-                f"{rows.get('memops', 0):,} memcpy/memset, {rows.get('nvtx', 0):,} NVTX events "
+                f"{rows.get('memops', 0):,} memcpy/memset, {rows.get('nvtx_events', 0):,} NVTX events "
                 f"in {result.seconds:.2f} s"
             )
 

@@ -64,19 +64,16 @@ CREATE TABLE gpus (
     max_smem_per_block_optin_bytes INTEGER -- with cudaFuncAttributeMaxDynamicSharedMemorySize; NULL when unknown
 );
 
--- table kernel_events: one row per kernel launch that ran on a GPU, its names and launch configuration as ids (read the `kernels` view: it adds them).
+-- table kernel_events: one row per kernel launch that ran on a GPU, its names, launch configuration and queue as ids (read the `kernels` view: it adds them).
 CREATE TABLE kernel_events (
     trace_id INTEGER NOT NULL,
     kernel_id BIGINT NOT NULL,             -- 0-based, in the source file's row order
     start_ns BIGINT NOT NULL,
     end_ns BIGINT NOT NULL,
-    device_id INTEGER,
-    context_id INTEGER,
-    stream_id INTEGER,
     correlation_id BIGINT,                 -- links to api_calls.correlation_id within the same pid
-    pid BIGINT,                            -- launching process
     name_id INTEGER NOT NULL,              -- the kernel's names: kernel_names.name_id of the same trace
     config_id INTEGER NOT NULL,            -- the launch's configuration: kernel_configs.config_id of the same trace
+    queue_id INTEGER NOT NULL,             -- where it was queued (device, context, stream, process): kernel_queues.queue_id of the same trace
     graph_node_id BIGINT                   -- CUDA graph node; NULL when not launched from a graph
 );
 
@@ -105,10 +102,20 @@ CREATE TABLE kernel_configs (
     launch_type VARCHAR                    -- 'regular', 'cooperative', 'cooperative_multi_device' or NULL
 );
 
--- view kernels: one row per kernel launch, as analyses read it: the columns of kernel_events but name_id and config_id, with name, short_name and mangled_name from kernel_names, the launch configuration from kernel_configs, dur_ns = end_ns - start_ns, grid_blocks = grid_x * grid_y * grid_z (BIGINT) and block_threads = block_x * block_y * block_z.
+-- table kernel_queues: the distinct places each trace's kernels were queued on: device, context, stream and launching process (a launch stores the id).
+CREATE TABLE kernel_queues (
+    trace_id INTEGER NOT NULL,
+    queue_id INTEGER NOT NULL,             -- 0, 1, ... within the trace
+    device_id INTEGER,
+    context_id INTEGER,
+    stream_id INTEGER,
+    pid BIGINT                             -- launching process
+);
+
+-- view kernels: one row per kernel launch, as analyses read it: the columns of kernel_events but name_id, config_id and queue_id, with name, short_name and mangled_name from kernel_names, the launch configuration from kernel_configs, device, context, stream and pid from kernel_queues, dur_ns = end_ns - start_ns, grid_blocks = grid_x * grid_y * grid_z (BIGINT) and block_threads = block_x * block_y * block_z.
 CREATE VIEW kernels AS
 SELECT e.trace_id, e.kernel_id, e.start_ns, e.end_ns, e.end_ns - e.start_ns AS dur_ns,
-       e.device_id, e.context_id, e.stream_id, e.correlation_id, e.pid,
+       q.device_id, q.context_id, q.stream_id, e.correlation_id, q.pid,
        n.name, n.short_name, n.mangled_name,
        c.grid_x, c.grid_y, c.grid_z, c.block_x, c.block_y, c.block_z,
        c.grid_x::BIGINT * c.grid_y * c.grid_z AS grid_blocks,
@@ -118,7 +125,8 @@ SELECT e.trace_id, e.kernel_id, e.start_ns, e.end_ns, e.end_ns - e.start_ns AS d
        e.graph_node_id
 FROM kernel_events e
 JOIN kernel_names n ON n.trace_id = e.trace_id AND n.name_id = e.name_id
-JOIN kernel_configs c ON c.trace_id = e.trace_id AND c.config_id = e.config_id;
+JOIN kernel_configs c ON c.trace_id = e.trace_id AND c.config_id = e.config_id
+JOIN kernel_queues q ON q.trace_id = e.trace_id AND q.queue_id = e.queue_id;
 
 -- table kernel_summary: per-name kernel statistics of each trace, written by the load (traceq.analysis.kernels.build_kernel_summary) so that `traceq top` reads a few rows instead of every launch.
 CREATE TABLE kernel_summary (
@@ -190,14 +198,20 @@ CREATE TABLE memops (
     pid BIGINT
 );
 
--- table nvtx: NVTX ranges and marks.
-CREATE TABLE nvtx (
+-- table nvtx_events: NVTX ranges and marks, their kind, domain, category, color and threads as an id (read the `nvtx` view: it adds them).
+CREATE TABLE nvtx_events (
     trace_id INTEGER NOT NULL,
     start_ns BIGINT NOT NULL,
     end_ns BIGINT,                         -- NULL for marks
-    dur_ns BIGINT,                         -- NULL for marks
-    kind VARCHAR NOT NULL,                 -- 'pushpop' (per-thread stack), 'startend' (may cross threads) or 'mark'
     name VARCHAR,                          -- the message text
+    attributes_id INTEGER NOT NULL         -- nvtx_attributes.attributes_id of the same trace
+);
+
+-- table nvtx_attributes: the distinct (kind, domain, category, color, threads) of each trace's NVTX events (an event stores the id).
+CREATE TABLE nvtx_attributes (
+    trace_id INTEGER NOT NULL,
+    attributes_id INTEGER NOT NULL,        -- 0, 1, ... within the trace
+    kind VARCHAR NOT NULL,                 -- 'pushpop' (per-thread stack), 'startend' (may cross threads) or 'mark'
     domain VARCHAR,                        -- NVTX domain name; NULL for the default domain
     category BIGINT,
     color BIGINT,                          -- ARGB
@@ -206,6 +220,13 @@ CREATE TABLE nvtx (
     global_tid BIGINT,                     -- nsys globalTid; NULL for nvprof
     end_tid BIGINT                         -- thread that closed a start/end range
 );
+
+-- view nvtx: NVTX ranges and marks, as analyses read them: the columns of nvtx_events but attributes_id, with dur_ns = end_ns - start_ns (NULL for marks) and the columns of nvtx_attributes.
+CREATE VIEW nvtx AS
+SELECT e.trace_id, e.start_ns, e.end_ns, e.end_ns - e.start_ns AS dur_ns, a.kind, e.name, a.domain,
+       a.category, a.color, a.pid, a.tid, a.global_tid, a.end_tid
+FROM nvtx_events e
+JOIN nvtx_attributes a ON a.trace_id = e.trace_id AND a.attributes_id = e.attributes_id;
 
 -- table memory_events: device memory allocations and frees (nsys --cuda-memory-usage=true).
 CREATE TABLE memory_events (

@@ -234,16 +234,31 @@ def _range_names(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex:
 
 def _ranges(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame) -> pl.DataFrame:
     """The trace's push/pop and start/end ranges: pid, tid, start_ns, end_ns (open ones end at
-    the end of time), startend, name_id. Names travel as their hash, turned into the id here;
-    should two names share a hash, the names themselves are joined instead (slower)."""
-    columns = f"pid, tid, start_ns, coalesce(end_ns, {_FOREVER}) AS end_ns, kind = 'startend' AS startend"
-    where = f"trace_id = {trace_id} AND kind IN ('pushpop', 'startend')"
-    if names["h"].is_unique().all():
-        frame = con.sql(f"SELECT {columns}, hash(coalesce(name, '')) AS h FROM nvtx WHERE {where}").pl()
-        return frame.with_columns(name_id=pl.col("h").replace_strict(names["h"], names["name_id"])).drop("h")
-    with _registered(con, names=names.select("name", "name_id")) as rel:
-        return con.sql(f"SELECT {columns}, d.name_id FROM nvtx JOIN {rel['names']} d "
-                       f"ON d.name = coalesce(nvtx.name, '') WHERE {where}").pl()
+    the end of time), startend, name_id, in table order: nesting needs it where two ranges of a
+    thread start at once, so they are read from nvtx_events (a scan keeps the order; the `nvtx`
+    view's join, run in parallel, does not) and their attributes looked up here. Names travel as
+    their hash, turned into the id here; should two names share a hash, the names themselves
+    are looked up instead (slower)."""
+    attributes = con.sql(f"SELECT attributes_id, pid, tid, kind = 'startend' AS startend FROM nvtx_attributes "
+                         f"WHERE trace_id = {trace_id} AND kind IN ('pushpop', 'startend')").pl()
+    by_hash = names["h"].is_unique().all()
+    frame = con.sql(f"""
+        SELECT attributes_id, start_ns, coalesce(end_ns, {_FOREVER}) AS end_ns,
+               {"hash(coalesce(name, ''))" if by_hash else "coalesce(name, '')"} AS key
+        FROM nvtx_events
+        WHERE trace_id = {trace_id} AND attributes_id IN ({", ".join(map(str, attributes["attributes_id"])) or "NULL"})
+    """).pl()
+    ids = attributes["attributes_id"]
+    if frame.is_empty():  # polars gives an empty lookup the key's type whatever return_dtype says
+        return pl.DataFrame(schema={"pid": pl.Int64, "tid": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                                    "startend": pl.Boolean, "name_id": names["name_id"].dtype})
+
+    def look_up(key: str, keys: pl.Series, values: pl.Series) -> pl.Expr:
+        return pl.col(key).replace_strict(keys, values, return_dtype=values.dtype).alias(values.name)
+
+    return frame.select(look_up("attributes_id", ids, attributes["pid"]), look_up("attributes_id", ids, attributes["tid"]),
+                        "start_ns", "end_ns", look_up("attributes_id", ids, attributes["startend"]),
+                        look_up("key", names["h" if by_hash else "name"], names["name_id"]))
 
 
 def _split_ranges(

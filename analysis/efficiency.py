@@ -44,7 +44,7 @@ def device_limits(con: duckdb.DuckDBPyConnection, trace_id: int, cc: str | None 
         "max_smem_per_block_bytes, max_smem_per_block_optin_bytes FROM gpus WHERE trace_id = ?",
         [trace_id]).fetchall()
     devices = {r[0] for r in con.execute(
-        "SELECT DISTINCT device_id FROM kernel_events WHERE trace_id = ?", [trace_id]).fetchall()}
+        "SELECT DISTINCT device_id FROM kernel_queues WHERE trace_id = ?", [trace_id]).fetchall()}
     records = {r[0]: r for r in rows}
     out: dict[int, tuple[GpuLimits, int]] = {}
     for device in sorted(devices, key=lambda d: (d is None, d)):

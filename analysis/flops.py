@@ -195,8 +195,8 @@ def _consumers(con: duckdb.DuckDBPyConnection, trace_id: int, op_ids: list[int])
     pair = r"'\((\d+),(-?\d+)\)'"
     uses = con.sql(
         rf"""
-        WITH ids AS (
-            SELECT rowid AS row, name, split_part(name, ', input_op_ids = ', 2) AS ids
+        WITH ids AS MATERIALIZED (  -- once: row numbers the ranges for the join below
+            SELECT row_number() OVER () AS row, name, split_part(name, ', input_op_ids = ', 2) AS ids
             FROM nvtx
             WHERE trace_id = {int(trace_id)} AND kind = 'pushpop' AND name LIKE '%, input_op_ids = %'
         ),

@@ -167,7 +167,7 @@ def _record_trace(
         used AS (
             SELECT g.name, count(*) AS n FROM gpus g
             WHERE g.trace_id = $id AND (
-                g.device_id IN (SELECT DISTINCT device_id FROM kernel_events WHERE trace_id = $id)
+                g.device_id IN (SELECT DISTINCT device_id FROM kernel_queues WHERE trace_id = $id)
                 OR NOT EXISTS (SELECT 1 FROM kernel_events WHERE trace_id = $id))
             GROUP BY g.name
         )

@@ -311,10 +311,12 @@ TARGET_INFO_CUDA_GPU). Clock, memory size and bandwidth are stored in different 
 the readers map those themselves."""
 
 
-KERNEL_EVENT_COLUMNS = (
-    "start_ns", "end_ns", "device_id", "context_id", "stream_id", "correlation_id", "pid", "graph_node_id",
-)
+KERNEL_EVENT_COLUMNS = ("start_ns", "end_ns", "correlation_id", "graph_node_id")
 """The columns of a reader's kernel rows that go into kernel_events as they are."""
+
+KERNEL_QUEUE_COLUMNS = ("device_id", "context_id", "stream_id", "pid")
+"""The columns of a reader's kernel rows that say where a launch was queued (kernel_queues): a
+reader numbers them with `Names`."""
 
 KERNEL_CONFIG_COLUMNS = (
     "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread",
@@ -325,14 +327,56 @@ KERNEL_CONFIG_COLUMNS = (
 opt-in flag and the launch type as the source's codes: a reader numbers them with `Names`."""
 
 
-def kernel_batch(batch: pa.Table, *, name_id: pa.Array, config_id: pa.Array) -> pa.Table:
+def kernel_batch(batch: pa.Table, *, name_id: pa.Array, config_id: pa.Array, queue_id: pa.Array) -> pa.Table:
     """The `kernel_events` columns but kernel_id for one batch of a reader's kernel rows.
 
-    `batch` carries KERNEL_EVENT_COLUMNS under their store names; the reader supplies the name
-    and configuration ids (`Names`). `numbered` adds the kernel ids; `kernel_names` and
-    `kernel_configs` make the rows the ids stand for.
+    `batch` carries KERNEL_EVENT_COLUMNS under their store names; the reader supplies the name,
+    configuration and queue ids (`Names`). `numbered` adds the kernel ids; `kernel_names`,
+    `kernel_configs` and `kernel_queues` make the rows the ids stand for.
     """
-    return pa.table({**{c: batch[c] for c in KERNEL_EVENT_COLUMNS}, "name_id": name_id, "config_id": config_id})
+    return pa.table({**{c: batch[c] for c in KERNEL_EVENT_COLUMNS},
+                     "name_id": name_id, "config_id": config_id, "queue_id": queue_id})
+
+
+def kernel_queues(keys: Sequence[tuple[Any, ...]]) -> pa.Table:
+    """`kernel_queues` rows for queue ids 0, 1, ...: `keys` are the values of KERNEL_QUEUE_COLUMNS."""
+    return _numbered_keys("queue_id", KERNEL_QUEUE_COLUMNS, keys, pa.int64())
+
+
+def _numbered_keys(
+    id_column: str, columns: Sequence[str], keys: Sequence[tuple[Any, ...]], *types: pa.DataType,
+) -> pa.Table:
+    """Rows for ids 0, 1, ... (`id_column`) of the keys `Names` numbered: one column per element
+    of the keys, typed as `types` says (its last type for the columns past its end)."""
+    values = list(zip(*keys)) or [() for _ in columns]
+    return pa.table({id_column: pa.array(range(len(keys)), pa.int32()),
+                     **{c: pa.array(v, types[min(i, len(types) - 1)])
+                        for i, (c, v) in enumerate(zip(columns, values))}})
+
+
+NVTX_ATTRIBUTE_COLUMNS = ("kind", "domain", "category", "color", "pid", "tid", "global_tid", "end_tid")
+"""The columns of a reader's NVTX rows that go into nvtx_attributes, numbered with `Names`;
+global_tid may be missing (nvprof has none)."""
+
+
+def nvtx_batch(batch: pa.Table, attributes: Names) -> pa.Table:
+    """The `nvtx_events` columns for one batch of a reader's NVTX rows (start_ns, end_ns, name
+    and NVTX_ATTRIBUTE_COLUMNS, or the `attributes_key` that `nvtx_attributes_key` made of them
+    on a reading thread); `attributes` numbers their attributes (`nvtx_attributes` makes the rows)."""
+    key = batch["attributes_key"] if "attributes_key" in batch.column_names else nvtx_attributes_key(batch)
+    return pa.table({"start_ns": batch["start_ns"], "end_ns": batch["end_ns"], "name": batch["name"],
+                     "attributes_id": attributes.number_keys(key)})
+
+
+def nvtx_attributes_key(batch: pa.Table) -> pa.DictionaryArray:
+    """`key_rows` of a batch of NVTX rows' NVTX_ATTRIBUTE_COLUMNS (a missing one is NULL)."""
+    return key_rows(*[batch[c] if c in batch.column_names else pa.nulls(batch.num_rows, pa.int64())
+                      for c in NVTX_ATTRIBUTE_COLUMNS])
+
+
+def nvtx_attributes(keys: Sequence[tuple[Any, ...]]) -> pa.Table:
+    """`nvtx_attributes` rows for attribute ids 0, 1, ...: `keys` are the values of NVTX_ATTRIBUTE_COLUMNS."""
+    return _numbered_keys("attributes_id", NVTX_ATTRIBUTE_COLUMNS, keys, pa.string(), pa.string(), pa.int64())
 
 
 def kernel_configs(

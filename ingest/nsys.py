@@ -19,6 +19,7 @@ from traceq.ingest import cupti
 from traceq.ingest.base import (
     CUPTI_DEVICE_LIMITS,
     KERNEL_CONFIG_COLUMNS,
+    KERNEL_QUEUE_COLUMNS,
     Names,
     Sink,
     SourceInfo,
@@ -32,8 +33,12 @@ from traceq.ingest.base import (
     kernel_batch,
     kernel_configs,
     kernel_names,
+    kernel_queues,
     key_rows,
     numbered,
+    nvtx_attributes,
+    nvtx_attributes_key,
+    nvtx_batch,
     row_estimate,
     scan_table,
     select_columns,
@@ -84,13 +89,14 @@ class NsysReader:
         _read_gpus(src, tables, sink)
         _read_processes(src, tables, strings, sink)
         if KERNEL in tables:
-            names, configs = Names(), Names()
-            sink.append_all("kernel_events", _kernels(src, names, configs))
+            names, configs, queues = Names(), Names(), Names()
+            sink.append_all("kernel_events", _kernels(src, names, configs, queues))
             demangled, short, mangled = list(zip(*names.keys)) or [(), (), ()]
             sink.append("kernel_names", kernel_names(_texts(strings, demangled), _texts(strings, short),
                                                      _texts(strings, mangled)), source_rows=0)
             sink.append("kernel_configs", kernel_configs(configs.keys, optin_code=cupti.SHMEM_LIMIT_OPTIN,
                                                          launch_types=cupti.LAUNCH_TYPE), source_rows=0)
+            sink.append("kernel_queues", kernel_queues(queues.keys), source_rows=0)
         if RUNTIME in tables:
             names, threads = Names(), Names()
             sink.append_all("api_events", _api_calls(src, names, threads))
@@ -105,7 +111,9 @@ class NsysReader:
         if MEMSET in tables:
             sink.append_all("memops", _memset(src))
         if NVTX in tables:
-            sink.append_all("nvtx", _nvtx(src, strings))
+            attributes = Names()
+            sink.append_all("nvtx_events", _nvtx(src, strings, attributes))
+            sink.append("nvtx_attributes", nvtx_attributes(attributes.keys), source_rows=0)
         if MEMORY in tables:
             sink.append_all("memory_events", _memory_events(src))
         return _source_info(src, tables)
@@ -116,9 +124,9 @@ def _texts(strings: Strings, ids: Sequence[int | None]) -> list[str | None]:
     return strings.lookup(pa.array(ids, I64)).to_pylist()
 
 
-def _kernels(src: sqlite3.Connection, names: Names, configs: Names) -> Iterator[pa.Table]:
+def _kernels(src: sqlite3.Connection, names: Names, configs: Names, queues: Names) -> Iterator[pa.Table]:
     """kernel_events rows; `names` numbers the (demangled, short, mangled) StringIds ids of each,
-    `configs` its launch configuration (KERNEL_CONFIG_COLUMNS)."""
+    `configs` its launch configuration (KERNEL_CONFIG_COLUMNS), `queues` its KERNEL_QUEUE_COLUMNS."""
     have = column_names(src, KERNEL)
     wanted = [
         ("start_ns", "start", ["start"]),
@@ -151,15 +159,17 @@ def _kernels(src: sqlite3.Connection, names: Names, configs: Names) -> Iterator[
         batch = (batch
                  .append_column("name_key", key_rows(batch["demangled_id"], batch["short_id"], batch["mangled_id"]))
                  .append_column("config_key", key_rows(*[batch[c] for c in KERNEL_CONFIG_COLUMNS])))
-        return (batch
-                .set_column(batch.schema.get_field_index("pid"), "pid", _pid(batch["pid"]))
-                .set_column(batch.schema.get_field_index("graph_node_id"), "graph_node_id",
-                            pc.if_else(pc.equal(node, 0), pa.scalar(None, I64), node)))
+        batch = (batch
+                 .set_column(batch.schema.get_field_index("pid"), "pid", _pid(batch["pid"]))
+                 .set_column(batch.schema.get_field_index("graph_node_id"), "graph_node_id",
+                             pc.if_else(pc.equal(node, 0), pa.scalar(None, I64), node)))
+        return batch.append_column("queue_key", key_rows(*[batch[c] for c in KERNEL_QUEUE_COLUMNS]))
 
     offset = 0
     for batch in scan_table(src, KERNEL, select_columns(have, wanted), schema, transform=columns):
         yield numbered(kernel_batch(batch, name_id=names.number_keys(batch["name_key"]),
-                                    config_id=configs.number_keys(batch["config_key"])), offset)
+                                    config_id=configs.number_keys(batch["config_key"]),
+                                    queue_id=queues.number_keys(batch["queue_key"])), offset)
         offset += batch.num_rows
 
 
@@ -239,15 +249,16 @@ def _memset(src: sqlite3.Connection) -> Iterator[pa.Table]:
     yield from scan_table(src, MEMSET, select_columns(have, wanted), schema, transform=columns)
 
 
-def _nvtx(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
+def _nvtx(src: sqlite3.Connection, strings: Strings, attributes: Names) -> Iterator[pa.Table]:
+    """nvtx_events rows; `attributes` numbers the NVTX_ATTRIBUTE_COLUMNS of each."""
     have = column_names(src, NVTX)
     domains = {}
-    if "domainId" in have:
-        for domain_id, gtid, text, text_id in src.execute(
-            f"SELECT domainId, globalTid, text, {'textId' if 'textId' in have else 'NULL'} "
-            f"FROM {NVTX} WHERE eventType = {NVTX_DOMAIN_CREATE}"
-        ):
-            domains[(domain_id, (gtid or 0) // 16777216 % 16777216)] = text
+    if "domainId" in have:  # a scan of the whole table: on the reading threads, like the rows
+        created = _schema(("domain_id", I64), ("global_tid", I64), ("text", STR))
+        for batch in scan_table(src, NVTX, [("domain_id", "domainId"), ("global_tid", "globalTid"), ("text", "text")],
+                                created, f"eventType = {NVTX_DOMAIN_CREATE}"):
+            for domain_id, gtid, text in zip(*(batch[c].to_pylist() for c in created.names)):
+                domains[(domain_id, (gtid or 0) // 16777216 % 16777216)] = text
     wanted = [
         ("start_ns", "start", ["start"]),
         ("end_ns", '"end"', ["end"]),
@@ -275,10 +286,9 @@ def _nvtx(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
             domain = pc.take(domain_names, pc.index_in(key, value_set=domain_keys))
         else:
             domain = pa.nulls(batch.num_rows, STR)
-        return pa.table({
+        rows = pa.table({
             "start_ns": batch["start_ns"],
             "end_ns": batch["end_ns"],
-            "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
             "kind": enum_lookup(batch["event_type"].combine_chunks(), NVTX_KIND),
             "name": coalesce_text(batch["text"].combine_chunks(),
                                   strings.dictionary(batch["text_id"].combine_chunks())),
@@ -290,8 +300,10 @@ def _nvtx(src: sqlite3.Connection, strings: Strings) -> Iterator[pa.Table]:
             "global_tid": gtid,
             "end_tid": _tid(batch["end_global_tid"]),
         })
+        return rows.append_column("attributes_key", nvtx_attributes_key(rows))
 
-    yield from scan_table(src, NVTX, select_columns(have, wanted), schema, f"eventType IN ({kinds})", columns)
+    for batch in scan_table(src, NVTX, select_columns(have, wanted), schema, f"eventType IN ({kinds})", columns):
+        yield nvtx_batch(batch, attributes)
 
 
 def _memory_events(src: sqlite3.Connection) -> Iterator[pa.Table]:

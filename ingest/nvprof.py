@@ -49,6 +49,7 @@ from traceq.ingest import cupti, cupti_cbid
 from traceq.ingest.base import (
     CUPTI_DEVICE_LIMITS,
     KERNEL_CONFIG_COLUMNS,
+    KERNEL_QUEUE_COLUMNS,
     Names,
     Sink,
     SourceInfo,
@@ -61,7 +62,10 @@ from traceq.ingest.base import (
     kernel_batch,
     kernel_configs,
     kernel_names,
+    kernel_queues,
     numbered,
+    nvtx_attributes,
+    nvtx_batch,
     row_estimate,
     select_list,
     table_names,
@@ -224,19 +228,21 @@ def _read_kernels(src: sqlite3.Connection, tables: set[str], strings: Strings, t
         selects.append(f"SELECT {select_list(have, wanted)} FROM {table} x WHERE {where}")
     symbols = _kernel_names(src, present, strings)
     schema = pa.schema([(w[0], I64) for w in wanted])
-    names, configs = Names(), Names()
+    names, configs, queues = Names(), Names(), Names()
 
     def kernels() -> Iterator[pa.Table]:
         offset = 0
         for batch in fetch_batches(src, " UNION ALL ".join(selects), schema):
             yield numbered(kernel_batch(batch, name_id=names.number(batch["name_id"]),
-                                        config_id=configs.number(*[batch[c] for c in KERNEL_CONFIG_COLUMNS])),
+                                        config_id=configs.number(*[batch[c] for c in KERNEL_CONFIG_COLUMNS]),
+                                        queue_id=queues.number(*[batch[c] for c in KERNEL_QUEUE_COLUMNS])),
                            offset)
             offset += batch.num_rows
 
     sink.append_all("kernel_events", kernels())
     sink.append("kernel_configs", kernel_configs(configs.keys, optin_code=cupti.SHMEM_LIMIT_OPTIN,
                                                  launch_types=LAUNCH_TYPE), source_rows=0)
+    sink.append("kernel_queues", kernel_queues(queues.keys), source_rows=0)
     ids = pa.array([key[0] for key in names.keys], I64)
     sink.append("kernel_names", kernel_names(symbols.demangled.lookup(ids).to_pylist(),
                                              symbols.short.lookup(ids).to_pylist(),
@@ -414,16 +420,18 @@ def _read_nvtx(src: sqlite3.Connection, tables: set[str], strings: Strings, t0: 
         {data_join}
         WHERE (s.flags & {MARKER_START}) != 0 AND s.timestamp > 0
         ORDER BY substr(s.objectId, 1, 8), {domain}, s.timestamp, s._id_"""
-    nesting = _Nesting()
+    nesting, attributes = _Nesting(), Names()
     for batch in fetch_batches(src, ranges, schema):
-        sink.append("nvtx", _nvtx_table(batch, strings, nesting), source_rows=2 * batch.num_rows)
+        sink.append("nvtx_events", nvtx_batch(_nvtx_table(batch, strings, nesting), attributes),
+                    source_rows=2 * batch.num_rows)
     marks = f"""
         SELECT s.timestamp - {t0}, NULL, s.name, {domain}, s.objectKind, s.objectId,
                NULL, NULL, s._id_, NULL, {data_cols}
         FROM {MARKER} s {data_join}
         WHERE (s.flags & {MARKER_INSTANT}) != 0 AND s.timestamp > 0"""
     for batch in fetch_batches(src, marks, schema):
-        sink.append("nvtx", _nvtx_table(batch, strings, None))
+        sink.append("nvtx_events", nvtx_batch(_nvtx_table(batch, strings, None), attributes))
+    sink.append("nvtx_attributes", nvtx_attributes(attributes.keys), source_rows=0)
 
 
 class _Nesting:
@@ -478,7 +486,6 @@ def _nvtx_table(batch: pa.Table, strings: Strings, nesting: _Nesting | None) -> 
     return pa.table({
         "start_ns": batch["start_ns"],
         "end_ns": batch["end_ns"],
-        "dur_ns": pc.subtract(batch["end_ns"], batch["start_ns"]),
         "kind": pa.array(kinds, type=STR),
         "name": strings.lookup(batch["name_id"].combine_chunks()),
         "domain": strings.lookup(batch["domain_id"].combine_chunks()),

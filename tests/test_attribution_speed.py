@@ -10,12 +10,14 @@ import random
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 import pytest
 from polars.testing import assert_frame_equal
 
 from traceq.analysis.attribution import (
     _BY_TIME_CTES, _FOREVER, ITERATION_REGEX, STAGES, _name_flags, _paths_cte, _real_asof_joins, _result_sql,
     _sql_string, attribute_points, kernel_attribution)
+from traceq.ingest.base import Names, nvtx_attributes, nvtx_batch
 from traceq.store import schema_sql
 
 
@@ -149,11 +151,20 @@ def _random_trace(rng: random.Random) -> tuple[list[tuple], list[tuple]]:
 
 
 def _store(rows: list[tuple]) -> duckdb.DuckDBPyConnection:
+    """A store whose trace 1 has the NVTX events `rows` (pid, tid, kind, name, start_ns, end_ns),
+    written as a reader writes them."""
     con = duckdb.connect()
     con.execute(schema_sql())
     if rows:
-        con.executemany("INSERT INTO nvtx (trace_id, pid, tid, kind, name, start_ns, end_ns) "
-                        "VALUES (1, ?, ?, ?, ?, ?, ?)", rows)
+        columns = ["pid", "tid", "kind", "name", "start_ns", "end_ns"]
+        types = [pa.int64(), pa.int64(), pa.string(), pa.string(), pa.int64(), pa.int64()]
+        table = pa.table({c: pa.array(v, t) for c, v, t in zip(columns, zip(*rows), types)})
+        attributes = Names()
+        events = nvtx_batch(table, attributes)  # numbers the attributes
+        for name, rows in (("nvtx_events", events), ("nvtx_attributes", nvtx_attributes(attributes.keys))):
+            con.register("rows", rows)
+            con.execute(f"INSERT INTO {name} BY NAME SELECT 1 AS trace_id, * FROM rows")
+            con.unregister("rows")
     return con
 
 
@@ -183,8 +194,9 @@ def test_kernels_without_ranges_or_launches() -> None:
     con = _store([])
     con.execute("INSERT INTO kernel_names (trace_id, name_id, name, short_name) VALUES (1, 0, 'k', 'k')")
     con.execute("INSERT INTO kernel_configs (trace_id, config_id) VALUES (1, 0)")
-    con.execute("INSERT INTO kernel_events (trace_id, kernel_id, start_ns, end_ns, correlation_id, pid, name_id, "
-                "config_id) VALUES (1, 0, 5, 6, 7, 1, 0, 0), (1, 1, 8, 9, 8, 1, 0, 0)")
+    con.execute("INSERT INTO kernel_queues (trace_id, queue_id, pid) VALUES (1, 0, 1)")
+    con.execute("INSERT INTO kernel_events (trace_id, kernel_id, start_ns, end_ns, correlation_id, name_id, "
+                "config_id, queue_id) VALUES (1, 0, 5, 6, 7, 0, 0, 0), (1, 1, 8, 9, 8, 0, 0, 0)")
     con.execute("INSERT INTO api_names (trace_id, name_id, api) VALUES (1, 0, 'runtime')")
     con.execute("INSERT INTO api_threads (trace_id, thread_id, pid, tid) VALUES (1, 0, 1, 10)")
     con.execute("INSERT INTO api_events (trace_id, start_ns, end_ns, name_id, thread_id, correlation_id) "

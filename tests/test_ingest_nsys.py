@@ -66,17 +66,50 @@ def test_every_export_loads_with_source_counts(store, path: Path) -> None:
 
 
 def _grouped(con, sql: str, params: list | None = None) -> list[tuple]:
-    return sorted(map(tuple, con.execute(sql, params or []).fetchall()))
+    return sorted(map(tuple, con.execute(sql, params or []).fetchall()),
+                  key=lambda row: tuple((value is None, value) for value in row))  # NULLs last
 
 
 def _threads_and_configurations_match_the_source(store, tid: int, path: Path) -> None:
-    """The store keeps each calling thread and launch configuration once per trace (api_threads,
-    kernel_configs); the views must give every call and launch back its own, as SQLite decodes
-    them from the export's rows."""
+    """The store keeps each calling thread, launch configuration, launch queue and NVTX event's
+    attributes once per trace (api_threads, kernel_configs, kernel_queues, nvtx_attributes); the
+    views must give every call, launch and range back its own, as SQLite decodes them from the
+    export's rows."""
     import sqlite3
 
     src = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+    def column(table: str, name: str, expression: str | None = None) -> str:
+        have = {r[1] for r in src.execute(f'PRAGMA table_info("{table}")')}
+        return (expression or name) if name in have else "NULL"
+
+    if "CUPTI_ACTIVITY_KIND_KERNEL" in tables:
+        kernel = "CUPTI_ACTIVITY_KIND_KERNEL"
+        expected = _grouped(src, f"SELECT {column(kernel, 'deviceId')}, {column(kernel, 'contextId')}, "
+                                 f"{column(kernel, 'streamId')}, "
+                                 f"{column(kernel, 'globalPid', 'globalPid / 16777216 % 16777216')}, count(*) "
+                                 f"FROM {kernel} GROUP BY 1, 2, 3, 4")
+        got = _grouped(store, "SELECT device_id, context_id, stream_id, pid, count(*) FROM kernels "
+                              "WHERE trace_id = ? GROUP BY ALL", [tid])
+        assert got == expected
+    if "NVTX_EVENTS" in tables:
+        gtid = column("NVTX_EVENTS", "globalTid", "e.globalTid")
+        pid = f"{gtid} / 16777216 % 16777216"
+        domains = ("(SELECT domainId, pid, text FROM (SELECT domainId, globalTid / 16777216 % 16777216 AS pid, text, "
+                   "row_number() OVER (PARTITION BY domainId, globalTid / 16777216 % 16777216 ORDER BY rowid DESC) AS r "
+                   "FROM NVTX_EVENTS WHERE eventType = 75) WHERE r = 1)")
+        domain = "d.text" if column("NVTX_EVENTS", "domainId") != "NULL" else "NULL"
+        join = f"LEFT JOIN {domains} d ON d.domainId = e.domainId AND d.pid = {pid}" if domain != "NULL" else ""
+        expected = _grouped(src, f"""
+            SELECT CASE e.eventType WHEN 34 THEN 'mark' WHEN 59 THEN 'pushpop' ELSE 'startend' END, {domain},
+                   {column("NVTX_EVENTS", "category", "e.category")}, {column("NVTX_EVENTS", "color", "e.color")},
+                   {pid}, {gtid} % 16777216, {gtid},
+                   {column("NVTX_EVENTS", "endGlobalTid", "e.endGlobalTid % 16777216")}, count(*)
+            FROM NVTX_EVENTS e {join} WHERE e.eventType IN (34, 59, 60) GROUP BY 1, 2, 3, 4, 5, 6, 7, 8""")
+        got = _grouped(store, "SELECT kind, domain, category, color, pid, tid, global_tid, end_tid, count(*) "
+                              "FROM nvtx WHERE trace_id = ? GROUP BY ALL", [tid])
+        assert got == expected
     if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
         expected = _grouped(src, "SELECT globalTid / 16777216 % 16777216, globalTid % 16777216, globalTid, count(*) "
                                  "FROM CUPTI_ACTIVITY_KIND_RUNTIME GROUP BY 1, 2, 3")
