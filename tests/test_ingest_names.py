@@ -98,13 +98,21 @@ API_CALLS = ["trace_id", "start_ns", "end_ns", "dur_ns", "api", "name", "correla
              "global_tid", "return_value"]
 
 
-@pytest.mark.parametrize(("view", "columns"), [("kernels", KERNELS), ("api_calls", API_CALLS)])
+NVTX = {"trace_id": "INTEGER", "start_ns": "BIGINT", "end_ns": "BIGINT", "dur_ns": "BIGINT", "kind": "VARCHAR",
+        "name": "VARCHAR", "domain": "VARCHAR", "category": "BIGINT", "color": "BIGINT", "pid": "BIGINT",
+        "tid": "BIGINT", "global_tid": "BIGINT", "end_tid": "BIGINT"}
+"""The columns and types of schema 4's `nvtx` table."""
+
+
+@pytest.mark.parametrize(("view", "columns"), [("kernels", KERNELS), ("api_calls", API_CALLS), ("nvtx", list(NVTX))])
 def test_views_keep_the_columns_of_the_tables_they_replaced(view: str, columns: list[str], tmp_path) -> None:
-    """Schema 2 stored `kernels` and `api_calls` as tables; analyses and users' SQL read the same
-    columns, in the same order, from the views of schema 3."""
+    """Schema 2 stored `kernels` and `api_calls` as tables, schema 4 `nvtx`; analyses and users'
+    SQL read the same columns, in the same order, from the views that replaced them."""
     con = open_store(tmp_path / "s.duckdb", create=True)
     assert [r[0] for r in con.execute(f"DESCRIBE {view}").fetchall()] == columns
     types = dict(con.execute(f"SELECT column_name, column_type FROM (DESCRIBE {view})").fetchall())
     assert types["dur_ns"] == "BIGINT" and types["name"] == "VARCHAR"
+    if view == "nvtx":
+        assert types == NVTX
     if view == "kernels":
         assert types["grid_blocks"] == "BIGINT" and types["block_threads"] == "INTEGER"
