@@ -340,18 +340,18 @@ def kernel_batch(batch: pa.Table, *, name_id: pa.Array, config_id: pa.Array, que
 
 def kernel_queues(keys: Sequence[tuple[Any, ...]]) -> pa.Table:
     """`kernel_queues` rows for queue ids 0, 1, ...: `keys` are the values of KERNEL_QUEUE_COLUMNS."""
-    return _numbered_keys("queue_id", KERNEL_QUEUE_COLUMNS, keys, pa.int64())
+    return _numbered_keys("queue_id", KERNEL_QUEUE_COLUMNS, keys)
 
 
 def _numbered_keys(
-    id_column: str, columns: Sequence[str], keys: Sequence[tuple[Any, ...]], *types: pa.DataType,
+    id_column: str, columns: Sequence[str], keys: Sequence[tuple[Any, ...]],
+    types: dict[str, pa.DataType] | None = None,
 ) -> pa.Table:
     """Rows for ids 0, 1, ... (`id_column`) of the keys `Names` numbered: one column per element
-    of the keys, typed as `types` says (its last type for the columns past its end)."""
+    of the keys, int64 unless `types` says otherwise."""
     values = list(zip(*keys)) or [() for _ in columns]
     return pa.table({id_column: pa.array(range(len(keys)), pa.int32()),
-                     **{c: pa.array(v, types[min(i, len(types) - 1)])
-                        for i, (c, v) in enumerate(zip(columns, values))}})
+                     **{c: pa.array(v, (types or {}).get(c, pa.int64())) for c, v in zip(columns, values)}})
 
 
 NVTX_ATTRIBUTE_COLUMNS = ("kind", "domain", "category", "color", "pid", "tid", "global_tid", "end_tid")
@@ -376,7 +376,7 @@ def nvtx_attributes_key(batch: pa.Table) -> pa.DictionaryArray:
 
 def nvtx_attributes(keys: Sequence[tuple[Any, ...]]) -> pa.Table:
     """`nvtx_attributes` rows for attribute ids 0, 1, ...: `keys` are the values of NVTX_ATTRIBUTE_COLUMNS."""
-    return _numbered_keys("attributes_id", NVTX_ATTRIBUTE_COLUMNS, keys, pa.string(), pa.string(), pa.int64())
+    return _numbered_keys("attributes_id", NVTX_ATTRIBUTE_COLUMNS, keys, {"kind": pa.string(), "domain": pa.string()})
 
 
 def kernel_configs(
@@ -530,12 +530,7 @@ def api_names(apis: Sequence[str], names: Sequence[str | None]) -> pa.Table:
 def api_threads(pids: Sequence[int | None], tids: Sequence[int | None],
                 global_tids: Sequence[int | None]) -> pa.Table:
     """`api_threads` rows for thread ids 0, 1, ..."""
-    return pa.table({
-        "thread_id": pa.array(range(len(pids)), pa.int32()),
-        "pid": pa.array(pids, pa.int64()),
-        "tid": pa.array(tids, pa.int64()),
-        "global_tid": pa.array(global_tids, pa.int64()),
-    })
+    return _numbered_keys("thread_id", ("pid", "tid", "global_tid"), list(zip(pids, tids, global_tids)))
 
 
 def numbered(kernels: pa.Table, first_id: int) -> pa.Table:
