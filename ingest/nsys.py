@@ -157,13 +157,13 @@ def _kernels(src: sqlite3.Connection, names: Names, configs: Names, queues: Name
     def columns(batch: pa.Table) -> pa.Table:  # on the reading threads
         node = batch["graph_node_id"]
         batch = (batch
-                 .append_column("name_key", key_rows(batch["demangled_id"], batch["short_id"], batch["mangled_id"]))
-                 .append_column("config_key", key_rows(*[batch[c] for c in KERNEL_CONFIG_COLUMNS])))
-        batch = (batch
                  .set_column(batch.schema.get_field_index("pid"), "pid", _pid(batch["pid"]))
                  .set_column(batch.schema.get_field_index("graph_node_id"), "graph_node_id",
                              pc.if_else(pc.equal(node, 0), pa.scalar(None, I64), node)))
-        return batch.append_column("queue_key", key_rows(*[batch[c] for c in KERNEL_QUEUE_COLUMNS]))
+        return (batch  # the keys of the decoded columns
+                .append_column("name_key", key_rows(batch["demangled_id"], batch["short_id"], batch["mangled_id"]))
+                .append_column("config_key", key_rows(*[batch[c] for c in KERNEL_CONFIG_COLUMNS]))
+                .append_column("queue_key", key_rows(*[batch[c] for c in KERNEL_QUEUE_COLUMNS])))
 
     offset = 0
     for batch in scan_table(src, KERNEL, select_columns(have, wanted), schema, transform=columns):
