@@ -27,18 +27,21 @@ CREATE TABLE traces (
     source_path VARCHAR NOT NULL,    -- absolute path of the file at load time
     sha256 VARCHAR NOT NULL,         -- hex digest of the file's bytes
     source_bytes BIGINT,             -- file size in bytes
-    format VARCHAR NOT NULL,         -- 'nsys' (Nsight Systems SQLite export) or 'nvprof'
+    format VARCHAR NOT NULL,         -- 'nsys' (Nsight Systems SQLite export), 'nvprof' or 'kineto' (PyTorch profiler JSON)
     tool VARCHAR,                    -- producer, e.g. 'NVIDIA Nsight Systems 2025.3.2.0'; NULL when the file does not say
-    source_schema_version VARCHAR,   -- export schema version (nsys EXPORT_SCHEMA_VERSION, nvprof Version)
+    source_schema_version VARCHAR,   -- export schema version (nsys EXPORT_SCHEMA_VERSION, nvprof Version, Kineto schemaVersion)
     gpus VARCHAR,                    -- the GPUs that ran kernels, e.g. '2x NVIDIA H200'
     kernel_count BIGINT,             -- rows in kernels for this trace
     start_ns BIGINT,                 -- first GPU activity (kernel, memcpy, memset) start
     end_ns BIGINT,                   -- last GPU activity end
     span_ns BIGINT,                  -- end_ns - start_ns
-    session_start_utc_ns BIGINT,     -- wall-clock time of the session's time zero, ns since the Unix epoch
+    session_start_utc_ns BIGINT,     -- wall-clock time of the session's time zero, ns since the Unix epoch (Kineto: baseTimeNanoseconds; NULL when absent, its times then being the epoch's or the host's)
     loaded_at TIMESTAMP,             -- when traceq loaded it (UTC)
     load_seconds DOUBLE,             -- how long the load took
-    traceq_version VARCHAR           -- the traceq that loaded it
+    traceq_version VARCHAR,          -- the traceq that loaded it
+    rank INTEGER,                    -- this trace's rank in a distributed job (Kineto distributedInfo); NULL when the file does not say
+    world_size INTEGER,              -- ranks in that job (Kineto distributedInfo)
+    distributed_backend VARCHAR      -- 'nccl', 'gloo', ... (Kineto distributedInfo)
 );
 
 -- table gpus: one row per GPU the trace describes.
@@ -46,10 +49,11 @@ CREATE TABLE gpus (
     trace_id INTEGER NOT NULL,
     device_id INTEGER,                     -- the id kernels carry in kernels.device_id
     name VARCHAR,                          -- 'NVIDIA H200'
-    cc_major INTEGER,                      -- compute capability major
+    vendor VARCHAR,                        -- 'NVIDIA' or 'AMD' (Kineto); NULL from nsys and nvprof, which trace NVIDIA GPUs only
+    cc_major INTEGER,                      -- compute capability major; NULL on AMD GPUs (their gfx version is not one)
     cc_minor INTEGER,                      -- compute capability minor
     sm_count INTEGER,                      -- streaming multiprocessors
-    clock_hz BIGINT,                       -- maximum SM clock
+    clock_hz BIGINT,                       -- maximum SM clock (Kineto records none: from the GPU's name where traceq knows it, ingest/kineto.py)
     memory_bytes BIGINT,                   -- device memory
     memory_bandwidth_bytes_per_s BIGINT,   -- peak DRAM bandwidth
     l2_cache_bytes BIGINT,
@@ -93,13 +97,14 @@ CREATE TABLE kernel_configs (
     grid_x INTEGER, grid_y INTEGER, grid_z INTEGER,
     block_x INTEGER, block_y INTEGER, block_z INTEGER,
     registers_per_thread INTEGER,
-    smem_static_bytes INTEGER,             -- static shared memory per block
+    smem_static_bytes INTEGER,             -- static shared memory per block (Kineto records static + dynamic as one number: it is stored here, dynamic NULL)
     smem_dynamic_bytes INTEGER,            -- dynamic shared memory per block
     smem_carveout_bytes INTEGER,           -- shared memory per SM the driver configured for the launch (sharedMemoryExecuted); NULL when unknown
     smem_optin BOOLEAN,                    -- the function opted in to more than 48 KiB per block (sharedMemoryLimitConfig = OPTIN); NULL when unknown
     local_memory_per_thread_bytes INTEGER,
     local_memory_total_bytes BIGINT,
-    launch_type VARCHAR                    -- 'regular', 'cooperative', 'cooperative_multi_device' or NULL
+    launch_type VARCHAR,                   -- 'regular', 'cooperative', 'cooperative_multi_device' or NULL
+    kineto_occupancy_pct DOUBLE            -- Kineto's own `est. achieved occupancy %` of the launch, as the trace wrote it; NULL for other formats
 );
 
 -- table kernel_queues: the distinct places each trace's kernels were queued on: device, context, stream and launching process (a launch stores the id).
@@ -122,7 +127,7 @@ SELECT e.trace_id, e.kernel_id, e.start_ns, e.end_ns, e.end_ns - e.start_ns AS d
        c.block_x * c.block_y * c.block_z AS block_threads,
        c.registers_per_thread, c.smem_static_bytes, c.smem_dynamic_bytes, c.smem_carveout_bytes,
        c.smem_optin, c.local_memory_per_thread_bytes, c.local_memory_total_bytes, c.launch_type,
-       e.graph_node_id
+       c.kineto_occupancy_pct, e.graph_node_id
 FROM kernel_events e
 JOIN kernel_names n ON n.trace_id = e.trace_id AND n.name_id = e.name_id
 JOIN kernel_configs c ON c.trace_id = e.trace_id AND c.config_id = e.config_id
@@ -198,7 +203,7 @@ CREATE TABLE memops (
     pid BIGINT
 );
 
--- table nvtx_events: NVTX ranges and marks, their kind, domain, category, color and threads as an id (read the `nvtx` view: it adds them).
+-- table nvtx_events: NVTX ranges and marks, their kind, domain, category, color and threads as an id (read the `nvtx` view: it adds them). Kineto's cpu_op, user_annotation (ProfilerStep#N, Optimizer.step) and, when asked, python_function events are push/pop ranges of their thread, its gpu_user_annotation events start/end ranges of no process; the domain is the Kineto category.
 CREATE TABLE nvtx_events (
     trace_id INTEGER NOT NULL,
     start_ns BIGINT NOT NULL,
@@ -212,7 +217,7 @@ CREATE TABLE nvtx_attributes (
     trace_id INTEGER NOT NULL,
     attributes_id INTEGER NOT NULL,        -- 0, 1, ... within the trace
     kind VARCHAR NOT NULL,                 -- 'pushpop' (per-thread stack), 'startend' (may cross threads) or 'mark'
-    domain VARCHAR,                        -- NVTX domain name; NULL for the default domain
+    domain VARCHAR,                        -- NVTX domain name; NULL for the default domain; Kineto: the event's category ('cpu_op', 'user_annotation', ...)
     category BIGINT,
     color BIGINT,                          -- ARGB
     pid BIGINT,
@@ -228,7 +233,7 @@ SELECT e.trace_id, e.start_ns, e.end_ns, e.end_ns - e.start_ns AS dur_ns, a.kind
 FROM nvtx_events e
 JOIN nvtx_attributes a ON a.trace_id = e.trace_id AND a.attributes_id = e.attributes_id;
 
--- table memory_events: device memory allocations and frees (nsys --cuda-memory-usage=true).
+-- table memory_events: device memory allocations and frees (nsys --cuda-memory-usage=true; Kineto profile_memory=True, from PyTorch's allocator: the bytes allocated before its first event are one allocation at that event's time).
 CREATE TABLE memory_events (
     trace_id INTEGER NOT NULL,
     ts_ns BIGINT NOT NULL,
@@ -240,7 +245,55 @@ CREATE TABLE memory_events (
     context_id INTEGER,
     stream_id INTEGER,
     correlation_id BIGINT,
-    pid BIGINT
+    pid BIGINT,
+    tid BIGINT                             -- the allocating thread where the trace records it (Kineto); nsys's calls are found by correlation_id
+);
+
+-- table operators: PyTorch operators with recorded shapes (Kineto cpu_op events under record_shapes=True or with_flops=True); their ranges are in nvtx too.
+CREATE TABLE operators (
+    trace_id INTEGER NOT NULL,
+    pid BIGINT,
+    tid BIGINT,
+    start_ns BIGINT NOT NULL,
+    end_ns BIGINT NOT NULL,
+    name VARCHAR,                          -- 'aten::conv2d'
+    sequence_number BIGINT,                -- autograd sequence number: links a forward op to its backward
+    external_id BIGINT,                    -- Kineto's External id: the kernels and calls the op launched carry it
+    input_dims VARCHAR,                    -- JSON list of each input's shape, as the trace wrote it
+    input_types VARCHAR,                   -- JSON list of each input's type ('float', 'ScalarList', ...)
+    concrete_inputs VARCHAR,               -- JSON list of scalar inputs' values as text (stride, padding, ...); NULL in older traces
+    flops BIGINT                           -- PyTorch's own FLOP count (with_flops=True); NULL where it wrote none
+);
+
+-- table collectives: arguments of collective communication (NCCL, RCCL, gloo) that Kineto writes on collective kernels and on `record_param_comms` operators.
+CREATE TABLE collectives (
+    trace_id INTEGER NOT NULL,
+    kernel_id BIGINT,                      -- the kernel (kernels.kernel_id); NULL for an operator's row
+    event VARCHAR NOT NULL,                -- 'kernel' or 'cpu_op'
+    pid BIGINT,                            -- an operator's process and thread (NULL for kernels)
+    tid BIGINT,
+    start_ns BIGINT NOT NULL,
+    end_ns BIGINT NOT NULL,
+    collective VARCHAR,                    -- Collective name: 'allreduce', '_allgather_base', 'broadcast', ...
+    in_msg_nelems BIGINT,                  -- elements sent
+    out_msg_nelems BIGINT,                 -- elements received
+    in_split_size VARCHAR,                 -- all-to-all splits, as the trace wrote them ('[]' when none)
+    out_split_size VARCHAR,
+    group_size BIGINT,                     -- ranks in the process group
+    dtype VARCHAR,                         -- element type ('Float', 'BFloat16', ...)
+    pg_name VARCHAR,                       -- process group name (or id in older traces)
+    pg_desc VARCHAR,                       -- process group description ('default_pg', ...)
+    pg_ranks VARCHAR                       -- the group's global ranks, as the trace wrote them ('[0, 1]')
+);
+
+-- table process_groups: the process groups of a distributed trace (Kineto distributedInfo.pg_config).
+CREATE TABLE process_groups (
+    trace_id INTEGER NOT NULL,
+    pg_name VARCHAR,
+    pg_desc VARCHAR,
+    backend_config VARCHAR,                -- 'cuda:nccl', 'cpu:gloo,cuda:gloo', ...
+    pg_size BIGINT,
+    ranks BIGINT[]                         -- global ranks in the group
 );
 
 -- table processes: processes the trace names.

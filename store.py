@@ -19,7 +19,7 @@ import duckdb
 
 from traceq.errors import NotFoundError, StoreError
 
-SCHEMA_VERSION = "5"
+SCHEMA_VERSION = "6"
 DEFAULT_STORE = "traceq.duckdb"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 

@@ -23,13 +23,14 @@ import duckdb
 
 from traceq.analysis.kernels import build_kernel_summary
 from traceq.errors import TraceFormatError, TraceqError
-from traceq.ingest.base import Reader, Sink, SourceInfo, open_sqlite
+from traceq.ingest.base import LoadOptions, Reader, Sink, SourceInfo
 from traceq.ingest.detect import reader_for
+from traceq.ingest.kineto import KinetoReader
 from traceq.ingest.nsys import NsysReader
 from traceq.ingest.nvprof import NvprofReader
 from traceq.store import delete_trace, first_row
 
-READERS: tuple[Reader, ...] = (NsysReader(), NvprofReader())
+READERS: tuple[Reader, ...] = (NsysReader(), NvprofReader(), KinetoReader())
 
 LOAD_SETTINGS = {"memory_limit": "400MB", "threads": "1"}
 """DuckDB settings while a load runs (the connection's own are restored afterwards). Rows a load
@@ -75,6 +76,7 @@ def load_trace(
     replace: bool = False,
     progress: Callable[[int, int], None] | None = None,
     engine: str | None = None,
+    python_functions: bool = False,
 ) -> LoadResult:
     """Load the trace file at `path` into the store `con`.
 
@@ -85,6 +87,8 @@ def load_trace(
         engine: how big tables are read from SQLite: 'auto' (the default, or
             `$TRACEQ_SQLITE_READER`), 'adbc' or 'stdlib'; see `traceq.ingest.base.open_sqlite`.
             Every engine gives the same store contents.
+        python_functions: Kineto traces: keep their `python_function` events as ranges (they
+            can be most of a trace's events; off by default).
 
     Raises:
         TraceFormatError: the file is not a trace traceq reads, or is damaged.
@@ -112,7 +116,8 @@ def load_trace(
         )
     stale = {int(r[0]) for r in same} | ({int(named[0])} if named else set())
 
-    src = open_sqlite(path, engine or os.environ.get("TRACEQ_SQLITE_READER") or "auto")
+    src = reader.open(path, LoadOptions(engine=engine or os.environ.get("TRACEQ_SQLITE_READER") or "auto",
+                                        python_functions=python_functions))
     saved = {k: first_row(con, f"SELECT current_setting('{k}')")[0] for k in LOAD_SETTINGS}
     _apply(con, LOAD_SETTINGS)
     con.execute("BEGIN TRANSACTION")
@@ -177,14 +182,14 @@ def _record_trace(
                (SELECT count(*) FROM kernel_events WHERE trace_id = $id),
                (SELECT min(start_ns) FROM activity), (SELECT max(end_ns) FROM activity),
                (SELECT max(end_ns) - min(start_ns) FROM activity),
-               $session_start, $loaded_at, $seconds, $version
+               $session_start, $loaded_at, $seconds, $version, $rank, $world_size, $backend
         """,
         {
             "id": trace_id, "name": name, "path": str(path.resolve()), "sha": sha,
             "bytes": path.stat().st_size, "format": info.format, "tool": info.tool,
             "schema": info.schema_version, "session_start": info.session_start_utc_ns,
             "loaded_at": datetime.now(timezone.utc).replace(tzinfo=None), "seconds": seconds,
-            "version": __version__,
+            "version": __version__, "rank": info.rank, "world_size": info.world_size, "backend": info.backend,
         },
     )
 

@@ -1,6 +1,7 @@
 """The reader contract: one reader per trace format, all writing the tables of schema.sql.
 
-A reader gets an open source file and a `Sink`. It sends the sink Arrow tables whose column
+A reader opens its own files (`Reader.open`: an SQLite connection for the SQLite exports, the
+file itself for JSON traces), then gets that source and a `Sink`. It sends the sink Arrow tables whose column
 names are store columns (`kernels`, `api_calls`, ...); columns it lacks are stored as NULL. It
 returns a `SourceInfo` describing the file. It never touches the store directly, never holds a
 whole table in Python, and never commits: `traceq.ingest.load_trace` owns the transaction.
@@ -29,30 +30,67 @@ Progress = Callable[[int], None]
 
 @dataclass(frozen=True)
 class SourceInfo:
-    """What a reader learned about the file besides its events."""
+    """What a reader learned about the file besides its events (rank, world_size and backend:
+    the distributed job the trace is one rank of, where the file says)."""
 
     format: str
     tool: str | None = None
     schema_version: str | None = None
     session_start_utc_ns: int | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    backend: str | None = None
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to read a file; each reader takes the options that concern it."""
+
+    engine: str = "auto"  # SQLite readers: 'auto', 'adbc' or 'stdlib' (see `open_sqlite`)
+    python_functions: bool = False  # Kineto: keep `python_function` events as ranges
+
+
+class Source(Protocol):
+    """What `Reader.open` returns: whatever the reader reads from, closed after the load."""
+
+    def close(self) -> None: ...
 
 
 class Reader(Protocol):
-    """One trace format. `sniff` is cheap; `read` streams the file into the sink."""
+    """One trace format. `sniff` is cheap; `read` streams the opened file into the sink.
+
+    `container` says what `sniff` is shown (`detect.reader_for` decides from the file's first
+    bytes): 'sqlite', the set of the database's table names; 'json', the first 64 KiB of the
+    JSON text (decompressed when the file is gzip).
+    """
 
     name: ClassVar[str]
+    container: ClassVar[str]
 
-    def sniff(self, tables: set[str]) -> bool:
-        """True when an SQLite file with these table names is this reader's format."""
+    def sniff(self, probe: Any) -> bool:
+        """True when a file showing `probe` is this reader's format."""
         ...
 
-    def estimate_rows(self, src: sqlite3.Connection) -> int:
-        """About how many rows `read` will report to the progress callback."""
+    def open(self, path: Path, options: LoadOptions) -> Source:
+        """The source `estimate_rows` and `read` take."""
         ...
 
-    def read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
+    def estimate_rows(self, src: Any) -> int:
+        """About how many units (rows, or bytes for JSON) `read` will report to the progress callback."""
+        ...
+
+    def read(self, src: Any, sink: Sink) -> SourceInfo:
         """Send every event of `src` to `sink`."""
         ...
+
+
+class SqliteReader:
+    """Base of the readers of SQLite exports: their source is a read-only sqlite3 connection."""
+
+    container: ClassVar[str] = "sqlite"
+
+    def open(self, path: Path, options: LoadOptions) -> sqlite3.Connection:
+        return open_sqlite(path, options.engine)
 
 
 class Sink:

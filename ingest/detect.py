@@ -9,10 +9,12 @@ from __future__ import annotations
 import gzip
 import shutil
 import sqlite3
+import zlib
 from pathlib import Path
 
 from traceq.errors import TraceFormatError
 from traceq.ingest.base import Reader, open_sqlite, table_names
+from traceq.ingest.json_events import GZIP_MAGIC
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 NSYS_REPORT_MAGIC = b"NVIDIA Tegra Profiler Re"  # .nsys-rep and .qdrep files
@@ -23,7 +25,7 @@ def check_file(path: Path) -> None:
     if not path.exists():
         raise TraceFormatError(f"{path}: no such file")
     if path.is_dir():
-        raise TraceFormatError(f"{path} is a directory: give a trace file (an nsys SQLite export or an nvprof database)")
+        raise TraceFormatError(f"{path} is a directory: give a trace file (an nsys SQLite export, an nvprof database or a Kineto JSON trace)")
     if path.stat().st_size == 0:
         raise TraceFormatError(f"{path} is empty (0 bytes), not a trace")
 
@@ -37,7 +39,7 @@ def reader_for(path: Path, readers: tuple[Reader, ...]) -> Reader:
         _check_sqlite_size(path, head)
         tables = _sqlite_tables(path)
         for reader in readers:
-            if reader.sniff(tables):
+            if reader.container == "sqlite" and reader.sniff(tables):
                 return reader
         raise TraceFormatError(
             f"{path} is an SQLite database but not a profiler export (no Nsight Systems or nvprof tables)"
@@ -48,14 +50,15 @@ def reader_for(path: Path, readers: tuple[Reader, ...]) -> Reader:
             f"{path} is an Nsight Systems report: export it first with "
             f"`nsys export --type sqlite {path}` and load the .sqlite ({hint})"
         )
-    if _looks_like_kineto(path, head):
-        raise TraceFormatError(
-            f"{path} is a PyTorch profiler (Kineto) JSON trace, which traceq does not support yet: "
-            "profile with `nsys profile -t cuda,nvtx` and load its SQLite export"
-        )
+    text = _json_head(path, head)
+    if text is not None:
+        for reader in readers:
+            if reader.container == "json" and reader.sniff(text):
+                return reader
+        raise TraceFormatError(f"{path} is JSON but not a PyTorch profiler (Kineto) trace: it has no traceEvents")
     raise TraceFormatError(
         f"{path} is not a trace traceq can read: expected an Nsight Systems SQLite export "
-        "(`nsys export --type sqlite`) or an nvprof database"
+        "(`nsys export --type sqlite`), an nvprof database or a PyTorch profiler (Kineto) JSON trace"
     )
 
 
@@ -88,15 +91,17 @@ def _sqlite_tables(path: Path) -> set[str]:
     return tables
 
 
-def _looks_like_kineto(path: Path, head: bytes) -> bool:
-    try:
-        if head[:2] == b"\x1f\x8b":
+def _json_head(path: Path, head: bytes) -> bytes | None:
+    """The first 64 KiB of the file's text, decompressed when it is gzip, when it starts like JSON
+    (an object or an array); None otherwise. A gzip file that ends before 64 KiB of text is
+    truncated (or damaged) unless it ends cleanly."""
+    if head[:2] == GZIP_MAGIC:
+        try:
             with gzip.open(path, "rb") as f:
                 text = f.read(1 << 16)
-        else:
-            with path.open("rb") as f:
-                text = f.read(1 << 16)
-    except (OSError, EOFError):
-        return False
-    stripped = text.lstrip()
-    return stripped[:1] in (b"{", b"[") and (b"traceEvents" in text or b'"ph"' in text)
+        except (OSError, EOFError, zlib.error) as e:
+            raise TraceFormatError(f"{path} is a truncated or damaged gzip file ({e}); copy it again") from None
+    else:
+        with path.open("rb") as f:
+            text = f.read(1 << 16)
+    return text if text.lstrip()[:1] in (b"{", b"[") else None

@@ -23,6 +23,7 @@ from traceq.ingest.base import (
     Names,
     Sink,
     SourceInfo,
+    SqliteReader,
     Strings,
     api_names,
     api_threads,
@@ -68,7 +69,7 @@ def _schema(*fields: tuple[str, pa.DataType]) -> pa.Schema:
     return pa.schema(list(fields))
 
 
-class NsysReader:
+class NsysReader(SqliteReader):
     """Reads an Nsight Systems SQLite export."""
 
     name: ClassVar[str] = "nsys"

@@ -53,6 +53,7 @@ from traceq.ingest.base import (
     Names,
     Sink,
     SourceInfo,
+    SqliteReader,
     Strings,
     api_names,
     api_threads,
@@ -101,7 +102,7 @@ MARKER_COLOR_ARGB = 2
 I64, STR, BIN = pa.int64(), pa.string(), pa.binary()
 
 
-class NvprofReader:
+class NvprofReader(SqliteReader):
     """Reads an nvprof database."""
 
     name: ClassVar[str] = "nvprof"
