@@ -75,6 +75,7 @@ class TraceEvents:
         self.metadata: dict[str, Any] = {}
         self.bytes_read = 0
         self._separator: bytes | None = None
+        self._bare = False  # a bare array of events, with no keys around it
 
     def __iter__(self) -> Iterator[pa.Array]:
         try:
@@ -114,6 +115,7 @@ class TraceEvents:
         while True:
             start = head.lstrip()[:1]
             if start == b"[":  # a bare array of events
+                self._bare = True
                 return head[head.index(b"[") + 1:]
             if start not in (b"", b"{"):
                 raise TraceFormatError(f"{self.path} is not a JSON trace: it starts with {head.lstrip()[:20]!r}")
@@ -134,29 +136,37 @@ class TraceEvents:
 
     def _tail(self, text: bytes) -> list[str]:
         """The last events, the array's closing bracket and the keys after it, read with `json`."""
-        decoder = json.JSONDecoder()
         body = text.decode("utf-8")
-        events, pos = [], _skip(body, 0)
-        while pos < len(body) and body[pos] != "]":
-            try:
-                event, pos = decoder.raw_decode(body, pos)
-            except json.JSONDecodeError as e:
-                raise TraceFormatError(f"{self.path} is truncated or not valid JSON near its end ({e.msg})") from None
-            events.append(json.dumps(event))
-            pos = _skip(body, pos)
-            if pos < len(body) and body[pos] == ",":
-                pos = _skip(body, pos + 1)
+        events, pos = self._events_of(body, "]")
         if pos >= len(body):
             raise TraceFormatError(f"{self.path} is truncated: its traceEvents array never ends")
         rest = body[pos + 1:].strip()
         if rest.startswith(","):
             self.metadata.update(self._object(("{" + rest[1:]).encode(), "end"))
-        elif rest not in ("}", "") or (rest == "" and not self._bare_array()):
+        elif rest != ("" if self._bare else "}"):
             raise TraceFormatError(f"{self.path} is truncated or not valid JSON after its events")
         return events
 
-    def _bare_array(self) -> bool:
-        return not self.metadata
+    def _events_of(self, body: str, end: str | None) -> tuple[list[str], int]:
+        """The text of each event object in `body` (separated by commas), exactly as written,
+        up to `end` (or the end of `body`); and where the reading stopped."""
+        decoder = json.JSONDecoder()
+        events, pos = [], _skip(body, 0)
+        while pos < len(body) and body[pos] != end:
+            try:
+                event, stop = decoder.raw_decode(body, pos)
+            except json.JSONDecodeError as e:
+                raise TraceFormatError(f"{self.path} is truncated or not valid JSON in its traceEvents "
+                                       f"({e.msg})") from None
+            if not isinstance(event, dict):
+                raise TraceFormatError(f"{self.path}: traceEvents holds something other than event objects")
+            events.append(body[pos:stop])
+            pos = _skip(body, stop)
+            if pos < len(body) and body[pos] == ",":
+                pos = _skip(body, pos + 1)
+            elif pos < len(body) and body[pos] != end:
+                raise TraceFormatError(f"{self.path} is not valid JSON in its traceEvents (at {body[pos:pos + 20]!r})")
+        return events, pos
 
     def _object(self, text: bytes, where: str) -> dict[str, Any]:
         try:
@@ -169,15 +179,9 @@ class TraceEvents:
 
     def exact(self, chunk: pa.Array) -> pa.Array:
         """`chunk` re-read with `json`: for a chunk the fast split cut inside an event. Each
-        element becomes the events it holds, one JSON object per element."""
+        element becomes the events it holds, one per element, each as written."""
         text = ",".join(s for s in chunk.to_pylist() if s is not None)
-        try:
-            events = json.loads("[" + text + "]")
-        except json.JSONDecodeError as e:
-            raise TraceFormatError(f"{self.path} is not valid JSON inside its traceEvents ({e.msg})") from None
-        if not all(isinstance(e, dict) for e in events):
-            raise TraceFormatError(f"{self.path}: traceEvents holds something other than event objects")
-        return pa.array([json.dumps(e) for e in events], pa.large_string())
+        return pa.array(self._events_of(text, None)[0], pa.large_string())
 
 
 def _skip(text: str, pos: int) -> int:

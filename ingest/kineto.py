@@ -107,7 +107,7 @@ _KIND = """CASE
 END"""
 """What traceq makes of an event; NULL: nothing (flows, overhead, the profiler's own spans)."""
 
-_NS = "CAST(round(j.{0} * 1000) AS BIGINT)"
+_NS = "CAST(j.{0} * 1000 AS BIGINT)"  # a decimal cast to an integer rounds half away from zero, exactly
 
 
 def _stage_sql(python_functions: bool) -> str:

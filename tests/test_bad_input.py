@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
-import json
 import shutil
 import sqlite3
 from pathlib import Path
@@ -83,19 +81,6 @@ def test_nsys_report_says_how_to_export(store: Path, tmp_path: Path) -> None:
 def test_real_qdrep_says_how_to_export(store: Path) -> None:
     rep = shared("realtraces", "nsys_rep", "skycs97__darknet__report2.qdrep")
     assert_load_refused(store, rep, "Nsight Systems report", "nsys export --type sqlite")
-
-
-def test_kineto_json_not_supported_yet(store: Path, tmp_path: Path) -> None:
-    trace = tmp_path / "trace.json"
-    trace.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k"}]}))
-    assert_load_refused(store, trace, "Kineto", "not support")
-    gz = tmp_path / "trace.json.gz"
-    gz.write_bytes(gzip.compress(trace.read_bytes()))
-    assert_load_refused(store, gz, "Kineto")
-
-
-def test_real_kineto_json(store: Path) -> None:
-    assert_load_refused(store, shared("reference", "alexnet_b256_kineto.json"), "Kineto")
 
 
 def test_failed_first_load_leaves_no_store(tmp_path: Path) -> None:

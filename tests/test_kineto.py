@@ -1,0 +1,118 @@
+"""Kineto (PyTorch profiler) JSON traces: every real trace in ../shared/realtraces/kineto_json loads,
+and what the store holds equals an independent reading of the JSON (Python's json, times as
+exact decimals), written here, not the loader's code."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter, defaultdict
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+import pytest
+from conftest import sample, shared_files
+
+from traceq.ingest import load_trace
+from traceq.store import open_store
+
+CORPUS = shared_files("realtraces/kineto_json", "*.json*")
+
+
+def read_json(path: Path) -> dict:
+    """The whole trace as Python objects, numbers that are not integers as exact Decimals."""
+    opener = gzip.open if path.read_bytes()[:2] == b"\x1f\x8b" else open
+    with opener(path, "rb") as f:
+        return json.load(f, parse_float=Decimal)
+
+
+def ns(microseconds: int | Decimal) -> int:
+    """Kineto's microseconds as integer nanoseconds, rounded half up (as traceq rounds)."""
+    return int((Decimal(microseconds) * 1000).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+
+
+def independent_counts(trace: dict) -> tuple[Counter, dict[str, list[int]]]:
+    """Events per kind as a reader of the Chrome-trace format counts them, and each kernel
+    name's durations in ns."""
+    counts: Counter = Counter()
+    durations: dict[str, list[int]] = defaultdict(list)
+    calls, kernel_correlations = set(), []
+    kinds = {"kernel": "kernel", "gpu_memcpy": "memcpy", "memcpy": "memcpy", "gpu_memset": "memset",
+             "memset": "memset", "cuda_runtime": "api", "runtime": "api", "cuda_driver": "api",
+             "user_annotation": "user_annotation", "gpu_user_annotation": "gpu_user_annotation",
+             "cpu_op": "cpu_op", "operator": "cpu_op"}
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "i" and e.get("name") == "[memory]":
+            counts["memory"] += 1
+        kind = kinds.get(str(e.get("cat", "")).lower()) if e.get("ph") == "X" else None
+        if kind:
+            counts[kind] += 1
+        if kind == "kernel":
+            durations[e["name"]].append(ns(e["dur"]))
+            kernel_correlations.append(e.get("args", {}).get("correlation"))
+        elif kind == "api":
+            calls.add(e.get("args", {}).get("correlation"))
+    counts["unlaunched"] = sum(c is None or c not in calls for c in kernel_correlations)
+    return counts, durations
+
+
+@pytest.fixture(scope="module")
+def con(tmp_path_factory: pytest.TempPathFactory):
+    con = open_store(tmp_path_factory.mktemp("kineto") / "kineto.duckdb", create=True)
+    yield con
+    con.close()
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.name[:60] for p in CORPUS])
+def test_real_trace_matches_its_json(con, path: Path) -> None:
+    trace_id = load_trace(con, path).trace_id
+    counts, durations = independent_counts(read_json(path))
+
+    def one(sql: str) -> int:
+        return con.execute(sql, [trace_id]).fetchall()[0][0]
+
+    assert one("SELECT count(*) FROM kernels WHERE trace_id = ?") == counts["kernel"]
+    assert one("SELECT count(*) FROM memops WHERE trace_id = ? AND op = 'memcpy'") == counts["memcpy"]
+    assert one("SELECT count(*) FROM memops WHERE trace_id = ? AND op = 'memset'") == counts["memset"]
+    assert one("SELECT count(*) FROM api_calls WHERE trace_id = ?") == counts["api"]
+    for domain in ("user_annotation", "gpu_user_annotation", "cpu_op"):
+        assert one(f"SELECT count(*) FROM nvtx WHERE trace_id = ? AND domain = '{domain}'") == counts[domain]
+    assert one("SELECT count(*) FROM memory_events WHERE trace_id = ? AND tid IS NOT NULL") == counts["memory"]
+    # `traceq top`'s totals per kernel name, to the nanosecond
+    top = {name: (n, total) for name, n, total in con.execute(
+        "SELECT name, instances, total_ns FROM kernel_summary WHERE trace_id = ? AND name_by = 'demangled'",
+        [trace_id]).fetchall()}
+    assert top == {name: (len(d), sum(d)) for name, d in durations.items()}
+    # a kernel finds the API call that launched it by correlation id, where the trace has that call
+    unlaunched = one("SELECT count(*) FROM kernel_launches WHERE trace_id = ? AND launch_start_ns IS NULL")
+    assert unlaunched == counts["unlaunched"]
+
+
+def test_times_are_exact_nanoseconds(tmp_path: Path) -> None:
+    """ts with three decimals at 4.4e12 us (and epoch-sized ones) lose nanoseconds through a
+    float; the store keeps them exact."""
+    events = [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7,
+               "ts": "TS", "dur": "DUR", "args": {"device": 0, "stream": 7, "correlation": 1}}]
+    text = json.dumps({"traceEvents": events}).replace('"TS"', "4414073759678.845").replace('"DUR"', "2.001")
+    second = text.replace("4414073759678.845", "1712195495520871.123").replace('"k"', '"k2"')
+    assert float("4414073759678.845") * 1000 != 4414073759678845  # what a float would store
+    for body, start in ((text, 4414073759678845), (second, 1712195495520871123)):
+        path = tmp_path / f"t{start}.json"
+        path.write_text(body)
+        con = open_store(tmp_path / f"{start}.duckdb", create=True)
+        load_trace(con, path)
+        assert con.execute("SELECT start_ns, end_ns FROM kernels").fetchall() == [(start, start + 2001)]
+        con.close()
+
+
+def test_alexnet_sample(tmp_path: Path) -> None:
+    """Our own H200 trace: GPU description from deviceProperties, Kineto's occupancy estimate kept."""
+    con = open_store(tmp_path / "a.duckdb", create=True)
+    trace_id = load_trace(con, sample("alexnet_b256_kineto.json")).trace_id
+    gpu = con.execute("SELECT name, vendor, cc_major, cc_minor, sm_count, max_smem_per_block_optin_bytes, "
+                      "clock_hz FROM gpus WHERE trace_id = ?", [trace_id]).fetchall()
+    assert gpu == [("NVIDIA H200", "NVIDIA", 9, 0, 132, 232448, 1_980_000_000)]
+    occupancy = con.execute("SELECT count(*) FROM kernels WHERE kineto_occupancy_pct IS NOT NULL").fetchall()[0][0]
+    assert occupancy == 324
+    assert con.execute("SELECT format, session_start_utc_ns FROM traces").fetchall() == [
+        ("kineto", 1790857026000000000)]
