@@ -54,8 +54,8 @@ import polars as pl
 
 from traceq.analysis.nesting import in_start_order, null_if_negative, thread_chains
 
-ITERATION_REGEX = r"(?i)^\s*(iteration|iter|step)[\s_#]*\d+\s*$"
-"""Range names that mark one training step: 'iteration 0', 'step 12'."""
+ITERATION_REGEX = r"(?i)^\s*(iteration|iter|step|ProfilerStep)[\s_#]*\d+\s*$"
+"""Range names that mark one training step: 'iteration 0', 'step 12', Kineto's 'ProfilerStep#3'."""
 
 STAGES = ("data_copy", "forward", "backward", "weight_update")
 """Stage range names (the paper's stages 3 to 5); anything else is 'other'."""

@@ -46,6 +46,7 @@ def device_limits(con: duckdb.DuckDBPyConnection, trace_id: int, cc: str | None 
     devices = {r[0] for r in con.execute(
         "SELECT DISTINCT device_id FROM kernel_queues WHERE trace_id = ?", [trace_id]).fetchall()}
     records = {r[0]: r for r in rows}
+    _refuse_other_vendors(con, trace_id)
     out: dict[int, tuple[GpuLimits, int]] = {}
     for device in sorted(devices, key=lambda d: (d is None, d)):
         rec = records.get(device) or (rows[0] if len(rows) == 1 else None)
@@ -62,6 +63,16 @@ def device_limits(con: duckdb.DuckDBPyConnection, trace_id: int, cc: str | None 
             overrides = {f: v for f, v in zip(fields, values) if v}
         out[device] = (limits_for_cc(major, minor, **overrides), int(count))
     return out
+
+
+def _refuse_other_vendors(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
+    """Occupancy follows CUDA's rules: a trace whose GPUs are not NVIDIA's gets none (never a wrong one)."""
+    other = con.execute("SELECT DISTINCT vendor, name FROM gpus WHERE trace_id = ? AND vendor <> 'NVIDIA'",
+                        [trace_id]).fetchall()
+    if other:
+        name = con.execute("SELECT name FROM traces WHERE trace_id = ?", [trace_id]).fetchall()[0][0]
+        raise MissingDataError(f"{name} ran on {other[0][1]} ({other[0][0]}): occupancy and RU follow CUDA's "
+                               "rules and are computed for NVIDIA GPUs only")
 
 
 def _cc(text: str) -> tuple[int, int]:

@@ -26,6 +26,7 @@ from traceq.analysis.attribution import kernel_attribution
 from traceq.analysis.classify import classify_names
 from traceq.analysis.modelspec import load_spec, spec_layer_flops
 from traceq.errors import MissingDataError
+from traceq.store import first_row
 
 __all__ = ["FLOP_OPS", "kernel_flops", "layer_flops", "load_spec", "op_flops", "spec_layer_flops"]
 
@@ -58,6 +59,8 @@ def op_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
     input_op_ids). Backward matrix products are their own `aten::mm` ranges. Empty when the
     trace has no shapes.
     """
+    if first_row(con, "SELECT 1 FROM operators WHERE trace_id = ? LIMIT 1", [int(trace_id)]):
+        return _kineto_op_flops(con, trace_id)
     ops = _op_ranges(con, trace_id)
     if ops.is_empty():
         return _empty_op_flops()
@@ -267,6 +270,90 @@ def _gemm_flops(op: str, sizes: list[list[int]]) -> int | None:
     batch = [max(x, y) for x, y in zip([1] * (width - len(batch_a)) + batch_a,
                                        [1] * (width - len(batch_b)) + batch_b)]
     return 2 * math.prod(batch) * a[-2] * a[-1] * b[-1]
+
+
+def _kineto_op_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
+    """`op_flops` from a Kineto trace's operators (record_shapes=True): shapes from Input Dims,
+    stride, padding, dilation, groups and output_mask from Concrete Inputs, so a forward
+    convolution's output size is computed, not looked up. Outermost FLOP_OPS only, as for NVTX."""
+    flop_ops = ", ".join(f"'{op}'" for op in FLOP_OPS)
+    ops = con.sql(f"""
+        WITH o AS (
+            SELECT pid, tid, start_ns, end_ns, name AS op, input_dims, concrete_inputs,
+                   max(end_ns) OVER w AS cover
+            FROM operators WHERE trace_id = {int(trace_id)} AND name IN ({flop_ops})
+            WINDOW w AS (PARTITION BY pid, tid ORDER BY start_ns, end_ns DESC
+                         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+        ),
+        backward AS (SELECT pid, tid, start_ns, end_ns FROM nvtx WHERE trace_id = {int(trace_id)}
+                     AND domain = 'cpu_op' AND name LIKE '%Backward%')
+        SELECT o.pid, o.tid, o.start_ns, o.end_ns, o.op, o.input_dims, o.concrete_inputs,
+               CASE WHEN o.op = '{_CONV_BACKWARD}' OR EXISTS (SELECT 1 FROM backward b WHERE b.pid = o.pid
+                    AND b.tid = o.tid AND b.start_ns <= o.start_ns AND o.end_ns <= b.end_ns)
+                    THEN 'backward' ELSE 'forward' END AS pass
+        FROM o WHERE cover IS NULL OR cover < o.end_ns
+    """).pl()
+    if ops.is_empty():
+        return _empty_op_flops()
+    keys = ["op", "input_dims", "concrete_inputs"]
+    counts = ops.select(keys).unique()
+    counts = counts.with_columns(flops=pl.Series([_operator_flops(*row) for row in counts.iter_rows()],
+                                                 dtype=pl.Int64))
+    return (ops.join(counts, on=keys, how="left", nulls_equal=True).filter(pl.col("flops").is_not_null())
+            .with_columns(dtype=pl.lit("float32"))
+            .select("pid", "tid", "start_ns", "end_ns", "op", "pass", "flops", "dtype")
+            .sort("pid", "tid", "start_ns"))
+
+
+_CONV_ARGS = {  # positions of stride, padding, dilation, groups among an op's inputs (ATen signatures)
+    "aten::conv1d": (3, 4, 5, 6), "aten::conv2d": (3, 4, 5, 6), "aten::conv3d": (3, 4, 5, 6),
+    "aten::convolution": (3, 4, 5, 8), "aten::_convolution": (3, 4, 5, 8),
+}
+
+
+def _operator_flops(op: str, input_dims: str | None, concrete_inputs: str | None) -> int | None:
+    """FLOPs of one Kineto operator from its Input Dims and Concrete Inputs (JSON text)."""
+    import json
+
+    try:
+        sizes = json.loads(input_dims) if input_dims else None
+        scalars = json.loads(concrete_inputs) if concrete_inputs else []
+    except ValueError:
+        return None
+    if not sizes or len(sizes) < 2 or not all(isinstance(s, list) for s in sizes):
+        return None
+    if op == _CONV_BACKWARD:
+        mask = _parsed(scalars[-1]) if scalars else None
+        used = isinstance(mask, list) and len(mask) >= 2
+        return _range_flops(op, sizes, None, bool(mask[0]) if used else True, bool(mask[1]) if used else True,
+                            used)
+    if op in _CONV_ARGS:
+        x, w = sizes[0], sizes[1]
+        where = _CONV_ARGS[op]
+        values = [_parsed(scalars[i]) if i < len(scalars) else None for i in where]
+        if len(x) < 3 or len(w) != len(x) or any(v is None for v in values) or "transposed" in op:
+            return None
+        dims = len(x) - 2
+        stride, padding, dilation = ([v] * dims if isinstance(v, int) else v for v in values[:3])
+        out = [(i + 2 * p - d * (k - 1) - 1) // s + 1
+               for i, p, d, k, s in zip(x[2:], padding, dilation, w[2:], stride)]
+        return 2 * x[0] * math.prod(out) * math.prod(w)
+    if op in _CONV:
+        return None
+    return _gemm_flops(op, sizes)
+
+
+def _parsed(text: object) -> object:
+    """A Concrete Inputs value ('[4, 4]', '1', 'False') as a Python value; None when empty."""
+    if not isinstance(text, str) or not text:
+        return None
+    text = text.replace("True", "true").replace("False", "false")
+    try:
+        import json
+
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _empty_op_flops() -> pl.DataFrame:

@@ -3,7 +3,8 @@ bytes in use over time, the peak, and allocations per layer (the paper's section
 
 An allocation or free belongs to the NVTX ranges enclosing the API call that made it (the
 event's correlation id names the call; the call's thread and start time place it, as for a
-kernel launch, through `attribution.attribute_points`). Device memory is every memory kind but
+kernel launch, through `attribution.attribute_points`); a Kineto event, which records its thread,
+is placed by its own thread and time. Device memory is every memory kind but
 host memory ('Pageable', 'Pinned'); host pinned bytes are reported apart.
 
 These are driver-level allocations: PyTorch's caching allocator asks the driver for a few large
@@ -60,7 +61,7 @@ def memory_events(
     numbered = f"""
         SELECT CAST(row_number() OVER (ORDER BY device_id, ts_ns, op = 'alloc', address, correlation_id, bytes)
                     - 1 AS BIGINT) AS id,
-               ts_ns, op, bytes, address, mem_kind, device_id, correlation_id, pid,
+               ts_ns, op, bytes, address, mem_kind, device_id, correlation_id, pid, tid,
                coalesce(mem_kind NOT IN ({host}), true) AS on_device
         FROM memory_events WHERE trace_id = {t}"""
     calls = f"""
@@ -68,7 +69,10 @@ def memory_events(
         FROM ({numbered}) e JOIN api_calls a
           ON a.trace_id = {t} AND a.pid = e.pid AND a.correlation_id = e.correlation_id
          AND a.api IN ('runtime', 'driver')
-        QUALIFY row_number() OVER (PARTITION BY e.id ORDER BY a.api = 'runtime' DESC, a.start_ns) = 1"""
+        WHERE e.tid IS NULL
+        QUALIFY row_number() OVER (PARTITION BY e.id ORDER BY a.api = 'runtime' DESC, a.start_ns) = 1
+        UNION ALL
+        SELECT id, pid, tid, ts_ns, NULL FROM ({numbered}) WHERE tid IS NOT NULL"""
     points = con.sql(f"SELECT id, pid, tid, t FROM ({calls})").pl()
     attribution = attribute_points(con, trace_id, points, iteration_regex, paths=False).select(
         pl.col("id").alias("event_id"), "layer", "pass", "iteration", "stage")

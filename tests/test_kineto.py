@@ -116,3 +116,47 @@ def test_alexnet_sample(tmp_path: Path) -> None:
     assert occupancy == 324
     assert con.execute("SELECT format, session_start_utc_ns FROM traces").fetchall() == [
         ("kineto", 1790857026000000000)]
+
+
+@pytest.fixture(scope="module")
+def alexnet(tmp_path_factory: pytest.TempPathFactory):
+    """Our H200 AlexNet, once under PyTorch's profiler and once under nsys, in one store."""
+    con = open_store(tmp_path_factory.mktemp("alexnet") / "a.duckdb", create=True)
+    kineto = load_trace(con, sample("alexnet_b256_kineto.json")).trace_id
+    nsys = load_trace(con, sample("alexnet_b256_cudnn.sqlite")).trace_id
+    yield con, kineto, nsys
+    con.close()
+
+
+def test_alexnet_occupancy_agrees_with_nsys_and_kineto(alexnet) -> None:
+    """Our occupancy of each launch configuration equals our nsys capture's for the same kernels,
+    and our emulation of Kineto's estimate (no opt-in: 0 % above 48 KB of shared memory) equals
+    the `est. achieved occupancy %` Kineto wrote, within its rounding, for all 324 launches."""
+    import polars as pl
+
+    from traceq.analysis.efficiency import launch_ru
+
+    con, kineto, nsys = alexnet
+    ours = launch_ru(con, kineto).join(
+        con.sql(f"SELECT kernel_id, kineto_occupancy_pct FROM kernels WHERE trace_id = {kineto}").pl(), on="kernel_id")
+    assert ours.height == 324
+    assert (ours["kineto_occupancy"] * 100 - ours["kineto_occupancy_pct"]).abs().max() <= 0.5
+    big = ours.filter(pl.col("smem_static_bytes") > 48 * 1024)
+    assert big.height and (big["kineto_occupancy_pct"] == 0).all() and (big["occupancy"] > 0).all()
+    key = ["short_name", "grid_blocks", "block_threads", "registers_per_thread"]
+    both = (ours.select(*key, "occupancy").unique()
+            .join(launch_ru(con, nsys).select(*key, pl.col("occupancy").alias("nsys")).unique(), on=key))
+    assert both.height >= 60 and (both["occupancy"] == both["nsys"]).all()
+
+
+def test_alexnet_operator_flops_equal_the_model_spec(alexnet) -> None:
+    """FLOPs from the operators' recorded shapes (Kineto record_shapes=True) equal, per pass, the
+    layer shapes of sample_traces/alexnet.model.toml times the trace's two iterations."""
+    import polars as pl
+
+    from traceq.analysis.flops import op_flops, spec_layer_flops
+
+    con, kineto, _ = alexnet
+    got = op_flops(con, kineto).group_by("pass").agg(pl.col("flops").sum())
+    spec = spec_layer_flops(sample("alexnet.model.toml"), 256).group_by("pass").agg(pl.col("flops").sum() * 2)
+    assert dict(got.iter_rows()) == dict(spec.iter_rows())
