@@ -127,7 +127,7 @@ SELECT e.trace_id, e.kernel_id, e.start_ns, e.end_ns, e.end_ns - e.start_ns AS d
        c.block_x * c.block_y * c.block_z AS block_threads,
        c.registers_per_thread, c.smem_static_bytes, c.smem_dynamic_bytes, c.smem_carveout_bytes,
        c.smem_optin, c.local_memory_per_thread_bytes, c.local_memory_total_bytes, c.launch_type,
-       c.kineto_occupancy_pct, e.graph_node_id
+       e.graph_node_id, c.kineto_occupancy_pct
 FROM kernel_events e
 JOIN kernel_names n ON n.trace_id = e.trace_id AND n.name_id = e.name_id
 JOIN kernel_configs c ON c.trace_id = e.trace_id AND c.config_id = e.config_id

@@ -93,7 +93,8 @@ KERNELS = ["trace_id", "kernel_id", "start_ns", "end_ns", "dur_ns", "device_id",
            "correlation_id", "pid", "name", "short_name", "mangled_name", "grid_x", "grid_y", "grid_z",
            "block_x", "block_y", "block_z", "grid_blocks", "block_threads", "registers_per_thread",
            "smem_static_bytes", "smem_dynamic_bytes", "smem_carveout_bytes", "smem_optin",
-           "local_memory_per_thread_bytes", "local_memory_total_bytes", "launch_type", "graph_node_id"]
+           "local_memory_per_thread_bytes", "local_memory_total_bytes", "launch_type", "graph_node_id",
+           "kineto_occupancy_pct"]  # schema 6 appends Kineto's own estimate
 API_CALLS = ["trace_id", "start_ns", "end_ns", "dur_ns", "api", "name", "correlation_id", "pid", "tid",
              "global_tid", "return_value"]
 
