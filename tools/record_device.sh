@@ -6,6 +6,8 @@
 #   tools/record_device.sh traces   # nsys: AlexNet AMP, ResNet-50 AMP (emit_nvtx), a CUDA-graph
 #                                   # AlexNet, a badly written loop; nsys stats reports on those
 #                                   # and on the bundled samples; a Kineto JSON of AlexNet AMP
+#   tools/record_device.sh kineto   # Kineto JSON of AlexNet (FP32, AMP) and ResNet-50 (AMP) with
+#                                   # layer ranges and iterations, and PyTorch's FLOPs per op
 #   tools/record_device.sh traffic [MODEL...]  # AlexNet, VGG-16, ResNet-50 training, FP32 and AMP: an nsys
 #                                   # trace, Nsight Compute memory counters of every convolution
 #                                   # and GEMM kernel of one step (--nvtx: each carries its layer),
@@ -101,6 +103,18 @@ traffic)
     done
     pack "traffic_$(echo "${*:-all}" | tr " " _)" '*.sqlite' '*.csv' '*.json' '*.log'
     ;;
+kineto)
+    # Kineto JSON with layer ranges (record_function, so user_annotation events), ProfilerStep#N
+    # iterations, shapes, memory events, and PyTorch's own FLOP count per op beside each
+    for spec in "alexnet 256 none fp32" "alexnet 256 fp16 amp" "resnet50 32 fp16 amp"; do
+        set -- $spec
+        tag=${1}_b${2}_${4}_layers_kineto
+        log "kineto $tag"
+        $TRAIN --model "$1" --batch "$2" --amp "$3" --nvtx layers --iterations 2 --warmup 2 \
+            --kineto "$WORK/$tag.json" > "$WORK/$tag.log" 2>&1 || tail -5 "$WORK/$tag.log"
+    done
+    pack kineto '*.json' '*.log'
+    ;;
 smoke)
     capture smoke -- --model alexnet --batch 32 --iterations 1 --warmup 1
     stats "$WORK/smoke.sqlite"
@@ -110,5 +124,5 @@ smoke)
     ls -la "$WORK"
     ;;
 *)
-    echo "usage: $0 traces|traffic|smoke" >&2; exit 2 ;;
+    echo "usage: $0 traces|kineto|traffic|smoke" >&2; exit 2 ;;
 esac

@@ -98,8 +98,45 @@ def layer_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, _HOOKED) and name]
 
 
+class _Annotations:
+    """Layer ranges as both NVTX ranges and, for torch.profiler (Kineto), `record_function`
+    ranges (user_annotation events), one stack per thread."""
+
+    def __init__(self, kineto: bool):
+        import threading
+
+        self.kineto = kineto
+        self.local = threading.local()
+
+    def push(self, name: str) -> None:
+        push(name)
+        if self.kineto:
+            stack = self.local.__dict__.setdefault("stack", [])
+            stack.append(torch.profiler.record_function(name))
+            stack[-1].__enter__()
+
+    def pop(self) -> None:
+        pop()
+        if self.kineto:
+            self.local.stack.pop().__exit__(None, None, None)
+
+
+ANNOTATE = _Annotations(kineto=False)
+
+
+@contextmanager
+def stage(name: str):
+    """A stage or iteration range (NVTX, and record_function under Kineto)."""
+    ANNOTATE.push(name)
+    try:
+        yield
+    finally:
+        ANNOTATE.pop()
+
+
 def add_nvtx_hooks(model: nn.Module) -> None:
     """Forward range `name` around each layer; backward range `bname` around its autograd node."""
+    push, pop = ANNOTATE.push, ANNOTATE.pop
     for name, module in layer_modules(model):
         def pre(_module, _inputs, name=name):
             push(name)
@@ -148,6 +185,17 @@ def record_shapes(model: nn.Module, path: str) -> callable:
     return done
 
 
+def write_flops(profiler, path: str) -> None:
+    """PyTorch's own FLOP count of every op it counted (`FunctionEvent.flops`, from the op's
+    recorded shapes), in the order the profiler lists them per thread: name, thread, input shapes
+    and flops. Kineto's JSON does not carry these; they are the reference for traceq's FLOPs."""
+    rows = [{"name": e.name, "thread": e.thread, "input_shapes": e.input_shapes, "flops": e.flops,
+             "start_us": e.time_range.start, "end_us": e.time_range.end}
+            for e in profiler.events() if getattr(e, "flops", 0)]
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="alexnet", choices=["alexnet", "vgg16", "resnet50", "badloop"])
@@ -160,6 +208,8 @@ def main() -> None:
     p.add_argument("--kineto")
     p.add_argument("--shapes")
     args = p.parse_args()
+    global ANNOTATE
+    ANNOTATE = _Annotations(kineto=bool(args.kineto))
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -183,7 +233,7 @@ def main() -> None:
     extra_w = torch.randn(4096, 4096, device=dev) if bad else None
 
     def forward_backward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with nvtx("forward"):
+        with stage("forward"):
             with autocast():
                 out = model(x)
                 if bad:  # a transposed-operand product and a storm of tiny kernels
@@ -193,12 +243,12 @@ def main() -> None:
                         small = small * 1.0001 + 0.0001
                     out = out + small
                 loss = loss_fn(out, y)
-        with nvtx("backward"):
+        with stage("backward"):
             (scaler.scale(loss) if scaler else loss).backward()
         return loss
 
     def update() -> None:
-        with nvtx("weight_update"):
+        with stage("weight_update"):
             if scaler:
                 scaler.step(opt)
                 scaler.update()
@@ -207,8 +257,8 @@ def main() -> None:
             opt.zero_grad(set_to_none=not args.graph)
 
     def step(label: str) -> None:
-        with nvtx(label):
-            with nvtx("data_copy"):
+        with stage(label):
+            with stage("data_copy"):
                 x = images.to(dev, non_blocking=not bad)
                 y = labels.to(dev, non_blocking=not bad)
             loss = forward_backward(x, y)
@@ -227,7 +277,9 @@ def main() -> None:
                     write_shapes()
             profiler = (torch.profiler.profile(record_shapes=True, with_flops=True, profile_memory=True,
                                                activities=[torch.profiler.ProfilerActivity.CPU,
-                                                           torch.profiler.ProfilerActivity.CUDA])
+                                                           torch.profiler.ProfilerActivity.CUDA],
+                                               schedule=torch.profiler.schedule(
+                                                   wait=0, warmup=0, active=args.iterations, repeat=1))
                         if args.kineto else nullcontext())
             torch.cuda.cudart().cudaProfilerStart()
             with profiler:
@@ -238,6 +290,7 @@ def main() -> None:
             torch.cuda.cudart().cudaProfilerStop()
             if args.kineto:
                 profiler.export_chrome_trace(args.kineto)
+                write_flops(profiler, args.kineto.removesuffix(".json") + ".flops.json")
             return
 
         # CUDA graph: warm up on a side stream (as PyTorch's whole-network capture example does),
