@@ -38,7 +38,8 @@ def test_package_data_is_reachable() -> None:
 def test_sample_manifest_matches_the_files() -> None:
     manifest = (ROOT / "sample_traces" / "MANIFEST.md").read_text()
     listed = dict(re.findall(r"^\| `([^`]+)` \| `([0-9a-f]{16})` \|", manifest, re.MULTILINE))
-    present = {p.name for p in (ROOT / "sample_traces").iterdir() if p.name != "MANIFEST.md"}
+    folder = ROOT / "sample_traces"
+    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != "MANIFEST.md"}
     assert set(listed) == present
     for name, prefix in listed.items():
         assert hashlib.sha256((ROOT / "sample_traces" / name).read_bytes()).hexdigest()[:16] == prefix, name
