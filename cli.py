@@ -18,7 +18,7 @@ from typing import Annotated, Optional
 import typer
 
 from traceq import __version__
-from traceq.analysis.choices import CompareBy, GroupBy, MemoryBy, NameBy
+from traceq.analysis.choices import CompareBy, GroupBy, MemoryBy, NameBy, TrafficBy
 from traceq.errors import TraceqError
 from traceq.render import Format, format_for, render
 from traceq.store import default_store_path, delete_trace, first_row, open_store, resolve_trace
@@ -476,6 +476,48 @@ def ce(
         title = (f"{trace_name}: compute efficiency per {by.value} on {gpu}; CE FP32 against "
                  f"2 x clock x FP32 lanes = {fp32 / 1e12:.1f} TFLOP/s"
                  + (f", CE tensor against the dense TF32 tensor-core peak {tensor / 1e12:.0f} TFLOP/s" if tensor else ""))
+        return frame, title
+
+    _show_trace_table(trace, db, fmt, out, build)
+
+
+@app.command()
+def traffic(
+    by: Annotated[TrafficBy, typer.Option(help="One row per layer and pass (and GEMM shape), or per kernel name")]
+    = TrafficBy.layer,
+    gpu: Annotated[Optional[str], typer.Option(
+        "--gpu", help="Predict on this GPU of traceq's table (V100-SXM2, A100-SXM4-80GB, H100-SXM5, H200, ...) "
+                      "[default: the trace's own]", show_default=False)] = None,
+    spec: Annotated[Optional[Path], typer.Option(
+        "--spec", help="Layer shapes: a model spec (TOML, docs/flops.md) or a layer-shapes JSON "
+                       "(tools/record_training.py --shapes) [default: shapes recorded in the trace]")] = None,
+    batch: BatchOpt = None,
+    k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k rows with most GPU time")] = None,
+    trace: TraceOpt = None,
+    db: DbOpt = None,
+    iteration_regex: IterOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Memory traffic (L1, shared, L2, DRAM) and time of convolution and GEMM kernels by DeLTA's model, beside the measured time."""
+    from traceq.analysis.gpu_products import gpu_product, trace_gpu
+    from traceq.analysis.traffic import traffic_table
+
+    def build(con, trace_id: int, trace_name: str):
+        frame = traffic_table(con, trace_id, by, spec=spec, batch=batch, gpu=gpu,
+                              iteration_regex=_iteration_regex(iteration_regex))
+        if k is not None:
+            frame = frame.head(k)
+        if format_for(fmt, out) is Format.table:  # csv and json keep every column
+            import polars as pl
+
+            frame = frame.select(*[pl.format("{}x{}x{}", "m", "n", "k").alias("gemm") if c == "m" else pl.col(c)
+                                   for c in frame.columns if c not in ("here_ns", "ctas", "waves", "n", "k", "math", "launches")])
+        target = gpu_product(gpu) if gpu else trace_gpu(con, trace_id)
+        what = f"predicted on {target.name}" + (", expected = measured x predicted there / here" if gpu else "")
+        title = (f"{trace_name}: convolution and GEMM traffic per {by.value} (DeLTA model, docs/traffic.md), "
+                 f"{what}; {target.sm_count} SMs at {target.clock_hz / 1e9:.2f} GHz, L2 {target.l2_bytes >> 20} MiB, "
+                 f"DRAM {target.dram_bytes_per_s / 1e12:.2f} TB/s")
         return frame, title
 
     _show_trace_table(trace, db, fmt, out, build)

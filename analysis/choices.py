@@ -39,3 +39,10 @@ class MemoryBy(str, Enum):
 
     layer = "layer"
     time = "time"
+
+
+class TrafficBy(str, Enum):
+    """What `traceq traffic` lists: one row per layer and pass, or per kernel name."""
+
+    layer = "layer"
+    kernel = "kernel"

@@ -28,7 +28,8 @@ from traceq.analysis.modelspec import load_spec, spec_layer_flops
 from traceq.errors import MissingDataError
 from traceq.store import first_row
 
-__all__ = ["FLOP_OPS", "kernel_flops", "layer_flops", "load_spec", "op_flops", "spec_layer_flops"]
+__all__ = ["FLOP_OPS", "kernel_flops", "kernel_op_rows", "layer_flops", "load_spec", "op_flops", "op_shapes",
+           "spec_layer_flops"]
 
 _CONV = ("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution",
          "aten::cudnn_convolution", "aten::miopen_convolution", "aten::mkldnn_convolution",
@@ -61,9 +62,24 @@ def op_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
     """
     if first_row(con, "SELECT 1 FROM operators WHERE trace_id = ? LIMIT 1", [int(trace_id)]):
         return _kineto_op_flops(con, trace_id)
+    return op_shapes(con, trace_id).select("pid", "tid", "start_ns", "end_ns", "op", "pass", "flops", "dtype")
+
+
+def op_shapes(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
+    """`op_flops`' rows (same order) with the shapes they were counted from: op_row (0, 1, ...),
+    pid, tid, start_ns, end_ns, op, pass, sizes (the recorded input shapes), out_shapes (shapes
+    of output 0 where ops consumed it), data_used, weight_used (`aten::convolution_backward`'s
+    outputs 0 and 1 consumed), has_ids, flops, dtype."""
     ops = _op_ranges(con, trace_id)
+    columns = ["pid", "tid", "start_ns", "end_ns", "op", "pass", "sizes", "out_shapes", "data_used", "weight_used",
+               "has_ids", "flops", "dtype"]
     if ops.is_empty():
-        return _empty_op_flops()
+        shapes = pl.List(pl.List(pl.Int64))
+        return (_empty_op_flops().with_columns(sizes=pl.lit(None, shapes), out_shapes=pl.lit(None, shapes),
+                                               data_used=pl.lit(None, pl.Boolean),
+                                               weight_used=pl.lit(None, pl.Boolean),
+                                               has_ids=pl.lit(None, pl.Boolean))
+                .select(columns).with_row_index("op_row"))
     uses = _consumers(con, trace_id, ops.filter(pl.col("needs_uses"))["op_id"].to_list())
     shaped = ops.join(uses, on="op_id", how="left").with_columns(
         pl.col("data_used", "weight_used").fill_null(False))
@@ -74,8 +90,9 @@ def op_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
     return (shaped.join(counts, on=keys, how="left", nulls_equal=True)
             .filter(pl.col("flops").is_not_null())
             .with_columns(dtype=pl.lit("float32"))
-            .select("pid", "tid", "start_ns", "end_ns", "op", "pass", "flops", "dtype")
-            .sort("pid", "tid", "start_ns"))
+            .select(columns)
+            .sort("pid", "tid", "start_ns")
+            .with_row_index("op_row"))
 
 
 def kernel_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
@@ -93,9 +110,17 @@ def kernel_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
     return _kernel_shares(con, trace_id).drop("op_row")
 
 
-def _kernel_shares(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
-    """kernel_flops with op_row, the number of the op range each kernel belongs to."""
-    ops = op_flops(con, trace_id).with_row_index("op_row")
+def kernel_op_rows(con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFrame | None = None) -> pl.DataFrame:
+    """`kernel_flops` with op_row, the row of `op_shapes` (pass it when you have it) that each
+    kernel belongs to."""
+    return _kernel_shares(con, trace_id, ops)
+
+
+def _kernel_shares(con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFrame | None = None) -> pl.DataFrame:
+    """kernel_flops with op_row, the number of the op range each kernel belongs to (the row of
+    `op_shapes` for emit_nvtx ranges, of `op_flops` for Kineto operators)."""
+    ops = (op_flops(con, trace_id).with_row_index("op_row") if ops is None else ops).select(
+        "op_row", "pid", "tid", "start_ns", "end_ns", "op", "pass", "flops", "dtype")
     launches = con.sql(
         f"SELECT kernel_id, pid, launch_tid AS tid, launch_start_ns, dur_ns, name FROM kernel_launches "
         f"WHERE trace_id = {int(trace_id)} AND launch_start_ns IS NOT NULL").pl().sort("launch_start_ns")

@@ -9,6 +9,7 @@ gradient where nothing needs it: the first layer, whose input does not require g
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tomllib
 from dataclasses import dataclass
@@ -41,6 +42,9 @@ class SpecLayer:
     weight_shape: tuple[int, ...]  # conv (Co, Ci/groups, KH, KW), linear (out, in); else ()
     dtype: str
     data_grad: bool  # the backward pass computes this layer's input gradient
+    # conv only: (stride, padding, dilation) per spatial dimension, and groups
+    window: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] = ((), (), ())
+    groups: int = 1
 
     @property
     def macs_per_sample(self) -> int:
@@ -169,7 +173,13 @@ def _spec_layer(table: dict, index: int, shape: tuple[int, ...], dtype: str, dat
     _check_keys({k: v for k, v in table.items() if k not in ("name", "type", "dtype")},
                 *_LAYER_KEYS[kind], where)
     out, weight = _propagate(kind, table, shape, where)
-    return SpecLayer(name, kind, shape, out, weight, _dtype(table.get("dtype", dtype), where), data_grad)
+    layer = SpecLayer(name, kind, shape, out, weight, _dtype(table.get("dtype", dtype), where), data_grad)
+    if kind != "conv":
+        return layer
+    dims = len(shape) - 1  # _propagate has checked these keys
+    window = tuple(tuple(_ints(table.get(key, default), where, dims, minimum=minimum))
+                   for key, default, minimum in (("stride", 1, 1), ("padding", 0, 0), ("dilation", 1, 1)))
+    return dataclasses.replace(layer, window=window, groups=_ints(table.get("groups", 1), where, 1)[0])
 
 
 def _propagate(kind: str, t: dict, shape: tuple[int, ...], where: str

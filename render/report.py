@@ -27,12 +27,13 @@ from traceq.analysis.layers import attributed_kernels, layer_times, library_time
 from traceq.analysis.memory import CAPTURE_HINT, memory_by_layer, memory_summary, memory_timeline
 from traceq.errors import MissingDataError, TraceqError
 from traceq.render import figures
+from traceq.render.roofline import Ceilings, roofline_chart
 from traceq.render.table import format_bytes, format_duration
 
 TIMELINE_KERNELS = 10_000
 """At most this many kernels are drawn in the timeline (one iteration normally is fewer)."""
 
-FIGURE_KEYS = ("stages", "layer-time", "ce", "ru", "top", "memory-layers", "memory-timeline", "libraries",
+FIGURE_KEYS = ("stages", "layer-time", "ce", "ru", "roofline", "top", "memory-layers", "memory-timeline", "libraries",
                "timeline")
 """Every figure a report can hold, in page order (`fig-<key>` is its element id)."""
 
@@ -138,6 +139,32 @@ def _efficiency(con: duckdb.DuckDBPyConnection, trace: _Trace, attributed: pl.Da
 
     _try(trace, "ru", ru)
     _try(trace, "ce", ce)
+    _traffic(con, trace, attributed, iteration_regex, spec, batch)
+
+
+def _traffic(con: duckdb.DuckDBPyConnection, trace: _Trace, attributed: pl.DataFrame, iteration_regex: str,
+             spec: Path | None, batch: int | None) -> None:
+    """The traffic model per layer and the roofs of the trace's GPU (the roofline figure)."""
+    from traceq.analysis.gpu_products import trace_gpu
+    from traceq.analysis.traffic import traffic_table
+    from traceq.render.roofline import Ceilings
+
+    def frame() -> pl.DataFrame:
+        result = traffic_table(con, trace.trace_id, "layer", spec=spec, batch=batch, iteration_regex=iteration_regex,
+                               kernels=attributed)
+        if result.is_empty():
+            raise MissingDataError("no convolution or GEMM layer with known shapes")
+        return result
+
+    _try(trace, "traffic", frame)
+    layers = trace.frames.get("traffic")
+    if layers is not None:
+        gpu = trace_gpu(con, trace.trace_id)
+        math = layers.group_by("math").agg(pl.col("measured_ns").sum()).sort("measured_ns")["math"][-1]
+        names = {"ffma": "FP32 cores", "fp16x2": "FP16x2 cores"}
+        trace.notes["roofline-roofs"] = f"{gpu.name}, {names.get(math, f'{math.upper()} tensor cores')}"
+        trace.frames["ceilings"] = pl.DataFrame([(gpu.peak_flops(math), gpu.dram_bytes_per_s, gpu.l2_bytes_per_s)],
+                                                schema=["peak_flops", "dram", "l2"], orient="row")
 
 
 def _window(attributed: pl.DataFrame) -> tuple[pl.DataFrame, str]:
@@ -216,6 +243,8 @@ def _charts(traces: list[_Trace]) -> tuple[list[figures.Chart], list[tuple[str, 
         lambda: figures.layer_time_chart(frames("layers"), iterations))
     add("ce", "Compute efficiency per layer (paper figures 7 and 8)", "ce", lambda: figures.ce_chart(frames("ce")))
     add("ru", "Resource utilization per layer (paper figures 9 to 12)", "ru", lambda: figures.ru_chart(frames("ru")))
+    add("roofline", "Roofline per layer (DeLTA traffic model)", "traffic", lambda: roofline_chart(
+        frames("traffic"), {t.name: _ceilings(t) for t in traces}))
     add("top", "Longest kernel launches", "top", lambda: figures.top_table_chart(frames("top"), notes("top")))
     add("memory-layers", "GPU memory allocated per layer (paper figures 13 to 16)", "memory-layers",
         lambda: figures.memory_layer_chart(frames("memory-layers"), notes("memory-layers")))
@@ -227,6 +256,14 @@ def _charts(traces: list[_Trace]) -> tuple[list[figures.Chart], list[tuple[str, 
     add("timeline", "GPU timeline", "timeline-kernels",
         lambda: figures.timeline_chart(frames("timeline-kernels"), frames("timeline-nvtx"), notes("timeline")))
     return charts, skipped
+
+
+def _ceilings(trace: _Trace) -> Ceilings | None:
+    roofs = trace.frames.get("ceilings")
+    if roofs is None:
+        return None
+    peak, dram, l2 = roofs.row(0)
+    return Ceilings(peak, dram, l2, trace.notes.get("roofline-roofs", ""))
 
 
 _STYLE = """
@@ -279,8 +316,9 @@ def _facts_table(traces: list[_Trace]) -> str:
 def _panel_notes(chart: figures.Chart, traces: list[_Trace]) -> str:
     """Per-trace reasons a panel is empty, under the figure."""
     key = chart.key
-    if key not in ("ce", "ru", "memory-layers", "memory-timeline"):
+    if key not in ("ce", "ru", "roofline", "memory-layers", "memory-timeline"):
         return ""
+    key = {"roofline": "traffic"}.get(key, key)  # the figure's data key holds its reasons
     lines = [f"{t.name}: {t.notes[key]}" for t in traces if key in t.notes]
     return "".join(f'<p class="panel-note">{html.escape(line)}</p>' for line in lines)
 

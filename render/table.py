@@ -47,6 +47,10 @@ _HEADERS = {
     "blocks_per_sm": "Blocks/SM",
     "registers_per_thread": "Regs",
     "smem_bytes": "Smem",
+    "l1_bytes": "L1",
+    "l2_bytes": "L2",
+    "dram_bytes": "DRAM",
+    "achieved_pct": "Of bound %",
 }
 
 FRACTIONS = frozenset({"ru", "paper_ru", "occupancy", "kineto_occupancy", "ce_fp32", "ce_tensor"})

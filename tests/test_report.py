@@ -84,12 +84,13 @@ def test_side_by_side_names_every_trace(pair_html: str, all_html: str) -> None:
     for name in ALL:
         assert name in _section(all_html, "stages")
     # the DDP trace has no memory events, and only NCCL's own ranges for layers; CE has no
-    # FLOPs without a spec
+    # FLOPs and the roofline no traffic without a spec
     assert "ddp_resnet18_2gpu: no memory events: capture with `nsys profile --cuda-memory-usage=true" in all_html
     assert "ncclAllReduce" in _section(all_html, "layer-time")
     assert "fig-ce" not in all_html
     assert re.search(r'<section class="note"><h2>Compute efficiency per layer[^<]*</h2><p>Not drawn: ', all_html)
-    assert set(_figure_ids(all_html)) == {f"fig-{k}" for k in FIGURE_KEYS if k != "ce"}
+    assert re.search(r'<section class="note"><h2>Roofline per layer[^<]*</h2><p>Not drawn: no layer shapes', all_html)
+    assert set(_figure_ids(all_html)) == {f"fig-{k}" for k in FIGURE_KEYS if k not in ("ce", "roofline")}
 
 
 def test_cli_writes_the_report(tmp_path: Path) -> None:

@@ -1,0 +1,76 @@
+"""The roofline figure of `traceq report`: each layer's convolution and GEMM kernels placed by
+their arithmetic intensity against DRAM and L2 bytes (DeLTA's traffic model, `analysis.traffic`)
+and by the FLOP/s they achieved, under the GPU's compute peak and its DRAM and L2 bandwidth
+lines. Like every figure it takes frames, never the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import polars as pl
+
+from traceq.render.figures import PASS_COLOURS, Chart, Frames, _finish, _missing, _panels
+
+
+class Ceilings(NamedTuple):
+    """The roofs of one trace's GPU: peak FLOP/s of its kernels' main math, DRAM and L2 bytes/s."""
+
+    peak_flops: float
+    dram_bytes_per_s: float
+    l2_bytes_per_s: float
+    label: str  # 'NVIDIA H200, TF32 tensor cores'
+
+
+def roofline_chart(traffic: Frames, ceilings: Mapping[str, Ceilings | None]) -> Chart:
+    """Achieved TFLOP/s against FLOP per byte, one point per layer, pass and GEMM shape.
+
+    Frames: `traffic.traffic_table(by='layer')` (flops, dram_bytes, l2_bytes, measured_ns,
+    predicted_ns, layer, pass, bound). Filled markers: FLOPs over DRAM bytes; open markers: over
+    L2 bytes; both at the FLOP/s the kernels achieved (measured time). The diagonal lines are
+    the bandwidth roofs, the horizontal one the compute peak.
+    """
+    fig = _panels(traffic, shared_y=True, height=520)
+    legend: set[str] = set()
+    for col, (name, frame) in enumerate(traffic.items(), start=1):
+        roof = ceilings.get(name)
+        if frame is None or roof is None or frame.filter(pl.col("flops") > 0).is_empty():
+            _missing(fig, col, "no modelled convolution or GEMM layers")
+            continue
+        frame = frame.filter((pl.col("flops") > 0) & (pl.col("measured_ns") > 0)).with_columns(
+            achieved=pl.col("flops") / pl.col("measured_ns") * 1e9 / 1e12,
+            label=pl.format("{} ({}, {})", "layer", "pass", "direction"))
+        for level, column, symbol in (("DRAM", "dram_bytes", "circle"), ("L2", "l2_bytes", "circle-open")):
+            for pass_, part in frame.filter(pl.col(column) > 0).group_by("pass", maintain_order=True):
+                key = f"{level}, {pass_[0]}"
+                fig.add_scatter(
+                    x=(part["flops"] / part[column]).to_list(), y=part["achieved"].to_list(), mode="markers",
+                    name=f"FLOP per {level} byte ({pass_[0]})", legendgroup=key, showlegend=key not in legend,
+                    marker=dict(symbol=symbol, size=9, color=PASS_COLOURS.get(str(pass_[0]), "#7f7f7f")),
+                    customdata=part.select("label", "bound").rows(), row=1, col=col,
+                    hovertemplate=(f"%{{customdata[0]}}: %{{x:.1f}} FLOP/{level} byte, %{{y:.1f}} TFLOP/s"
+                                   "<br>model: %{customdata[1]}-bound<extra></extra>"))
+                legend.add(key)
+        intensity = [min(1.0, float((frame["flops"] / frame["l2_bytes"]).min() or 1.0)) / 2,
+                     2 * float((frame["flops"] / frame["dram_bytes"].clip(1)).max() or 1e3)]
+        peak = roof.peak_flops / 1e12
+        for level, bandwidth, dash in (("DRAM", roof.dram_bytes_per_s, "dash"), ("L2", roof.l2_bytes_per_s, "dot")):
+            knee = peak * 1e12 / bandwidth
+            xs = [intensity[0], knee, intensity[1]] if intensity[0] < knee < intensity[1] else intensity
+            ys = [min(peak, x * bandwidth / 1e12) for x in xs]
+            fig.add_scatter(x=xs, y=ys, mode="lines", name=f"{level} roof", legendgroup=f"roof {level}",
+                            showlegend=f"roof {level}" not in legend, line=dict(color="#555", dash=dash),
+                            row=1, col=col, hovertemplate=f"{level} roof: %{{y:.1f}} TFLOP/s<extra></extra>")
+            legend.add(f"roof {level}")
+        fig.add_annotation(text=roof.label, xref=f"x{'' if col == 1 else col} domain", yref="paper", x=0.02,
+                           y=1.0, showarrow=False, font=dict(size=11, color="#555"), xanchor="left")
+        fig.update_xaxes(type="log", row=1, col=col)
+        fig.update_yaxes(type="log", row=1, col=col)
+    _finish(fig, "Roofline per layer (DeLTA traffic model)", "arithmetic intensity (FLOP per byte)",
+            "achieved TFLOP/s", len(traffic))
+    caption = ("Each layer's convolution and GEMM kernels at the FLOP/s they achieved, placed by FLOPs per DRAM "
+               "byte (filled) and per L2 byte (open) as the traffic model predicts them; a point near a roof is "
+               "bound by that resource, one far below every roof is held back by something the model does not "
+               "see (latency, launch gaps, poor tiling).")
+    return Chart("roofline", fig, caption)
