@@ -492,14 +492,15 @@ def traffic(
         "--spec", help="Layer shapes: a model spec (TOML, docs/flops.md) or a layer-shapes JSON "
                        "(tools/record_training.py --shapes) [default: shapes recorded in the trace]")] = None,
     batch: BatchOpt = None,
-    k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k rows with most GPU time")] = None,
+    k: Annotated[Optional[int], typer.Option("--k", "-k", min=1,
+                                              help="Show only the k rows with most GPU time")] = None,
     trace: TraceOpt = None,
     db: DbOpt = None,
     iteration_regex: IterOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
 ) -> None:
-    """Memory traffic (L1, shared, L2, DRAM) and time of convolution and GEMM kernels by DeLTA's model, beside the measured time."""
+    """DeLTA's traffic model: L1, shared, L2 and DRAM bytes and time of conv/GEMM kernels, beside the measured time."""
     from traceq.analysis.gpu_products import gpu_product, trace_gpu
     from traceq.analysis.traffic import traffic_table
 
@@ -511,8 +512,9 @@ def traffic(
         if format_for(fmt, out) is Format.table:  # csv and json keep every column
             import polars as pl
 
+            hidden = ("here_ns", "ctas", "waves", "n", "k", "math", "launches")
             frame = frame.select(*[pl.format("{}x{}x{}", "m", "n", "k").alias("gemm") if c == "m" else pl.col(c)
-                                   for c in frame.columns if c not in ("here_ns", "ctas", "waves", "n", "k", "math", "launches")])
+                                   for c in frame.columns if c not in hidden])
         target = gpu_product(gpu) if gpu else trace_gpu(con, trace_id)
         what = f"predicted on {target.name}" + (", expected = measured x predicted there / here" if gpu else "")
         title = (f"{trace_name}: convolution and GEMM traffic per {by.value} (DeLTA model, docs/traffic.md), "

@@ -101,27 +101,22 @@ def _row(name: str, aliases: str, cc: tuple[int, int], sms: int, mhz: int, l1_ki
     return product, re.compile(aliases, re.IGNORECASE)
 
 
+_DWL = "D: SMs, clock, L2, DRAM; W: L1; L: L2 bandwidth"
+_HOPPER = _DWL + " (no NVIDIA figure for Hopper)"
+
 # Columns: name, how trace device names and --gpu spell it, CC, SMs, boost clock MHz, L1/shared KiB
 # per SM, L2 MiB, L2 bytes per clock, DRAM GB/s; source letters per column group.
 _PRODUCTS = (
-    _row("V100-SXM2", r"v100(?!.*pcie)", (7, 0), 80, 1530, 128, 6, 2048, 900,
-         "D: SMs, clock, L2, DRAM; W: L1; L: L2 bandwidth"),
-    _row("V100-PCIe", r"v100.*pcie", (7, 0), 80, 1380, 128, 6, 2048, 900,
-         "D: SMs, clock, L2, DRAM; W: L1; L: L2 bandwidth"),
-    _row("A100-SXM4-40GB", r"a100.*sxm.*40|^a100$|a100-40", (8, 0), 108, 1410, 192, 40, 5120, 1555,
-         "D: SMs, clock, L2, DRAM; W: L1; L: L2 bandwidth"),
-    _row("A100-SXM4-80GB", r"a100.*sxm.*80|a100-80", (8, 0), 108, 1410, 192, 40, 5120, 2039,
-         "D: SMs, clock, L2, DRAM; W: L1; L: L2 bandwidth"),
-    _row("A100-PCIe-40GB", r"a100.*pcie.*40|a100.*40.*pcie", (8, 0), 108, 1410, 192, 40, 5120, 1555,
-         "D: SMs, clock, L2, DRAM; W: L1; L: L2 bandwidth"),
-    _row("A100-PCIe-80GB", r"a100.*(80.*pcie|pcie.*80)", (8, 0), 108, 1410, 192, 40, 5120, 1935,
-         "D: SMs, clock, L2, DRAM; W: L1; L: L2 bandwidth"),
-    _row("H100-SXM5", r"h100(?!.*(pcie|nvl))|h100.*hbm3", (9, 0), 132, 1980, 256, 50, 5120, 3352,
-         "D: SMs, clock, L2, DRAM; W: L1; L: L2 bandwidth (no NVIDIA figure for Hopper)"),
-    _row("H100-PCIe", r"h100.*pcie", (9, 0), 114, 1755, 256, 50, 5120, 2039,
-         "D: SMs, clock, L2, DRAM; W: L1; L: L2 bandwidth (no NVIDIA figure for Hopper)"),
+    _row("V100-SXM2", r"v100(?!.*pcie)", (7, 0), 80, 1530, 128, 6, 2048, 900, _DWL),
+    _row("V100-PCIe", r"v100.*pcie", (7, 0), 80, 1380, 128, 6, 2048, 900, _DWL),
+    _row("A100-SXM4-40GB", r"a100.*sxm.*40|^a100$|a100-40", (8, 0), 108, 1410, 192, 40, 5120, 1555, _DWL),
+    _row("A100-SXM4-80GB", r"a100.*sxm.*80|a100-80", (8, 0), 108, 1410, 192, 40, 5120, 2039, _DWL),
+    _row("A100-PCIe-40GB", r"a100.*pcie.*40|a100.*40.*pcie", (8, 0), 108, 1410, 192, 40, 5120, 1555, _DWL),
+    _row("A100-PCIe-80GB", r"a100.*(80.*pcie|pcie.*80)", (8, 0), 108, 1410, 192, 40, 5120, 1935, _DWL),
+    _row("H100-SXM5", r"h100(?!.*(pcie|nvl))|h100.*hbm3", (9, 0), 132, 1980, 256, 50, 5120, 3352, _HOPPER),
+    _row("H100-PCIe", r"h100.*pcie", (9, 0), 114, 1755, 256, 50, 5120, 2039, _HOPPER),
     _row("H200", r"h200", (9, 0), 132, 1980, 256, 60, 5120, 4814,
-         "D: SMs, DRAM; T: clock, L2 size and bandwidth as recorded; W: L1; L: L2 bandwidth"),
+         "D: SMs; T: clock, L2 size, DRAM bandwidth as the device recorded them; W: L1; L: L2 bandwidth"),
 )
 
 

@@ -59,8 +59,9 @@ def launch_traffic(con: duckdb.DuckDBPyConnection, trace_id: int, *, spec: Path 
 
     Columns: kernel_id, name, short_name, library, layer, pass, direction ('fprop', 'dgrad',
     'wgrad', or 'gemm' for a recorded matrix product), m, n, k (the GEMM), tile ('128x64x32'),
-    math (the peak that bounds it: 'ffma', 'tf32', 'fp16', ...), ctas, waves, l1_bytes, shared_bytes, l2_bytes, dram_bytes, flops, bound ('compute', 'L1',
-    'shared', 'L2', 'DRAM'), predicted_ns (on `gpu`, else the trace's GPU), here_ns (predicted
+    math (the peak that bounds it: 'ffma', 'tf32', 'fp16', ...), ctas, waves, l1_bytes,
+    shared_bytes, l2_bytes, dram_bytes, flops, bound ('compute', 'L1', 'shared', 'L2', 'DRAM',
+    or 'latency'), predicted_ns (on `gpu`, else the trace's GPU), here_ns (predicted
     on the trace's GPU; null without its description), measured_ns, note (what the model
     assumed or why it gave no numbers). `kernels`: the trace's `layers.attributed_kernels`.
     Raises MissingDataError when neither `spec` nor recorded shapes give any layer a shape.
@@ -125,7 +126,7 @@ def traffic_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: TrafficBy |
                       *[pl.col(c).sum() for c in ("l1_bytes", "shared_bytes", "l2_bytes", "dram_bytes", "flops",
                                                   "predicted_ns", "here_ns", "measured_ns")],
                       pl.col("measured_ns").sum().alias("total_ns"),
-                      pl.col("note").drop_nulls().unique().str.join("; ").alias("note"))
+                      pl.col("note").drop_nulls().unique(maintain_order=True).str.join("; ").alias("note"))
                  .drop("shape"))
     frame = frame.with_columns(achieved_pct=100 * pl.col("here_ns") / pl.col("measured_ns"))
     if gpu is not None and not frame.is_empty() and frame["here_ns"].is_not_null().any():
@@ -306,6 +307,6 @@ def _group_numbers(g: dict, candidates: list[Candidate], target: GpuProduct, her
         label, problem, p, note = run(target, limits_for_cc(*target.cc), None)
         on_here = run(here, here_limits or limits_for_cc(*here.cc), g["smem_carveout_bytes"])[2] if here else None
     notes = [n for n in (note, *p.flags) if n]
-    return (*keys, label, problem.m, problem.n, problem.k, tile.label, tile.math, p.ctas, p.waves, p.l1_bytes, p.shared_bytes,
-            p.l2_bytes, p.dram_bytes, p.flops, p.bound, p.time_s * 1e9,
+    return (*keys, label, problem.m, problem.n, problem.k, tile.label, tile.math, p.ctas, p.waves, p.l1_bytes,
+            p.shared_bytes, p.l2_bytes, p.dram_bytes, p.flops, p.bound, p.time_s * 1e9,
             on_here.time_s * 1e9 if on_here else None, "; ".join(notes) or None)

@@ -269,7 +269,8 @@ def _footprints(problem: Problem, e: int) -> tuple[float, float, float]:
     x = conv.n * conv.c * used * e
     y = conv.n * conv.k * conv.p * conv.q * e
     wt = conv.k * (conv.c // conv.groups) * conv.r * conv.s * e
-    return {"fprop": (x, wt, y), "dgrad": (y, wt, conv.n * conv.c * conv.h * conv.w * e), "wgrad": (y, x, wt)}[problem.op]
+    dx = conv.n * conv.c * conv.h * conv.w * e
+    return {"fprop": (x, wt, y), "dgrad": (y, wt, dx), "wgrad": (y, x, wt)}[problem.op]
 
 
 def _warps(tile: KernelTile, block_threads: int | None) -> tuple[int, int]:

@@ -35,6 +35,29 @@ def shared_files(folder: str, pattern: str) -> list[Path]:
     return sorted(base.glob(pattern)) if base.is_dir() else []
 
 
+NCU_STACK = "thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"
+
+
+def ncu_rows(path: Path) -> list[dict[str, str]]:
+    """The kernel rows of a gzipped Nsight Compute `--csv --page raw` file (its leading `==`
+    notices and the units row dropped), read with the csv module."""
+    import csv
+    import gzip
+    import io
+
+    text = gzip.decompress(path.read_bytes()).decode("utf-8")
+    lines = [line for line in text.splitlines(keepends=True) if not line.startswith("==")]
+    return list(csv.DictReader(io.StringIO("".join(lines))))[1:]
+
+
+def ncu_layer(row: dict[str, str]) -> str:
+    """The innermost NVTX push/pop range an Nsight Compute `--nvtx` row was launched in ('' if none)."""
+    import re
+
+    stack = re.findall(r'"<default domain>:([^:]*):', row[NCU_STACK])
+    return stack[-1] if stack else ""
+
+
 def source_count(path: Path, table: str, where: str = "") -> int:
     """Rows in a table of an SQLite file, counted independently of traceq (0 when absent)."""
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)

@@ -6,9 +6,7 @@ recorded for non-persistent launches (tests/test_traffic_accuracy.py has the byt
 
 from __future__ import annotations
 
-import csv
 import gzip
-import io
 import json
 import math
 import re
@@ -17,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SAMPLES, shared_files
+from conftest import SAMPLES, ncu_layer, ncu_rows, shared_files
 from traceq.analysis.classify import classify
 from traceq.analysis.tiles import DEFAULT_TILE, kernel_tile
 
@@ -122,18 +120,13 @@ def test_a_tile_spelled_in_the_name_is_the_tile_read(names: dict[str, str]) -> N
      "_kernel__5x_cublas", ("ffma", "split_k", "l1", "nchw", 1, 4)),
     ("sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4_warpsize2x2x1"
      "_g1_tensor16x8x8_execute_kernel__5x_cudnn", ("tf32", None, "bypass", "nhwc", 2, 2)),
-    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nt_align1>(T1::Params)", ("ffma", None, "l1", "nchw", None, None)),
+    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nt_align1>(T1::Params)",
+     ("ffma", None, "l1", "nchw", None, None)),
     ("nvjet_sm90_hsh_320x128_64x3_1x2_h_ssched_bz_coopB_NNT", ("fp16", None, "tma", "nchw", None, None)),
 ])
 def test_how_a_kernel_runs(name: str, expected: tuple) -> None:
     t = kernel_tile(name)
     assert (t.math, t.schedule, t.operand_path, t.layout, t.warps_m, t.warps_n) == expected
-
-
-def _ncu_rows(path: Path) -> list[dict[str, str]]:
-    text = gzip.decompress(path.read_bytes()).decode("utf-8")
-    lines = [line for line in text.splitlines(keepends=True) if not line.startswith("==")]
-    return list(csv.DictReader(io.StringIO("".join(lines))))[1:]  # row 0: units
 
 
 @pytest.mark.parametrize("path", sorted((SAMPLES / "ncu").glob("*_ncu.csv.gz")), ids=lambda p: p.name[:-11])
@@ -144,11 +137,9 @@ def test_tiles_times_gemm_dimensions_equal_the_grid(path: Path) -> None:
     from the recorded layer shapes."""
     shapes = json.loads(path.with_name(path.name.replace("_ncu.csv.gz", "_shapes.json")).read_text())
     checked = 0
-    for row in _ncu_rows(path):
+    for row in ncu_rows(path):
         name = row["Kernel Name"]
-        stack = re.findall(r'"<default domain>:([^:]*):', row["thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type"
-                                                                ":Color:Msg_Type:Msg"])
-        layer = stack[-1] if stack else ""
+        layer = ncu_layer(row)
         backward = layer.startswith("b") and layer[1:] in shapes
         shape = shapes.get(layer[1:] if backward else layer)
         if not shape or shape["type"] != "Conv2d" or not re.match(r"sm80_xmma_(fprop|dgrad)", name):

@@ -4,11 +4,7 @@ what-if on another GPU, and the command's output and refusals. About 6 s."""
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
 import json
-import re
 import statistics
 from pathlib import Path
 
@@ -16,7 +12,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from conftest import SAMPLES, sample
+from conftest import SAMPLES, ncu_layer, ncu_rows, sample
 from traceq.cli import app
 
 runner = CliRunner()
@@ -79,14 +75,10 @@ def test_hand_written_spec_gives_the_gemms_of_the_recorded_shapes(store) -> None
 
 def _ncu_layers(path: Path) -> dict[tuple[str, str], list[float]]:
     """(layer, kernel name) -> DRAM bytes of each launch, from an Nsight Compute CSV."""
-    text = gzip.decompress(path.read_bytes()).decode("utf-8")
-    rows = list(csv.DictReader(io.StringIO("".join(l for l in text.splitlines(True) if not l.startswith("==")))))
     out: dict[tuple[str, str], list[float]] = {}
-    for row in rows[1:]:
-        stack = re.findall(r'"<default domain>:([^:]*):', row["thread Domain:Push/Pop_Range:PL_Type:PL_Value:"
-                                                                "CLR_Type:Color:Msg_Type:Msg"])
-        bytes_ = float(row["dram__bytes_read.sum"].replace(",", "")) + float(row["dram__bytes_write.sum"].replace(",", ""))
-        out.setdefault((stack[-1] if stack else "", row["Kernel Name"]), []).append(bytes_)
+    for row in ncu_rows(path):
+        bytes_ = sum(float(row[f"dram__bytes_{way}.sum"].replace(",", "")) for way in ("read", "write"))
+        out.setdefault((ncu_layer(row), row["Kernel Name"]), []).append(bytes_)
     return out
 
 

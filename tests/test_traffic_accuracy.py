@@ -14,18 +14,14 @@ About 1.5 s.
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
 import json
-import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from conftest import SAMPLES
+from conftest import SAMPLES, ncu_layer, ncu_rows
 from traceq.analysis.classify import classify
 from traceq.analysis.gpu_products import gpu_product
 from traceq.analysis.tiles import kernel_tile
@@ -33,7 +29,6 @@ from traceq.analysis.traffic import predict_launch
 from traceq.analysis.traffic_shapes import recorded_candidates
 
 RECORDINGS = sorted((SAMPLES / "ncu").glob("*_ncu.csv.gz"))
-STACK = "thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"
 
 
 @dataclass(frozen=True)
@@ -50,12 +45,6 @@ def _number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
-def _rows(path: Path) -> list[dict[str, str]]:
-    text = gzip.decompress(path.read_bytes()).decode("utf-8")
-    lines = [line for line in text.splitlines(keepends=True) if not line.startswith("==")]
-    return list(csv.DictReader(io.StringIO("".join(lines))))[1:]  # row 0: units
-
-
 def _kernels(path: Path) -> tuple[list[Kernel], float]:
     """(the modelled kernels, the time of all convolution and GEMM launches of layers with
     shapes, in s)."""
@@ -63,10 +52,9 @@ def _kernels(path: Path) -> tuple[list[Kernel], float]:
     gpu = gpu_product("NVIDIA H200")
     out: list[Kernel] = []
     eligible = 0.0
-    for row in _rows(path):
+    for row in ncu_rows(path):
         name = row["Kernel Name"]
-        stack = re.findall(r'"<default domain>:([^:]*):', row[STACK])
-        layer = stack[-1] if stack else ""
+        layer = ncu_layer(row)
         backward = layer.startswith("b") and layer[1:] in shapes
         shape = shapes.get(layer[1:] if backward else layer)
         kind = classify(name)

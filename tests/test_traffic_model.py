@@ -15,7 +15,8 @@ from traceq.errors import TraceqError
 
 CONV2 = Conv(256, 64, 27, 27, 192, 5, 5, 27, 27, (1, 1), (2, 2))  # AlexNet conv2
 H100 = gpu_product("NVIDIA H100 80GB HBM3")
-F16_TILE = kernel_tile("void cutlass::Kernel2<cutlass_80_tensorop_f16_s16816gemm_f16_128x128_32x3_nn_align8>(T1::Params)")
+F16_TILE = kernel_tile(
+    "void cutlass::Kernel2<cutlass_80_tensorop_f16_s16816gemm_f16_128x128_32x3_nn_align8>(T1::Params)")
 
 
 def test_implicit_gemm_dimensions() -> None:
