@@ -17,18 +17,31 @@ from pathlib import Path
 
 import duckdb
 
-from traceq.errors import NotFoundError, StoreError
+from traceq.errors import NotFoundError, StoreError, TraceqError
 
 SCHEMA_VERSION = "6"
 DEFAULT_STORE = "traceq.duckdb"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 
+OFFLINE = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+"""DuckDB settings of every connection traceq opens: never download or load an extension on
+demand. Users are offline, and DuckDB would otherwise fetch its SQLite extension, for seconds
+and then a network error, when handed an SQLite file as a database."""
+
+_DUCKDB_MAGIC = b"DUCK"  # bytes 8 to 12 of a DuckDB database file
+
 _LOCK_MESSAGE = re.compile(r"lock", re.IGNORECASE)
+_READ_ONLY_MESSAGE = re.compile(r"Permission denied|Read-only file system", re.IGNORECASE)
 
 
 def default_store_path() -> Path:
     """`$TRACEQ_DB` when set, else ./traceq.duckdb."""
     return Path(os.environ.get("TRACEQ_DB") or DEFAULT_STORE)
+
+
+def connect(database: str | Path = ":memory:", *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with traceq's settings (`OFFLINE`); every connection is opened here."""
+    return duckdb.connect(str(database), read_only=read_only, config=OFFLINE)
 
 
 def schema_sql() -> str:
@@ -62,6 +75,10 @@ def open_store(
         raise StoreError(f"no store at {path}: load a trace first with `traceq load TRACE`")
     if path.is_dir():
         raise StoreError(f"{path} is a directory, not a traceq store file")
+    if path.exists():
+        _check_duckdb_file(path)
+        if not read_only and not os.access(path, os.W_OK):
+            raise StoreError(_read_only_message(path))
     if lock_timeout is None:
         lock_timeout = float(os.environ.get("TRACEQ_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT_S))
     con = _connect_waiting(path, read_only and path.exists(), lock_timeout, on_wait)
@@ -80,8 +97,10 @@ def _connect_waiting(
     announced = False
     while True:
         try:
-            return duckdb.connect(str(path), read_only=read_only)
+            return connect(path, read_only=read_only)
         except duckdb.IOException as e:
+            if _READ_ONLY_MESSAGE.search(str(e)):
+                raise StoreError(_read_only_message(path)) from None
             if not _LOCK_MESSAGE.search(str(e)):
                 raise StoreError(f"{path} cannot be opened as a traceq store: {_first_line(e)}") from None
             if time.monotonic() >= deadline:
@@ -95,6 +114,31 @@ def _connect_waiting(
             time.sleep(0.2)
         except duckdb.Error as e:
             raise StoreError(f"{path} cannot be opened as a traceq store: {_first_line(e)}") from None
+
+
+def _read_only_message(path: Path) -> str:
+    where = path if path.exists() else f"{path} (its folder)"
+    return (f"{where} is read-only here (no permission to write it): `traceq load` and `traceq rm` "
+            "change the store, the other commands only read it; pass --db with a writable path")
+
+
+def _check_duckdb_file(path: Path) -> None:
+    """Raise a StoreError that says what `path` is when it is not a DuckDB file (a trace
+    passed as the store, most often); an empty file passes (DuckDB makes it a database)."""
+    with path.open("rb") as f:
+        head = f.read(12)
+    if not head or head[8:12] == _DUCKDB_MAGIC:
+        return
+    from traceq.ingest import READERS
+    from traceq.ingest.detect import reader_for
+
+    try:
+        reader = reader_for(path, READERS)
+    except TraceqError:
+        raise StoreError(f"{path} is not a traceq store (the DuckDB file `traceq load` writes)") from None
+    raise StoreError(f"{path} is a trace ({reader.name}), not a traceq store: load it with "
+                     f"`traceq load {path}`, then query the store it goes into "
+                     f"({DEFAULT_STORE}, or the one --db names)")
 
 
 def _ensure_schema(con: duckdb.DuckDBPyConnection, path: Path, *, create: bool) -> None:
