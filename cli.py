@@ -96,8 +96,8 @@ def _show_trace_table(
 
 
 def _terminal_width() -> int:
-    """The terminal's width ($COLUMNS first), at least 100; 160 when output is not a terminal."""
-    return max(shutil.get_terminal_size(fallback=(160, 24)).columns, 100)
+    """The terminal's width ($COLUMNS first); 160 when output is not a terminal."""
+    return shutil.get_terminal_size(fallback=(160, 24)).columns
 
 
 class _LazyProgress:
@@ -240,7 +240,7 @@ def top(
 ) -> None:
     """The heaviest kernels of a trace by total GPU time (like `nsys stats` cuda_gpu_kern_sum)."""
     from traceq.analysis.kernels import kernel_time_total, top_instances_relation, top_kernels_relation
-    from traceq.render.table import format_duration
+    from traceq.render.columns import format_duration
 
     # Rankings stay DuckDB relations unless NVTX context is joined: without polars, `traceq top`
     # on a big trace (library column only) runs in a fraction of a second.
@@ -263,8 +263,6 @@ def top(
         title = (f"{trace_name}: top {len(ranking)} kernels by total time "
                  f"(all kernels: {format_duration(total)} of GPU time)")
         if context is not False:
-            if format_for(fmt, out) is Format.table and _terminal_width() < 170:  # room for the names
-                ranking = ranking.project("* EXCLUDE (min_ns, max_ns, stddev_ns)")  # (csv/json keep them)
             ranking = (_with_kernel_context(con, trace_id, ranking.pl(), by) if attribute
                        else _with_library(con, ranking))
         return ranking, title
@@ -564,7 +562,7 @@ def memory(
 ) -> None:
     """GPU memory from the CUDA memory usage events: allocations per layer, bytes in use over time, peak."""
     from traceq.analysis.memory import memory_by_layer, memory_summary, memory_timeline
-    from traceq.render.table import format_bytes
+    from traceq.render.columns import format_bytes
 
     def build(con, trace_id: int, trace_name: str):
         regex = _iteration_regex(iteration_regex)

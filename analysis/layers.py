@@ -67,12 +67,6 @@ def _kernel_groups(
             .agg(pl.col("kernels").sum(), pl.col("dur_ns").sum(), pl.col("first_kernel").min()))
 
 
-def _first_three(texts: pl.Expr) -> pl.Expr:
-    """The first three values joined with ', ', then '…' when there were more."""
-    return (pl.when(pl.len() > 3).then(texts.head(3).str.join(", ") + ", …")
-            .otherwise(texts.str.join(", ")))
-
-
 def _split(frame: pl.DataFrame, keys: list[str], column: str, label: str) -> pl.DataFrame:
     """Per group of `keys`: 'cuDNN 80%, PyTorch ATen 20%' over the values of `column`."""
     parts = (frame.group_by([*keys, column]).agg(pl.col("dur_ns").sum())
@@ -80,7 +74,7 @@ def _split(frame: pl.DataFrame, keys: list[str], column: str, label: str) -> pl.
              .sort([*keys, "dur_ns", column], descending=[False] * len(keys) + [True, False], nulls_last=True)
              .with_columns(text=pl.col(column).fill_null("none") + " "
                            + (pl.col("share") * 100).round(0).cast(pl.Int64).cast(pl.String) + "%"))
-    return parts.group_by(keys, maintain_order=True).agg(_first_three(pl.col("text")).alias(label))
+    return parts.group_by(keys, maintain_order=True).agg(pl.col("text").str.join(", ").alias(label))
 
 
 def layer_times(
@@ -90,7 +84,7 @@ def layer_times(
 
     Columns: layer (null: launched outside every layer range), pass, kernels, total_ns, pct
     (share of all kernel time, %), heaviest (short name of the kernel with most time in the group),
-    libraries ('cuDNN 80%, PyTorch ATen 20%'; the three largest, then '…').
+    libraries ('cuDNN 80%, PyTorch ATen 20%', all of them, largest first).
     """
     k = _kernel_groups(con, trace_id, iteration_regex)
     keys = ["layer", "pass"]
@@ -181,8 +175,9 @@ def kernel_context(
     """Per kernel name (as grouped by `name_column`: name or short_name): layer, pass and
     library, for `traceq top`.
 
-    layer: the layers the name ran in, most time first, joined with ', ' (at most three, then
-    '…'); pass: 'forward', 'backward' or 'both'; library: that of the name's first kernel.
+    layer: the layers the name ran in, most time first, joined with ', ' (all of them: tables
+    shorten the list); pass: 'forward', 'backward' or 'both'; library: that of the name's first
+    kernel.
     """
     k = _kernel_groups(con, trace_id, iteration_regex)
     if name_column != "name":
@@ -191,7 +186,7 @@ def kernel_context(
                  .sort(["name", "dur_ns", "layer"], descending=[False, True, False], nulls_last=True)
                  .drop_nulls("layer")
                  .group_by("name", maintain_order=True)
-                 .agg(layer=_first_three(pl.col("layer"))))
+                 .agg(layer=pl.col("layer").str.join(", ")))
     passes = (k.group_by("name").agg(
         pl.when(pl.col("pass").drop_nulls().n_unique() > 1).then(pl.lit("both"))
         .otherwise(pl.col("pass").drop_nulls().first()).alias("pass"),

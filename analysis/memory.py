@@ -108,11 +108,12 @@ def memory_timeline(
 ) -> pl.DataFrame:
     """Device memory in use over time: one row per on-device allocation or free.
 
-    Columns: ts_ns, device_id, op, mem_kind, bytes, bytes_in_use (after the event), layer, pass,
-    before_capture. Host (pageable, pinned) events are left out.
+    Columns: event_id (the events' order, as in `memory_events`), ts_ns, device_id, op, mem_kind,
+    bytes, bytes_in_use (after the event), layer, pass, before_capture. Host (pageable, pinned)
+    events are left out.
     """
     return (memory_events(con, trace_id, iteration_regex).filter(pl.col("on_device"))
-            .select("ts_ns", "device_id", "op", "mem_kind", "bytes", "bytes_in_use", "layer", "pass",
+            .select("event_id", "ts_ns", "device_id", "op", "mem_kind", "bytes", "bytes_in_use", "layer", "pass",
                     "before_capture"))
 
 

@@ -28,7 +28,7 @@ from traceq.analysis.memory import CAPTURE_HINT, memory_by_layer, memory_summary
 from traceq.errors import MissingDataError, TraceqError
 from traceq.render import figures
 from traceq.render.roofline import Ceilings, roofline_chart
-from traceq.render.table import format_bytes, format_duration
+from traceq.render.columns import format_bytes, format_duration
 
 TIMELINE_KERNELS = 10_000
 """At most this many kernels are drawn in the timeline (one iteration normally is fewer)."""

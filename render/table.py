@@ -1,166 +1,252 @@
-"""Terminal tables with readable units, drawn with rich."""
+"""Terminal tables, drawn with rich, that a person can read at any width.
+
+Numbers and units are never cut. When a table is wider than the terminal, long text is shortened
+first (names cut in the middle, keeping the end that tells kernels apart; lists cut between
+items, 'conv1, conv2 +3'), then the columns a reader needs least are left out (their priority in
+render/columns.py; never one that tells rows apart), and one line under the table names them.
+Rows whose names differ only past the cut show the part that differs. csv and json always carry
+every column and every value in full.
+"""
 
 from __future__ import annotations
 
 import io
-from datetime import datetime
+import textwrap
+from collections import defaultdict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import duckdb
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from traceq.render.columns import NUMERIC_KINDS, Column, column_spec, format_value
 
 if TYPE_CHECKING:
     import polars as pl
 
-_HEADERS = {
-    "pct": "Time %",
-    "avg_ns": "Avg",
-    "median_ns": "Median",
-    "min_ns": "Min",
-    "max_ns": "Max",
-    "stddev_ns": "StdDev",
-    "total_ns": "Total",
-    "dur_ns": "Duration",
-    "start_ns": "Start",
-    "span_ns": "Span",
-    "trace_id": "ID",
-    "kernel_count": "Kernels",
-    "load_seconds": "Load s",
-    "source_schema_version": "Schema",
-    "device_id": "Device",
-    "stream_id": "Stream",
-    "grid_blocks": "Grid",
-    "block_threads": "Block",
-    "kernel_id": "Kernel #",
-    "gpus": "GPUs",
-    "ru": "RU %",
-    "paper_ru": "Paper RU %",
-    "occupancy": "Occupancy %",
-    "kineto_occupancy": "Kineto occ. %",
-    "ce_fp32": "CE FP32 %",
-    "ce_tensor": "CE tensor %",
-    "tflops": "TFLOP/s",
-    "flops": "FLOP",
-    "tensor_core_pct": "Tensor core %",
-    "share_of_device_pct": "Device %",
-    "blocks_per_sm": "Blocks/SM",
-    "registers_per_thread": "Regs",
-    "smem_bytes": "Smem",
-    "l1_bytes": "L1",
-    "l2_bytes": "L2",
-    "dram_bytes": "DRAM",
-    "achieved_pct": "Of bound %",
-}
-
-FRACTIONS = frozenset({"ru", "paper_ru", "occupancy", "kineto_occupancy", "ce_fp32", "ce_tensor"})
-"""Columns holding fractions (0..1) in frames; tables show them as percentages."""
+NAME_WIDTHS = (40, 16, 8)
+"""A name column's width when the table is too wide: comfortable, least before columns are left
+out for good, least of all."""
+LIST_WIDTHS = (24, 12, 8)
+ELLIPSIS = "…"
 
 
-def _side(column: str) -> str | None:
-    """'a_ru' -> 'ru': the columns `traceq compare` prefixes with its runs' letters."""
-    return column[2:] if column[:2] in ("a_", "b_") else None
+@dataclass
+class _Column:
+    name: str
+    spec: Column
+    cells: list[str]
+    natural: int = 0  # everything on one line
+    comfortable: int = 0
+    minimum: int = 0
+    width: int = 0
+
+    def __post_init__(self) -> None:
+        widest = max(map(len, self.cells), default=0)
+        word = max(map(len, self.spec.header.split()), default=1)
+        self.natural = max(widest, len(self.spec.header))
+        if self.spec.kind in ("name", "list"):
+            comfortable, least, _ = NAME_WIDTHS if self.spec.kind == "name" else LIST_WIDTHS
+            self.comfortable = max(min(self.natural, comfortable), word)
+            self.minimum = max(min(self.natural, least), word)
+        else:  # numbers and labels are never cut; their header may wrap
+            self.comfortable, self.minimum = self.natural, max(widest, word)
+
+    @property
+    def numeric(self) -> bool:
+        return self.spec.kind in NUMERIC_KINDS
 
 
-def header(column: str) -> str:
-    if column in _HEADERS:
-        return _HEADERS[column]
-    side = _side(column)
-    if side in FRACTIONS or side in {"ce"}:
-        return f"{column[0].upper()} " + ("CE FP32 %" if side == "ce" else _HEADERS[side])
-    base = column.removesuffix("_ns").removesuffix("_bytes")
-    return base.replace("_", " ").capitalize()
+def _total(widths: list[int]) -> int:
+    """Characters a table of columns this wide takes: 3 of border and padding per column, plus 1."""
+    return sum(widths) + 3 * len(widths) + 1
 
 
-def format_duration(ns: float | int | None) -> str:
-    """1234 -> '1.234 µs'; picks ns, µs, ms or s so the number stays short."""
-    if ns is None:
-        return ""
-    value = float(ns)
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3f} {unit}"
-    return f"{value:.0f} ns"
+def _distinct(columns: list[_Column]) -> int:
+    return len(set(zip(*(c.cells for c in columns)))) if columns else 0
 
 
-def format_bytes(n: float | int | None) -> str:
-    if n is None:
-        return ""
-    value = float(n)
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f} {unit}"
-    return f"{value:.0f} B"
+def _leave_out(kept: list[_Column], left_out: list[_Column], size: str, width: int, lowest: int) -> None:
+    """Move columns of priority `lowest` or more (least needed, then rightmost, first) from
+    `kept` to `left_out` until the kept ones fit `width` at their `size`; never one without
+    which two rows would look the same."""
+    rows = _distinct(kept)
+    while _total([getattr(c, size) for c in kept]) > width:
+        candidates = [c for c in kept if c.spec.priority >= max(lowest, 2)
+                      and _distinct([k for k in kept if k is not c]) == rows]
+        if not candidates:
+            return
+        victim = max(candidates, key=lambda c: (c.spec.priority, kept.index(c)))
+        kept.remove(victim)
+        left_out.append(victim)
 
 
-def format_count(n: float | int | None) -> str:
-    """917290000000 -> '917.29 G': SI prefixes for large counts such as FLOPs."""
-    if n is None:
-        return ""
-    value = float(n)
-    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{value:.0f}"
+def _layout(columns: list[_Column], width: int) -> tuple[list[_Column], list[_Column]]:
+    """(columns kept, each with its width; columns left out) for a table `width` wide."""
+    kept, left_out = list(columns), []
+    if _total([c.natural for c in kept]) > width:
+        _leave_out(kept, left_out, "comfortable", width, lowest=4)
+        _leave_out(kept, left_out, "minimum", width, lowest=2)
+    size = next((s for s in ("natural", "comfortable") if _total([getattr(c, s) for c in kept]) <= width),
+                "minimum")
+    for c in kept:
+        c.width = getattr(c, size)
+    spare = width - _total([c.width for c in kept])
+    if spare < 0:  # the columns that tell rows apart alone are too wide: text goes to its least
+        for c in kept:
+            if c.spec.kind in ("name", "list"):
+                floor = max(NAME_WIDTHS[2], max(map(len, c.spec.header.split())))
+                c.width = max(floor, c.width + spare)
+                spare = width - _total([k.width for k in kept])
+    fixed = [c for c in kept if c.spec.kind not in ("name", "list")]
+    _widen(fixed, spare)  # headers on one line first, then longer names
+    _widen(kept, width - _total([c.width for c in kept]))
+    return kept, left_out
 
 
-def format_cell(column: str, value: object) -> str:
-    if value is None:
-        return ""
-    if column == "flops" or column.endswith("_flops"):
-        return format_count(value)  # type: ignore[arg-type]
-    if column.endswith("_ns"):
-        return format_duration(value)  # type: ignore[arg-type]
-    if column.endswith("_bytes"):
-        return format_bytes(value)  # type: ignore[arg-type]
-    if column in FRACTIONS or _side(column) in FRACTIONS | {"ce"}:
-        return f"{100 * float(value):.1f}"  # type: ignore[arg-type]
-    if column == "pct" or column.endswith("_pct"):
-        return f"{float(value):.1f}"  # type: ignore[arg-type]
-    if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:%M:%S")
-    if isinstance(value, float):
-        return f"{value:.2f}" if abs(value) < 1000 else f"{value:,.0f}"
-    if isinstance(value, int) and not column.endswith("_id") and column not in {"rank"}:
-        return f"{value:,}"
-    return str(value)
+def _widen(columns: list[_Column], spare: int) -> None:
+    """Share `spare` characters among the columns narrower than their natural width, in
+    proportion to what each lacks."""
+    while spare > 0:
+        short = [c for c in columns if c.width < c.natural]
+        lacking = sum(c.natural - c.width for c in short)
+        if not short:
+            return
+        if lacking <= spare:
+            for c in short:
+                c.width = c.natural
+            return
+        given = 0
+        for c in short:
+            more = spare * (c.natural - c.width) // lacking
+            c.width += more
+            given += more
+        if given == 0:  # less than one character each: the ones lacking most first
+            for c in sorted(short, key=lambda c: c.width - c.natural)[:spare]:
+                c.width += 1
+            return
+        spare -= given
+
+
+def cut_middle(text: str, width: int) -> str:
+    """`text` in `width` characters: its start, '…', and its end (a little more end than start:
+    kernel names differ most at the end, in tile sizes and suffixes)."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return ELLIPSIS[:width]
+    head = (width - 1) * 2 // 5
+    tail = width - 1 - head
+    return text[:head] + ELLIPSIS + (text[-tail:] if tail else "")
+
+
+def _cut_showing(text: str, width: int, at: int) -> str:
+    """`text` in `width` characters with the part from position `at` on kept in view: start,
+    '…', the window around `at`, '…', end."""
+    edge = max(1, width // 5)
+    window = width - 2 * edge - 2
+    if window < 3 or len(text) <= width:
+        return cut_middle(text, width)
+    start = min(max(edge, at - window // 3), len(text) - edge - window)
+    end = start + window
+    head = text[:edge] + ELLIPSIS if start > edge else text[:start]
+    tail = ELLIPSIS + text[-edge:] if end < len(text) - edge else text[end:]
+    return head + text[start:end] + tail
+
+
+def cut_names(values: list[str], width: int) -> list[str]:
+    """Each value cut in the middle to `width`; values whose cuts collide show, instead of their
+    middle, the part where they differ."""
+    distinct = list(dict.fromkeys(values))
+    short = {v: cut_middle(_essential(v), width) for v in distinct}
+    groups: dict[str, list[str]] = defaultdict(list)
+    for v in distinct:
+        groups[short[v]].append(v)
+    for members in groups.values():
+        if len(members) > 1:
+            for v in members:
+                differs = max(_common_prefix(v, other) for other in members if other is not v)
+                short[v] = _cut_showing(v, width, differs)
+    return [short[v] for v in values]
+
+
+def _essential(name: str) -> str:
+    """A demangled C++ name without its return type and argument list when it has them
+    ('void f<int, 2>(float *, int)' -> 'f<int, 2>'): what tells kernels apart is the name and its
+    template arguments."""
+    name = name.removeprefix("void ")
+    if name.endswith(")"):
+        depth = 0
+        for i in range(len(name) - 1, 0, -1):
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                return name[:i] if name[i - 1] not in " ,(" else name
+    return name
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def cut_list(text: str, width: int) -> str:
+    """'conv1, conv2, conv3, conv4' in `width` characters: the first items that fit, then '+N'
+    for the N left out ('conv1, conv2 +2'); items are never cut unless the first alone is too wide."""
+    if len(text) <= width:
+        return text
+    items = text.split(", ")
+    for k in range(len(items) - 1, 0, -1):
+        shown = ", ".join(items[:k]) + f" +{len(items) - k}"
+        if len(shown) <= width:
+            return shown
+    more = f" +{len(items) - 1}" if len(items) > 1 else ""
+    return cut_middle(items[0], max(width - len(more), 1)) + more
+
+
+def _shortened(column: _Column) -> list[str]:
+    if column.spec.kind == "name":
+        return cut_names(column.cells, column.width)
+    if column.spec.kind == "list":
+        return [cut_list(v, column.width) for v in column.cells]
+    return column.cells
 
 
 def render_table(frame: pl.DataFrame | duckdb.DuckDBPyRelation, *, title: str | None = None,
                  width: int | None = None) -> str:
-    """A boxed table; numbers right-aligned and never cut; long text (names, paths, tools) cut
-    with an ellipsis so the table fits `width`."""
-    columns, numeric, rows = _columns_and_rows(frame)
-    cells = {c: [format_cell(c, row[i]) for row in rows] for i, c in enumerate(columns)}
-    table = Table(title=title, title_justify="left", header_style="bold")
-    fits = {c: max([len(header(c)), *(len(v) for v in cells[c])]) for c in columns}
-    # Text columns longer than 24 characters (names, paths, splits) share the width that the
-    # numbers leave, in proportion to their length; numbers are never cut.
-    wide = [c for c in columns if not numeric[c] and fits[c] > 24]
-    narrow = sum(fits[c] for c in columns if c not in wide)
-    room = max((width or 160) - narrow - 3 * len(columns) - 1, 12 * len(wide))  # 3 cells of border a column
-    wanted = sum(fits[c] for c in wide)
-    floor = 12  # every long text column keeps this much; the rest of the room goes by length
-    spare, extra = room - floor * len(wide), sum(fits[c] - floor for c in wide)
-    for column in columns:
-        fit = fits[column]
-        if column in wide and wanted > room:
-            fit = floor + max(spare, 0) * (fit - floor) // max(extra, 1)
-        table.add_column(
-            header(column),
-            justify="right" if numeric[column] else "left",
-            overflow="ellipsis",
-            no_wrap=True,
-            width=fit,
-        )
+    """A boxed table at most `width` (default 160) characters wide, unless the columns that tell
+    rows apart alone are wider; numbers right-aligned and never cut (see the module docstring)."""
+    width = width or 160
+    names, numeric, rows = _columns_and_rows(frame)
+    columns = []
+    for i, name in enumerate(names):
+        spec = column_spec(name, numeric[name])
+        columns.append(_Column(name, spec, [format_value(spec.kind, row[i]) for row in rows]))
+    kept, left_out = _layout(columns, width)
+    table = Table(header_style="bold")
+    for c in kept:
+        table.add_column(Text("\n".join(textwrap.wrap(c.spec.header, c.width))), no_wrap=True,
+                         justify="right" if c.numeric else "left", width=c.width, min_width=c.width,
+                         max_width=c.width)
+    cells = [_shortened(c) for c in kept]
     for i in range(len(rows)):
-        table.add_row(*(cells[c][i] for c in columns))
+        table.add_row(*(Text(column[i]) for column in cells))  # Text: no rich markup in names
     buffer = io.StringIO()
-    console = Console(file=buffer, width=width or 160, force_terminal=False, color_system=None,
-                      soft_wrap=False)
+    console = Console(file=buffer, width=max(width, _total([c.width for c in kept])), force_terminal=False,
+                      color_system=None, soft_wrap=False)
+    if title:
+        console.print(Text(title), width=width)
     console.print(table)
     if not rows:
         console.print("(no rows)")
+    if left_out:
+        console.print(Text(f"Left out to fit {width} columns: {', '.join(c.spec.header for c in left_out)} "
+                           "(a wider terminal shows them; --format csv or json has every column)"), width=width)
     return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
 
 

@@ -62,6 +62,6 @@ def test_compare_cli(tmp_path) -> None:
                                           "--db", str(db), "-f", "json"]).stdout)
     assert [r["stage"] for r in rows][:4] == ["data_copy", "forward", "backward", "weight_update"]
     table = runner.invoke(app, ["compare", "1", "2", "-k", "3", "--db", str(db)], env={"COLUMNS": "200"})
-    assert table.exit_code == 0 and "per iteration" in table.stdout and "Ratio" in table.stdout
+    assert table.exit_code == 0 and "per iteration" in table.stdout and "B / A" in table.stdout
     missing = runner.invoke(app, ["compare", "1", "nope", "--db", str(db)])
     assert missing.exit_code == 1 and missing.stderr.startswith("traceq: ")

@@ -171,7 +171,8 @@ def test_cli_memory_formats(tmp_path: Path) -> None:
     out = tmp_path / "timeline.csv"
     result = runner.invoke(app, ["memory", "--by", "time", "-t", "alexnet_b256_cudnn", "--db", str(db), "-o", str(out)])
     assert result.exit_code == 0, result.output
-    assert out.read_text().splitlines()[0] == "ts_ns,device_id,op,mem_kind,bytes,bytes_in_use,layer,pass,before_capture"
+    assert out.read_text().splitlines()[0] == ("event_id,ts_ns,device_id,op,mem_kind,bytes,bytes_in_use,layer,pass,"
+                                               "before_capture")
     table = runner.invoke(app, ["memory", "--db", str(db)], env={"COLUMNS": "160"}).stdout
     assert table.startswith("alexnet_b256_cudnn: device memory allocated per layer and pass (GPU 0 peak 3.0 GiB")
     assert "before capture" in table

@@ -1,0 +1,251 @@
+"""The one vocabulary of traceq's output: what each frame column is called in a table, its unit,
+how its values read, and how much a narrow table needs it.
+
+Frames name their columns in snake_case with the unit in the name (`total_ns`, `alloc_bytes`,
+`idle_pct`; `ru`, `occupancy`, `ce_fp32` are fractions); csv and json keep those names and raw
+values (ns, bytes, fractions). A table shows `COLUMNS[name].header` and the value in readable
+units (`format_cell`). A column not listed here still reads well: its kind and header follow
+from its suffix and type (`column_spec`). Add a new column here when its header, its kind or its
+priority should be something else.
+
+Priority (1 to 5) says which columns a narrow table leaves out first: 5 goes first, 1 never;
+a column that tells rows apart stays whatever its priority (render/table.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+KINDS = ("duration", "bytes", "count", "fraction", "percent", "number", "integer", "id",
+         "name", "list", "label")
+"""duration: ns, shown in ns/µs/ms/s; bytes: B/KiB/MiB/GiB; count: large counts with SI prefixes
+(FLOP); fraction: 0..1, shown as % (the header says %); percent: already %; number: a float;
+integer: thousands separated; id: an integer as is; name: text cut in the middle when narrow;
+list: 'a, b, c' cut between items ('a, b +1'); label: short text never cut."""
+
+NUMERIC_KINDS = frozenset({"duration", "bytes", "count", "fraction", "percent", "number", "integer", "id"})
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    kind: str
+    priority: int = 3
+
+
+COLUMNS: dict[str, Column] = {
+    # identity: what a row is
+    "rank": Column("Rank", "id", 1),
+    "trace_id": Column("ID", "id", 1),
+    "name": Column("Name", "name", 1),
+    "short_name": Column("Name", "name", 1),
+    "layer": Column("Layer", "list", 2),
+    "pass": Column("Pass", "label", 2),
+    "library": Column("Library", "label", 2),
+    "iteration": Column("Iteration", "label", 1),
+    "stage": Column("Stage", "label", 1),
+    "device_id": Column("Device", "id", 2),
+    "stream_id": Column("Stream", "id", 4),
+    "kernel_id": Column("Kernel #", "id", 5),
+    "event_id": Column("Event #", "id", 1),
+    "where": Column("Where", "label", 1),
+    "op": Column("Op", "label", 2),
+    # times (ns)
+    "total_ns": Column("Total", "duration", 2),
+    "pct": Column("Time %", "percent", 2),
+    "avg_ns": Column("Avg", "duration", 3),
+    "median_ns": Column("Median", "duration", 3),
+    "min_ns": Column("Min", "duration", 5),
+    "max_ns": Column("Max", "duration", 5),
+    "stddev_ns": Column("StdDev", "duration", 5),
+    "dur_ns": Column("Duration", "duration", 2),
+    "start_ns": Column("Start", "duration", 4),
+    "ts_ns": Column("Time", "duration", 1),
+    "span_ns": Column("Span", "duration", 3),
+    "busy_ns": Column("Busy", "duration", 3),
+    "idle_ns": Column("Idle", "duration", 2),
+    "idle_pct": Column("Idle %", "percent", 2),
+    "data_copy_ns": Column("Data copy", "duration", 2),
+    "forward_ns": Column("Forward", "duration", 2),
+    "backward_ns": Column("Backward", "duration", 2),
+    "weight_update_ns": Column("Weight update", "duration", 2),
+    "other_ns": Column("Other", "duration", 3),
+    "diff_ns": Column("B - A", "duration", 2),
+    "ratio": Column("B / A", "number", 2),
+    # counts
+    "instances": Column("Instances", "integer", 3),
+    "kernels": Column("Kernels", "integer", 3),
+    "kernel_count": Column("Kernels", "integer", 2),
+    "allocs": Column("Allocs", "integer", 3),
+    "frees": Column("Frees", "integer", 3),
+    # kernel launch shape and occupancy
+    "grid_blocks": Column("Grid", "integer", 4),
+    "block_threads": Column("Block", "integer", 4),
+    "registers_per_thread": Column("Regs", "integer", 4),
+    "smem_bytes": Column("Smem", "bytes", 4),
+    "limiter": Column("Limiter", "label", 3),
+    "blocks_per_sm": Column("Blocks/SM", "integer", 4),
+    "limit_warps": Column("Blocks/SM by warps", "integer", 4),
+    "limit_registers": Column("Blocks/SM by registers", "integer", 4),
+    "limit_shared_mem": Column("Blocks/SM by shared memory", "integer", 4),
+    "limit_blocks": Column("Blocks/SM by block limit", "integer", 4),
+    "limit_barriers": Column("Blocks/SM by barriers", "integer", 4),
+    "occupancy": Column("Occupancy %", "fraction", 3),
+    "waves": Column("Waves", "number", 4),
+    "ru": Column("RU %", "fraction", 2),
+    "paper_ru": Column("Paper RU %", "fraction", 4),
+    "kineto_occupancy": Column("Kineto occupancy %", "fraction", 5),
+    # compute efficiency
+    "flops": Column("FLOP", "count", 3),
+    "tflops": Column("TFLOP/s", "number", 2),
+    "ce_fp32": Column("CE FP32 %", "fraction", 2),
+    "ce_tensor": Column("CE tensor %", "fraction", 2),
+    "tensor_core_pct": Column("Tensor core %", "percent", 3),
+    # memory traffic model (traceq traffic)
+    "launches": Column("Launches", "integer", 3),
+    "direction": Column("Direction", "label", 2),
+    "m": Column("M", "integer", 3),
+    "n": Column("N", "integer", 3),
+    "k": Column("K", "integer", 3),
+    "tile": Column("Tile", "label", 3),
+    "math": Column("Math", "label", 3),
+    "ctas": Column("CTAs", "integer", 5),
+    "l1_bytes": Column("L1", "bytes", 4),
+    "shared_bytes": Column("Shared", "bytes", 4),
+    "l2_bytes": Column("L2", "bytes", 3),
+    "dram_bytes": Column("DRAM", "bytes", 3),
+    "bound": Column("Bound", "label", 2),
+    "predicted_ns": Column("Predicted", "duration", 2),
+    "here_ns": Column("Predicted here", "duration", 4),
+    "measured_ns": Column("Measured", "duration", 2),
+    "expected_ns": Column("Expected there", "duration", 2),
+    "achieved_pct": Column("Of bound %", "percent", 2),
+    "note": Column("Note", "name", 5),
+    # what a row holds
+    "heaviest": Column("Heaviest kernel", "name", 4),
+    "libraries": Column("Libraries", "list", 4),
+    "operations": Column("Operations", "list", 4),
+    # memory
+    "alloc_bytes": Column("Allocated", "bytes", 2),
+    "freed_bytes": Column("Freed", "bytes", 3),
+    "net_bytes": Column("Net", "bytes", 2),
+    "bytes": Column("Bytes", "bytes", 2),
+    "bytes_in_use": Column("In use", "bytes", 2),
+    "share_of_device_pct": Column("Device %", "percent", 2),
+    "mem_kind": Column("Memory kind", "label", 3),
+    "before_capture": Column("Before capture", "label", 4),
+    # traces
+    "format": Column("Format", "label", 3),
+    "tool": Column("Tool", "name", 4),
+    "source_schema_version": Column("Schema", "label", 5),
+    "gpus": Column("GPUs", "label", 2),
+    "loaded_at": Column("Loaded", "label", 5),
+    "load_seconds": Column("Load s", "number", 5),
+    "source_path": Column("Source", "name", 5),
+    "sha256": Column("SHA-256", "name", 5),
+}
+
+SIDES = {"a_": "A", "b_": "B"}
+"""`traceq compare` gives each run's value of a column as a_<column> and b_<column>."""
+
+_SIDE_BASES = {"ns": "total_ns", "ce": "ce_fp32"}
+"""a_ns is a run's GPU time (a total), a_ce its CE against the FP32 peak."""
+
+VALUE_LABELS = {"data_copy": "data copy", "weight_update": "weight update"}
+"""Stage names as every table and figure writes them (csv and json keep the snake_case key)."""
+
+
+def column_spec(column: str, numeric: bool = False) -> Column:
+    """The vocabulary entry of `column`; a column not in COLUMNS gets one from its suffix and
+    type (`numeric`: the frame's dtype is a number)."""
+    if column in COLUMNS:
+        return COLUMNS[column]
+    side = SIDES.get(column[:2])
+    if side is not None:
+        base = column_spec(_SIDE_BASES.get(column[2:], column[2:]), numeric)
+        word = "time" if column[2:] == "ns" else base.header
+        word = word if word[:2].isupper() else word[0].lower() + word[1:]  # 'A kernels', 'A RU %'
+        return Column(f"{side} {word}", base.kind, base.priority)
+    stem = column.removesuffix("_ns").removesuffix("_bytes").removesuffix("_pct").removesuffix("_flops")
+    header = stem.replace("_", " ").capitalize()
+    if column.endswith("_ns"):
+        return Column(header, "duration")
+    if column.endswith("_bytes"):
+        return Column(header, "bytes")
+    if column.endswith("_pct"):
+        return Column(f"{header} %", "percent")
+    if column.endswith("_flops"):
+        return Column(f"{header} FLOP", "count")
+    if column.endswith("_id"):
+        return Column(header, "id")
+    return Column(header, "number" if numeric else "name")
+
+
+def header(column: str) -> str:
+    """What a table calls `column`."""
+    return column_spec(column).header
+
+
+def format_duration(ns: float | int | None) -> str:
+    """1234 -> '1.234 µs'; picks ns, µs, ms or s so the number stays short."""
+    if ns is None:
+        return ""
+    value = float(ns)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3f} {unit}"
+    return f"{value:.0f} ns"
+
+
+def format_bytes(n: float | int | None) -> str:
+    if n is None:
+        return ""
+    value = float(n)
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def format_count(n: float | int | None) -> str:
+    """917290000000 -> '917.29 G': SI prefixes for large counts such as FLOPs."""
+    if n is None:
+        return ""
+    value = float(n)
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f}"
+
+
+def format_value(kind: str, value: object) -> str:
+    """`value` as a table shows a column of `kind`."""
+    if value is None:
+        return ""
+    if kind == "duration":
+        return format_duration(value)  # type: ignore[arg-type]
+    if kind == "bytes":
+        return format_bytes(value)  # type: ignore[arg-type]
+    if kind == "count":
+        return format_count(value)  # type: ignore[arg-type]
+    if kind == "fraction":
+        return f"{100 * float(value):.1f}"  # type: ignore[arg-type]
+    if kind == "percent":
+        return f"{float(value):.1f}"  # type: ignore[arg-type]
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, float):
+        return f"{value:.2f}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return str(value) if kind == "id" else f"{value:,}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    return VALUE_LABELS.get(str(value), str(value))
+
+
+def format_cell(column: str, value: object) -> str:
+    """`value` of `column` as a table shows it."""
+    return format_value(column_spec(column).kind, value)

@@ -1,0 +1,156 @@
+"""Every tabular command reads at any terminal width (issue 15, item 6): at 60, 80, 100, 160 and
+240 columns no line is wider than the terminal, no number is cut (each agrees with the command's
+own json value, parsed here independently of traceq's formatting), every row can be told from
+the others, a shortened name or list is a faithful part of the full value, and the columns left
+out are exactly those the line under the table names. csv and json carry every value in full."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import sample
+from typer.testing import CliRunner
+
+from traceq.cli import app
+
+runner = CliRunner()
+WIDTHS = (60, 80, 100, 160, 240)
+SPEC = str(sample("alexnet.model.toml"))
+COMMANDS = {
+    "traces": ["traces"],
+    "top": ["top", "-t", "alexnet_b256_cudnn"],
+    "top short": ["top", "-t", "ddp_resnet18_2gpu", "--by", "short", "-k", "30"],
+    "top instances": ["top", "--instances", "-t", "alexnet_b256_cudnn"],
+    "layers": ["layers", "-t", "alexnet_b256_cudnn"],
+    "libs": ["libs", "-t", "alexnet_b256_cudnn"],
+    "libs by layer": ["libs", "--by-layer", "-t", "alexnet_b256_cudnn"],
+    "stages": ["stages", "-t", "ddp_resnet18_2gpu"],
+    "ru kernel": ["ru", "--by", "kernel", "-t", "alexnet_b256_cudnn"],
+    "ru layer": ["ru", "--by", "layer", "-t", "alexnet_b256_cudnn"],
+    "ru library": ["ru", "--by", "library", "-t", "alexnet_b256_cudnn"],
+    "ce layer": ["ce", "--by", "layer", "--spec", SPEC, "-t", "alexnet_b256_cudnn"],
+    "ce kernel": ["ce", "--by", "kernel", "--spec", SPEC, "-t", "alexnet_b256_cudnn"],
+    "ce library": ["ce", "--by", "library", "--spec", SPEC, "-t", "alexnet_b256_cudnn"],
+    "compare layer": ["compare", "alexnet_b256_cudnn", "alexnet_b64_nocache", "--spec", SPEC],
+    "compare kernel": ["compare", "alexnet_b256_cudnn", "alexnet_b64_nocache", "--by", "kernel", "-k", "40"],
+    "compare stage": ["compare", "alexnet_b256_cudnn", "alexnet_b64_nocache", "--by", "stage"],
+    "memory layer": ["memory", "-t", "alexnet_b64_nocache"],
+    "memory time": ["memory", "--by", "time", "-t", "lenet_b256_cudnn"],
+}
+NOT_IN_TABLES = {"traces": {"sha256", "source_path", "loaded_at"}}
+"""Columns a command gives csv and json but never a table."""
+
+FRACTIONS = {"ru", "paper_ru", "occupancy", "kineto_occupancy", "ce_fp32", "ce_tensor", "a_ru", "b_ru", "a_ce",
+             "b_ce"}
+"""Columns docs/cli.md says csv and json hold as fractions (tables show them as %)."""
+
+SCALE = {"ns": 1, "µs": 1e3, "ms": 1e6, "s": 1e9, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30,
+         "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("widths") / "s.duckdb"
+    names = ["alexnet_b256_cudnn", "alexnet_b64_nocache", "ddp_resnet18_2gpu", "lenet_b256_cudnn"]
+    result = runner.invoke(app, ["load", *(str(sample(f"{n}.sqlite")) for n in names), "--db", str(path)])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def _parse_table(text: str) -> tuple[list[str], list[list[str]], str]:
+    """(headers, rows of cells, the text under the table) of a rich table with a heavy head."""
+    lines = text.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("┏"))
+    sep = next(i for i, line in enumerate(lines) if line.startswith("┡"))
+    bottom = next(i for i, line in enumerate(lines) if line.startswith("└"))
+    parts = [[cell.strip() for cell in line.split("┃")[1:-1]] for line in lines[top + 1:sep]]
+    headers = [" ".join(p for p in column if p) for column in zip(*parts)]
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines[sep + 1:bottom]]
+    return headers, rows, " ".join(lines[bottom + 1:])
+
+
+def _number(cell: str) -> tuple[float, float]:
+    """(value, half of the last digit's step) of a table's number, with its unit applied."""
+    match = re.fullmatch(r"(-?[\d,]*\.?\d+)(?: (ns|µs|ms|s|B|KiB|MiB|GiB|k|M|G|T|P))?", cell)
+    assert match, f"not a whole number with its unit: {cell!r}"
+    digits, unit = match.group(1).replace(",", ""), match.group(2)
+    decimals = len(digits.split(".")[1]) if "." in digits else 0
+    scale = SCALE[unit] if unit else 1
+    return float(digits) * scale, 0.5 * 10 ** -decimals * scale * 1.0001
+
+
+def _check_text(cell: str, value: object) -> None:
+    """A text cell is the value, or a faithful shortening of it: its pieces in order, or its
+    first list items and a count of the rest."""
+    full = "" if value is None else str(value)
+    if cell in (full, full.replace("_", " ")) or (isinstance(value, bool) and cell == ("yes" if value else "no")):
+        return
+    listed = re.fullmatch(r"(.*) \+(\d+)", cell)
+    if listed and ", " in full:
+        items, shown = full.split(", "), listed.group(1)
+        k = len(items) - int(listed.group(2))
+        if shown == ", ".join(items[:k]):
+            return
+        cell = shown  # the first item itself was cut
+    position = 0
+    for piece in cell.split("…"):
+        found = full.find(piece, position)
+        assert found >= 0, f"{cell!r} is not a shortening of {full!r}"
+        position = found + len(piece)
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_tables_at_every_width(db: Path, name: str) -> None:
+    args = [*COMMANDS[name], "--db", str(db)]
+    full = runner.invoke(app, [*args, "-f", "json"])
+    assert full.exit_code == 0, full.output
+    records = json.loads(full.stdout)
+    assert records, "no rows to look at"
+    columns = [c for c in records[0] if c not in NOT_IN_TABLES.get(name, set())]
+    assert not any(isinstance(v, str) and "…" in v for r in records for v in r.values()), "json cut a value"
+    for width in WIDTHS:
+        result = runner.invoke(app, args, env={"COLUMNS": str(width)})
+        assert result.exit_code == 0, result.output
+        assert max(map(len, result.stdout.splitlines())) <= width, f"wider than {width}"
+        headers, rows, under = _parse_table(result.stdout)
+        from traceq.render.columns import header
+
+        by_header = {header(c): c for c in columns}
+        shown = [by_header[h] for h in headers]
+        assert len(rows) == len(records)
+        assert len({tuple(r) for r in rows}) == len(rows), f"rows look alike at {width} columns"
+        for row, record in zip(rows, records):
+            for cell, column in zip(row, shown):
+                value = record[column]
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    number, step = _number(cell)
+                    expected = 100 * value if column in FRACTIONS else value
+                    assert abs(number - expected) <= step, f"{column}: {cell!r} is not {value!r}"
+                elif value is None:
+                    assert cell == ""
+                else:
+                    _check_text(cell, value)
+        left_out = [header(c) for c in columns if c not in shown]
+        if left_out:
+            assert under.startswith(f"Left out to fit {width} columns: "), under
+            named = under.split(": ", 1)[1].split(" (a wider terminal")[0].split(", ")
+            assert sorted(named) == sorted(left_out)
+        else:
+            assert "Left out" not in under
+
+
+def test_names_that_differ_past_the_cut_show_where() -> None:
+    """Kernel names alike at both ends (cuDNN's nchwToNhwcKernel with different template
+    arguments) stay apart when cut; the cut keeps the start and the distinguishing end."""
+    from traceq.render.table import cut_list, cut_names
+
+    a = "void cudnn::engines_precompiled::nchwToNhwcKernel<float, float, float, false, true, (cudnnKernelDataType_t)2>"
+    b = a.replace(")2>", ")0>")
+    c = "void cudnn::engines_precompiled::nchwToNhwcKernel<float, float, float, true, true, (cudnnKernelDataType_t)2>"
+    for width in (16, 24, 40):
+        cut = cut_names([a, b, c], width)
+        assert len(set(cut)) == 3 and all(len(x) <= width for x in cut), cut
+    assert cut_list("conv1, conv2, conv3, conv4", 16) == "conv1, conv2 +2"
