@@ -7,15 +7,18 @@ usage errors exit 2 (typer's convention). Anything else is a bug and shows a tra
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from traceq import __version__
 from traceq.analysis.choices import CompareBy, GroupBy, MemoryBy, NameBy, TrafficBy
@@ -27,7 +30,22 @@ from traceq.store import default_store_path, delete_trace, first_row, open_store
 # take longer than a whole `traceq top`. Option types come from the light analysis.choices.
 
 
-app = typer.Typer(
+class _Command(TyperCommand):
+    """A command whose usage line names its arguments as a person writes them
+    (`traceq compare [OPTIONS] A B`; typer writes required ones as `{A} {B}`)."""
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:  # type: ignore[override]
+        return [re.sub(r"\{([^{}]*)\}", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]
+
+
+class _Typer(typer.Typer):
+    """typer.Typer whose commands are `_Command`s."""
+
+    def command(self, *args, cls: type[TyperCommand] = _Command, **kwargs):  # type: ignore[override]
+        return super().command(*args, cls=cls, **kwargs)
+
+
+app = _Typer(
     name="traceq",
     help="Which kernels, libraries and layers a GPU trace spent its time in.",
     no_args_is_help=True,
@@ -35,19 +53,34 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
+def _global(ctx: typer.Context, param: typer.CallbackParam, value: object) -> object:
+    """A global option's value: given after the command it wins, else the one given before it
+    (`traceq --db X top` and `traceq top --db X` are the same)."""
+    if value is None and ctx.parent is not None:
+        return ctx.parent.params.get(param.name)
+    return value.value if isinstance(value, Enum) else value  # typer converts what this returns again
+
+
+# The global options: accepted before the command (by `_main`) and after it (by each command
+# that declares them, with these same aliases). A new command takes them by declaring
+# `db: DbOpt = None`, `fmt: FormatOpt = None`, `out: OutOpt = None`.
 DbOpt = Annotated[
     Optional[Path],
-    typer.Option("--db", envvar="TRACEQ_DB", help="Store file [default: ./traceq.duckdb]", show_default=False),
-]
-TraceOpt = Annotated[
-    Optional[str], typer.Option("--trace", "-t", help="Trace name or id [default: the latest loaded]")
+    typer.Option("--db", callback=_global, show_default=False,
+                 help="Store file [default: $TRACEQ_DB, else ./traceq.duckdb]"),
 ]
 FormatOpt = Annotated[
     Optional[Format],
-    typer.Option("--format", "-f", help="table, csv or json [default: from -o's suffix, else table]",
-                 show_default=False),
+    typer.Option("--format", "-f", callback=_global, show_default=False,
+                 help="table, csv or json [default: from -o's suffix, else table]"),
 ]
-OutOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write to this file instead of stdout")]
+OutOpt = Annotated[Optional[Path], typer.Option("--output", "-o", callback=_global, show_default=False,
+                                                help="Write to this file instead of stdout")]
+GLOBAL_OPTIONS = {"db": "--db", "fmt": "--format", "out": "--output"}
+"""Parameter name -> option, for the options above."""
+TraceOpt = Annotated[
+    Optional[str], typer.Option("--trace", "-t", help="Trace name or id [default: the latest loaded]")
+]
 
 
 def _err(message: str) -> None:
@@ -139,16 +172,25 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _main(
+    ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
                                           help="Print the version and exit")] = False,
     rules: Annotated[Optional[Path], typer.Option(
         "--rules", envvar="TRACEQ_RULES", show_default=False,
         help="Kernel classification rules (TOML, the format of analysis/kernel_rules.toml) "
              "tried before the packaged ones")] = None,
+    db: DbOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
 ) -> None:
     """Which kernels, libraries and layers a GPU trace spent its time in."""
     from traceq.analysis.classify import use_rules
 
+    command = ctx.command.get_command(ctx, ctx.invoked_subcommand) if ctx.invoked_subcommand else None  # type: ignore[attr-defined]
+    takes = {p.name for p in command.params} if command is not None else set()
+    for name, option in GLOBAL_OPTIONS.items():
+        if ctx.params.get(name) is not None and name not in takes:
+            raise typer.BadParameter(f"`traceq {ctx.invoked_subcommand}` takes no {option}", param_hint=option)
     with user_errors():
         use_rules(rules)  # a bad rules file fails here, in one line, before any work
 
@@ -156,7 +198,7 @@ def _main(
 @app.command()
 def load(
     paths: Annotated[list[Path], typer.Argument(help="Nsight Systems SQLite exports or nvprof databases",
-                                               show_default=False)],
+                                               metavar="PATH...", show_default=False)],
     db: DbOpt = None,
     name: Annotated[Optional[str], typer.Option(help="Name in the store [default: the file's stem]")] = None,
     replace: Annotated[bool, typer.Option(help="Replace a trace with the same content or name")] = False,
@@ -355,7 +397,7 @@ def stages(trace: TraceOpt = None, db: DbOpt = None, iteration_regex: IterOpt = 
 
 @app.command()
 def rm(
-    trace: Annotated[str, typer.Argument(help="Trace name or id", show_default=False)],
+    trace: Annotated[str, typer.Argument(help="Trace name or id", metavar="TRACE", show_default=False)],
     db: DbOpt = None,
 ) -> None:
     """Remove a trace from the store."""
@@ -385,7 +427,8 @@ def occupancy(
     opt_in: Annotated[bool, typer.Option("--opt-in", help="The kernel opted in to more than 48 KiB per block")] = False,
     grid: Annotated[Optional[int], typer.Option("--grid", min=1, help="Blocks in the grid (gives waves and RU)")] = None,
     sms: Annotated[Optional[int], typer.Option("--sms", min=1, help="SMs on the GPU (needed with --grid)")] = None,
-    fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json")] = Format.table,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
 ) -> None:
     """Offline occupancy calculator (like NVIDIA's spreadsheet): blocks per SM, limiter, waves, RU."""
     import json
@@ -394,6 +437,7 @@ def occupancy(
 
     from traceq.analysis.gpu_specs import limits_for_cc
     from traceq.analysis.occupancy import occupancy_dict
+    from traceq.render.columns import format_cell, header
 
     with user_errors():
         major, _, minor = cc.partition(".")
@@ -402,14 +446,16 @@ def occupancy(
         result = occupancy_dict(threads, regs, limits_for_cc(int(major), int(minor)),
                                 static_smem=smem_static, dynamic_smem=smem_dynamic, carveout=carveout,
                                 opt_in=opt_in, grid_blocks=grid, sms=sms)
-        if fmt is Format.json:
-            typer.echo(json.dumps(result, indent=1))
-            return
-        rows = [(k, ", ".join(v) if isinstance(v, list) else ("" if v is None else
-                 f"{v:.4g}" if isinstance(v, float) else str(v))) for k, v in result.items()]
-        frame = pl.DataFrame(rows, schema=["quantity", "value"], orient="row")
-        typer.echo(render(frame, Format.table, title=f"Occupancy on CC {cc}: {threads} threads, {regs} registers"),
-                   nl=False)
+        fmt = format_for(fmt, out)
+        if fmt is Format.json:  # one calculation: one object, named as `traceq ru`'s columns
+            _emit(json.dumps(result, indent=1) + "\n", out)
+        elif fmt is Format.csv:
+            _emit(render(pl.DataFrame([result]), fmt), out)
+        else:  # one row reads better as a list of quantities, in the words of every other table
+            frame = pl.DataFrame([(header(k), format_cell(k, v)) for k, v in result.items()],
+                                 schema=["quantity", "value"], orient="row")
+            _emit(render(frame, fmt, title=f"Occupancy on CC {cc}: {threads} threads, {regs} registers",
+                         width=_terminal_width()), out)
 
 
 CcOpt = Annotated[Optional[str], typer.Option("--cc", help="Compute capability, e.g. 9.0 [default: from the trace]",
@@ -525,8 +571,8 @@ def traffic(
 
 @app.command()
 def compare(
-    a: Annotated[str, typer.Argument(help="First trace (name or id)", show_default=False)],
-    b: Annotated[str, typer.Argument(help="Second trace (name or id)", show_default=False)],
+    a: Annotated[str, typer.Argument(help="First trace (name or id)", metavar="A", show_default=False)],
+    b: Annotated[str, typer.Argument(help="Second trace (name or id)", metavar="B", show_default=False)],
     by: Annotated[CompareBy, typer.Option(help="Rows: layer and pass, kernel name, library or stage")] = CompareBy.layer,
     spec: SpecOpt = None,
     k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k heaviest rows")] = None,
@@ -582,8 +628,10 @@ def memory(
 @app.command()
 def report(
     traces: Annotated[Optional[list[str]], typer.Argument(
-        help="Traces (names or ids), side by side [default: the latest loaded]", show_default=False)] = None,
-    out: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write")] = Path("report.html"),
+        help="Traces (names or ids), side by side [default: the latest loaded]", metavar="[TRACE]...",
+        show_default=False)] = None,
+    out: Annotated[Optional[Path], typer.Option("--output", "-o", callback=_global, show_default=False,
+                                                help="The HTML file to write [default: report.html]")] = None,
     top_k: Annotated[int, typer.Option("--k", "-k", min=1, help="Rows of the longest-launches table")] = 15,
     title: Annotated[Optional[str], typer.Option("--title", help="Page title [default: the trace names]")] = None,
     spec: SpecOpt = None,
@@ -594,6 +642,7 @@ def report(
     """One self-contained HTML report (Plotly, works offline): stages, layers, CE/RU, memory, timeline."""
     from traceq.render.report import build_report
 
+    out = out or Path("report.html")
     with user_errors():
         started = time.monotonic()
         con = _store(db, read_only=True)

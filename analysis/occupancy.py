@@ -210,23 +210,24 @@ def occupancy_dict(threads_per_block: int, registers_per_thread: int, gpu: GpuLi
                    sms: int | None = None) -> dict[str, object]:
     """JSON-ready occupancy of one launch (arguments as for launch_occupancy).
 
-    Keys: active_blocks_per_sm, limit_warps, limit_registers, limit_shared_mem, limit_blocks,
-    limit_barriers (blocks per SM), limiting (list of names), theoretical_occupancy (fraction);
-    with grid_blocks, also waves and ru (fractions; None when no block fits). sms is required
+    Keys, named as `traceq ru`'s columns: blocks_per_sm (active blocks per SM), limit_warps,
+    limit_registers, limit_shared_mem, limit_blocks, limit_barriers (the blocks per SM each limit
+    allows), limiter (the binding limits joined with '+'), occupancy (theoretical, fraction);
+    with grid_blocks, also waves and ru (fraction; None when no block fits). sms is required
     with grid_blocks.
     """
     occ = launch_occupancy(threads_per_block, registers_per_thread, gpu,
                            static_smem=static_smem, dynamic_smem=dynamic_smem,
                            carveout=carveout, opt_in=opt_in, barriers=barriers)
     out: dict[str, object] = {
-        "active_blocks_per_sm": occ.active_blocks_per_sm,
+        "blocks_per_sm": occ.active_blocks_per_sm,
         "limit_warps": occ.limit_warps,
         "limit_registers": occ.limit_registers,
         "limit_shared_mem": occ.limit_shared_mem,
         "limit_blocks": occ.limit_blocks,
         "limit_barriers": occ.limit_barriers,
-        "limiting": list(occ.limiting),
-        "theoretical_occupancy": occ.theoretical_occupancy,
+        "limiter": "+".join(occ.limiting),
+        "occupancy": occ.theoretical_occupancy,
     }
     if grid_blocks is not None:
         if sms is None:

@@ -125,3 +125,42 @@ def trace_id(con, name: str) -> int:
     from traceq.store import resolve_trace
 
     return resolve_trace(con, name)[0]
+
+
+_SPEC = str(SAMPLES / "alexnet.model.toml")
+TABLE_COMMANDS = {
+    "traces": ["traces"],
+    "top": ["top", "-t", "alexnet_b256_cudnn"],
+    "top short": ["top", "-t", "ddp_resnet18_2gpu", "--by", "short", "-k", "30"],
+    "top instances": ["top", "--instances", "-t", "alexnet_b256_cudnn"],
+    "layers": ["layers", "-t", "alexnet_b256_cudnn"],
+    "libs": ["libs", "-t", "alexnet_b256_cudnn"],
+    "libs by layer": ["libs", "--by-layer", "-t", "alexnet_b256_cudnn"],
+    "stages": ["stages", "-t", "ddp_resnet18_2gpu"],
+    "ru kernel": ["ru", "--by", "kernel", "-t", "alexnet_b256_cudnn"],
+    "ru layer": ["ru", "--by", "layer", "-t", "alexnet_b256_cudnn"],
+    "ru library": ["ru", "--by", "library", "-t", "alexnet_b256_cudnn"],
+    "ce layer": ["ce", "--by", "layer", "--spec", _SPEC, "-t", "alexnet_b256_cudnn"],
+    "ce kernel": ["ce", "--by", "kernel", "--spec", _SPEC, "-t", "alexnet_b256_cudnn"],
+    "ce library": ["ce", "--by", "library", "--spec", _SPEC, "-t", "alexnet_b256_cudnn"],
+    "compare layer": ["compare", "alexnet_b256_cudnn", "alexnet_b64_nocache", "--spec", _SPEC],
+    "compare kernel": ["compare", "alexnet_b256_cudnn", "alexnet_b64_nocache", "--by", "kernel", "-k", "40"],
+    "compare stage": ["compare", "alexnet_b256_cudnn", "alexnet_b64_nocache", "--by", "stage"],
+    "memory layer": ["memory", "-t", "alexnet_b64_nocache"],
+    "memory time": ["memory", "--by", "time", "-t", "lenet_b256_cudnn"],
+}
+"""Every tabular command (and grouping), as run against `cli_store`."""
+
+
+@pytest.fixture(scope="session")
+def cli_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store file for CLI tests (read-only use) with four samples, loaded by `traceq load`."""
+    from typer.testing import CliRunner
+
+    from traceq.cli import app
+
+    path = tmp_path_factory.mktemp("cli-store") / "s.duckdb"
+    names = ["alexnet_b256_cudnn", "alexnet_b64_nocache", "ddp_resnet18_2gpu", "lenet_b256_cudnn"]
+    result = CliRunner().invoke(app, ["load", *(str(sample(f"{n}.sqlite")) for n in names), "--db", str(path)])
+    assert result.exit_code == 0, result.output
+    return path

@@ -102,13 +102,13 @@ def test_occupancy_calculator_json() -> None:
                                  "--grid", "132", "--sms", "132", "--format", "json"])
     assert result.exit_code == 0, result.output
     got = json.loads(result.stdout)
-    assert got["active_blocks_per_sm"] == 1
-    assert got["limiting"] == ["registers", "shared_mem"]
-    assert got["theoretical_occupancy"] == pytest.approx(0.1875)
+    assert got["blocks_per_sm"] == 1
+    assert got["limiter"] == "registers+shared_mem"
+    assert got["occupancy"] == pytest.approx(0.1875)
     assert got["waves"] == 1 and got["ru"] == 1
     no_opt_in = json.loads(runner.invoke(app, ["occupancy", "--cc", "9.0", "--threads", "384", "--regs", "168",
                                                "--smem-dynamic", "213204", "--format", "json"]).stdout)
-    assert no_opt_in["active_blocks_per_sm"] == 0
+    assert no_opt_in["blocks_per_sm"] == 0
 
 
 def test_occupancy_bad_cc() -> None:

@@ -175,10 +175,10 @@ def test_limits_at_the_edges() -> None:
 
 def test_occupancy_dict_keys() -> None:
     out = occupancy_dict(128, 18, H200, static_smem=4, carveout=32768, grid_blocks=256512, sms=132)
-    assert list(out) == ["active_blocks_per_sm", "limit_warps", "limit_registers",
-                         "limit_shared_mem", "limit_blocks", "limit_barriers", "limiting",
-                         "theoretical_occupancy", "waves", "ru"]
-    assert out["limiting"] == ["warps"] and out["active_blocks_per_sm"] == 16
+    assert list(out) == ["blocks_per_sm", "limit_warps", "limit_registers",
+                         "limit_shared_mem", "limit_blocks", "limit_barriers", "limiter",
+                         "occupancy", "waves", "ru"]
+    assert out["limiter"] == "warps" and out["blocks_per_sm"] == 16
     assert "waves" not in occupancy_dict(128, 18, H200)
     assert occupancy_dict(2048, 18, H200, grid_blocks=1, sms=1)["ru"] is None
 

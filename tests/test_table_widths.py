@@ -11,35 +11,14 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import sample
+from conftest import TABLE_COMMANDS as COMMANDS
 from typer.testing import CliRunner
 
 from traceq.cli import app
+from traceq.render.columns import header
 
 runner = CliRunner()
 WIDTHS = (60, 80, 100, 160, 240)
-SPEC = str(sample("alexnet.model.toml"))
-COMMANDS = {
-    "traces": ["traces"],
-    "top": ["top", "-t", "alexnet_b256_cudnn"],
-    "top short": ["top", "-t", "ddp_resnet18_2gpu", "--by", "short", "-k", "30"],
-    "top instances": ["top", "--instances", "-t", "alexnet_b256_cudnn"],
-    "layers": ["layers", "-t", "alexnet_b256_cudnn"],
-    "libs": ["libs", "-t", "alexnet_b256_cudnn"],
-    "libs by layer": ["libs", "--by-layer", "-t", "alexnet_b256_cudnn"],
-    "stages": ["stages", "-t", "ddp_resnet18_2gpu"],
-    "ru kernel": ["ru", "--by", "kernel", "-t", "alexnet_b256_cudnn"],
-    "ru layer": ["ru", "--by", "layer", "-t", "alexnet_b256_cudnn"],
-    "ru library": ["ru", "--by", "library", "-t", "alexnet_b256_cudnn"],
-    "ce layer": ["ce", "--by", "layer", "--spec", SPEC, "-t", "alexnet_b256_cudnn"],
-    "ce kernel": ["ce", "--by", "kernel", "--spec", SPEC, "-t", "alexnet_b256_cudnn"],
-    "ce library": ["ce", "--by", "library", "--spec", SPEC, "-t", "alexnet_b256_cudnn"],
-    "compare layer": ["compare", "alexnet_b256_cudnn", "alexnet_b64_nocache", "--spec", SPEC],
-    "compare kernel": ["compare", "alexnet_b256_cudnn", "alexnet_b64_nocache", "--by", "kernel", "-k", "40"],
-    "compare stage": ["compare", "alexnet_b256_cudnn", "alexnet_b64_nocache", "--by", "stage"],
-    "memory layer": ["memory", "-t", "alexnet_b64_nocache"],
-    "memory time": ["memory", "--by", "time", "-t", "lenet_b256_cudnn"],
-}
 NOT_IN_TABLES = {"traces": {"sha256", "source_path", "loaded_at"}}
 """Columns a command gives csv and json but never a table."""
 
@@ -49,15 +28,6 @@ FRACTIONS = {"ru", "paper_ru", "occupancy", "kineto_occupancy", "ce_fp32", "ce_t
 
 SCALE = {"ns": 1, "µs": 1e3, "ms": 1e6, "s": 1e9, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30,
          "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("widths") / "s.duckdb"
-    names = ["alexnet_b256_cudnn", "alexnet_b64_nocache", "ddp_resnet18_2gpu", "lenet_b256_cudnn"]
-    result = runner.invoke(app, ["load", *(str(sample(f"{n}.sqlite")) for n in names), "--db", str(path)])
-    assert result.exit_code == 0, result.output
-    return path
 
 
 def _parse_table(text: str) -> tuple[list[str], list[list[str]], str]:
@@ -103,8 +73,8 @@ def _check_text(cell: str, value: object) -> None:
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))
-def test_tables_at_every_width(db: Path, name: str) -> None:
-    args = [*COMMANDS[name], "--db", str(db)]
+def test_tables_at_every_width(cli_store: Path, name: str) -> None:
+    args = [*COMMANDS[name], "--db", str(cli_store)]
     full = runner.invoke(app, [*args, "-f", "json"])
     assert full.exit_code == 0, full.output
     records = json.loads(full.stdout)
@@ -116,8 +86,6 @@ def test_tables_at_every_width(db: Path, name: str) -> None:
         assert result.exit_code == 0, result.output
         assert max(map(len, result.stdout.splitlines())) <= width, f"wider than {width}"
         headers, rows, under = _parse_table(result.stdout)
-        from traceq.render.columns import header
-
         by_header = {header(c): c for c in columns}
         shown = [by_header[h] for h in headers]
         assert len(rows) == len(records)
@@ -140,6 +108,16 @@ def test_tables_at_every_width(db: Path, name: str) -> None:
             assert sorted(named) == sorted(left_out)
         else:
             assert "Left out" not in under
+
+
+def test_occupancy_table_at_every_width() -> None:
+    args = ["occupancy", "--cc", "9.0", "--threads", "384", "--regs", "168", "--smem-dynamic", "213204",
+            "--opt-in", "--grid", "130", "--sms", "132"]
+    for width in WIDTHS:
+        out = runner.invoke(app, args, env={"COLUMNS": str(width)}).stdout
+        assert max(map(len, out.splitlines())) <= width
+        _, rows, _ = _parse_table(out)
+        assert dict(rows)["RU %"] == "98.5" and dict(rows)["Limiter"] == "registers+shared_mem"
 
 
 def test_names_that_differ_past_the_cut_show_where() -> None:
