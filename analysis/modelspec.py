@@ -106,6 +106,28 @@ def spec_layer_flops(spec_path: str | Path, batch: int | None = None) -> pl.Data
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
+BYTES_PER_VALUE = {"float32": 4, "tf32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
+"""Bytes one value of each spec data type takes in memory (TF32 is computed on, stored as fp32)."""
+
+
+def spec_activations(spec_path: str | Path, batch: int | None = None) -> pl.DataFrame:
+    """Bytes of each layer's output in one forward pass, from a model-spec file: batch x the
+    output's values x the bytes of its data type. An estimate of the activation memory a layer
+    allocates; what a framework keeps beside the output (max pooling's indices, dropout's mask,
+    convolution workspaces) is not in it.
+
+    `batch` overrides the spec's. Columns: layer, activation_bytes (Int64), in spec order.
+    Raises MissingDataError without a batch size.
+    """
+    spec = load_spec(spec_path)
+    n = batch if batch is not None else spec.batch
+    if n is None or n < 1:
+        raise MissingDataError(f"{spec_path}: no batch size: pass --batch N or set batch = N under [model]")
+    return pl.DataFrame([(layer.name, n * math.prod(layer.out_shape) * BYTES_PER_VALUE[layer.dtype])
+                         for layer in spec.layers],
+                        schema={"layer": pl.String, "activation_bytes": pl.Int64}, orient="row")
+
+
 class _SpecProblem(Exception):
     """What is wrong with a spec; load_spec adds the file name and raises TraceFormatError."""
 

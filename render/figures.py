@@ -9,6 +9,8 @@ the trace is a dimension of the plot (colour). Figures never read the store.
 
 from __future__ import annotations
 
+import html
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -17,6 +19,8 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
+
+from traceq.render.columns import VALUE_LABELS
 
 MS = 1e6
 MIB = float(1 << 20)
@@ -72,11 +76,41 @@ def _finish(fig: go.Figure, title: str, x_title: str, y_title: str, columns: int
     return fig
 
 
-def _missing(fig: go.Figure, col: int, text: str) -> None:
-    """Write `text` in the middle of panel `col` (a trace that lacks the data)."""
-    suffix = "" if col == 1 else str(col)
-    fig.add_annotation(text=text, xref=f"x{suffix} domain", yref=f"y{suffix} domain", x=0.5, y=0.5,
-                       showarrow=False, font=dict(size=13, color="#555"))
+REPORT_CHARACTERS = 150
+"""About how many characters of 12-pixel text a report figure holds across (1400 pixels)."""
+
+
+def _panel_note(fig: go.Figure, panel: int, text: str, *, middle: bool = True) -> None:
+    """Write `text` inside subplot `panel` (1, 2, ...), wrapped to its width: in its middle (a
+    trace that lacks the data) or at its top left. Placed on the page by the panel's domain,
+    which exists whether or not the panel has data (axes of an empty panel are not drawn)."""
+    suffix = "" if panel == 1 else str(panel)
+    left, right = fig.layout[f"xaxis{suffix}"].domain or (0.0, 1.0)
+    bottom, top = fig.layout[f"yaxis{suffix}"].domain or (0.0, 1.0)
+    lines = textwrap.wrap(text, max(24, int((right - left) * REPORT_CHARACTERS)))
+    fig.add_annotation(text="<br>".join(html.escape(line) for line in lines), xref="paper", yref="paper",
+                       x=(left + right) / 2 if middle else left + 0.01, y=(bottom + top) / 2 if middle else top,
+                       xanchor="center" if middle else "left", yanchor="middle" if middle else "top",
+                       align="center" if middle else "left", showarrow=False,
+                       font=dict(size=12, color="#555"), bgcolor="rgba(255, 255, 255, 0.85)")
+
+
+def _label_every_category(fig: go.Figure, categories: list[str], col: int, columns: int) -> None:
+    """Write every category under panel `col`'s x axis (plotly skips some when they crowd, and a
+    bar without its name means nothing), the font as large as the panel's width allows."""
+    room = 1300 / max(columns, 1) / max(len(categories), 1)  # pixels per category in a report figure
+    size = max(7, min(12, int(room * 0.75)))
+    fig.update_xaxes(tickmode="array", tickvals=categories, ticktext=categories, tickfont=dict(size=size),
+                     tickangle=-60 if room >= 22 else -90, row=1, col=col)
+
+
+def _share_y_if_comparable(fig: go.Figure, maxima: list[float]) -> None:
+    """Side-by-side panels keep one y axis when their largest values are within 5x of each other;
+    otherwise each gets its own (a small trace's bars would be invisible beside a large one's)."""
+    known = [m for m in maxima if m > 0]
+    if len(known) > 1 and max(known) > 5 * min(known):
+        for col in range(2, len(maxima) + 1):
+            fig.update_yaxes(matches=None, showticklabels=True, row=1, col=col)
 
 
 def _iteration_label(iteration: str | None, device: int | None, devices: int) -> str:
@@ -90,19 +124,24 @@ def stage_chart(stages: Frames) -> Chart:
     Frames: `layers.stage_times`.
     """
     fig = _panels(stages)
+    tallest = []
     for col, (name, frame) in enumerate(stages.items(), start=1):
+        tallest.append(0.0)
         if frame is None or frame.is_empty():
-            _missing(fig, col, "no GPU activity")
+            _panel_note(fig, col, "no GPU activity")
             continue
         devices = frame["device_id"].n_unique()
         x = [_iteration_label(i, d, devices) for i, d in frame.select("iteration", "device_id").iter_rows()]
+        tallest[-1] = float(frame.select(pl.sum_horizontal(f"{s}_ns" for s in STAGE_COLOURS)).max().item()) / MS
         for stage, colour in STAGE_COLOURS.items():
             y = (frame[f"{stage}_ns"] / MS).to_list()
             if stage != "idle" and sum(y) == 0.0:
                 continue
-            fig.add_bar(x=x, y=y, name=stage.replace("_", " "), marker_color=colour, legendgroup=stage,
+            label = VALUE_LABELS.get(stage, stage)
+            fig.add_bar(x=x, y=y, name=label, marker_color=colour, legendgroup=stage,
                         showlegend=col == 1, row=1, col=col,
-                        hovertemplate=f"{stage.replace('_', ' ')}: %{{y:.3f}} ms<extra>%{{x}}</extra>")
+                        hovertemplate=f"{label}: %{{y:.3f}} ms<extra>%{{x}}</extra>")
+    _share_y_if_comparable(fig, tallest)
     _finish(fig, "Stage breakdown per iteration (paper figure 4)", "iteration", "GPU time (ms)", len(stages),
             barmode="stack")
     caption = ("Each bar is one training iteration split into data copy, forward, backward and weight "
@@ -134,9 +173,11 @@ def layer_time_chart(layers: Frames, iterations: Mapping[str, int]) -> Chart:
     network order; `iterations` divides the totals (0 or 1: totals over the trace).
     """
     fig = _panels(layers)
+    tallest = []
     for col, (name, frame) in enumerate(layers.items(), start=1):
+        tallest.append(0.0)
         if frame is None or frame.filter(pl.col("layer").is_not_null()).is_empty():
-            _missing(fig, col, "no NVTX layer ranges")
+            _panel_note(fig, col, "no NVTX layer ranges")
             continue
         frame = _ordered(frame)
         forward = _forward_layers(frame)
@@ -152,10 +193,13 @@ def layer_time_chart(layers: Frames, iterations: Mapping[str, int]) -> Chart:
         for pass_, colour in PASS_COLOURS.items():
             part = frame.filter(pl.col("pass") == pass_).group_by("base").agg(pl.col("total_ns").sum())
             values = dict(part.iter_rows())
-            fig.add_bar(x=order, y=[values.get(b, 0) / per / MS for b in order], name=pass_, marker_color=colour,
+            y = [values.get(b, 0) / per / MS for b in order]
+            tallest[-1] = max([tallest[-1], *y])
+            fig.add_bar(x=order, y=y, name=pass_, marker_color=colour,
                         legendgroup=pass_, showlegend=col == 1, row=1, col=col,
                         hovertemplate=f"{pass_}: %{{y:.3f}} ms<extra>%{{x}}</extra>")
-        fig.update_xaxes(tickangle=-60, row=1, col=col)
+        _label_every_category(fig, order, col, len(layers))
+    _share_y_if_comparable(fig, tallest)
     _finish(fig, "Forward and backward time per layer (paper figure 6)", "layer (network order)",
             "GPU time per iteration (ms)", len(layers), barmode="group")
     caption = ("Forward and backward GPU time of each NVTX layer (a backward range 'bconv1' is drawn at conv1; "
@@ -166,14 +210,14 @@ def layer_time_chart(layers: Frames, iterations: Mapping[str, int]) -> Chart:
 
 
 def _efficiency_chart(frames: Frames, key: str, title: str, y_title: str, column: str, marker: str | None,
-                      marker_name: str, caption: str, missing: str) -> Chart:
+                      marker_name: str, caption: str, missing: str, notes: Mapping[str, str] | None) -> Chart:
     fig = _panels(frames)
     extra: dict[str, str] = {}
     shown: set[str] = set()
     marker_shown = False
     for col, (name, frame) in enumerate(frames.items(), start=1):
         if frame is None or frame.filter(pl.col("layer").is_not_null()).is_empty():
-            _missing(fig, col, missing)
+            _panel_note(fig, col, (notes or {}).get(name, missing))
             continue
         frame = _ordered(frame.filter(pl.col("layer").is_not_null() & pl.col(column).is_not_null()))
         # a name seen in both passes (autograd op ranges) gets the pass, so bars do not overlap
@@ -197,16 +241,17 @@ def _efficiency_chart(frames: Frames, key: str, title: str, y_title: str, column
                             marker=dict(symbol="diamond", size=7, color="black"),
                             hovertemplate=f"%{{x}}: {marker_name} %{{y:.1f}} %<extra></extra>")
             marker_shown = True
-        fig.update_xaxes(categoryorder="array", categoryarray=order, tickangle=-60, row=1, col=col)
+        fig.update_xaxes(categoryorder="array", categoryarray=order, row=1, col=col)
+        _label_every_category(fig, order, col, len(frames))
     _finish(fig, title, "layer (execution order)", y_title, len(frames), barmode="overlay")
     return Chart(key, fig, caption)
 
 
-def ru_chart(ru: Frames) -> Chart:
+def ru_chart(ru: Frames, notes: Mapping[str, str] | None = None) -> Chart:
     """The paper's figures 9 to 12: resource utilization per layer, coloured by library.
 
     Frames: `efficiency.ru_table(by='layer')` (ru, paper_ru fractions; library: the dominant
-    one), optionally with `first_ns` for execution order.
+    one), optionally with `first_ns` for execution order; `notes`: why a trace has no frame.
     """
     caption = ("Resource utilization (launched blocks over the block slots of the waves the launch needed, "
                "kernel-time-weighted) per layer, bars coloured by the layer's dominant library and diamonds "
@@ -214,10 +259,10 @@ def ru_chart(ru: Frames) -> Chart:
                "idle (the paper found cuBLAS convolutions near 47 %).")
     return _efficiency_chart(ru, "ru", "Resource utilization per layer (paper figures 9 to 12)",
                              "RU (% of block slots)", "ru", "paper_ru", "paper RU (eq. 10, registers only)",
-                             caption, "no launch shapes")
+                             caption, "no launch shapes", notes)
 
 
-def ce_chart(ce: Frames) -> Chart:
+def ce_chart(ce: Frames, notes: Mapping[str, str] | None = None) -> Chart:
     """The paper's figures 7 and 8: compute efficiency per layer, coloured by library.
 
     Frames: `efficiency.ce_table(by='layer')` (ce_fp32, ce_tensor fractions), with `library`
@@ -230,49 +275,65 @@ def ce_chart(ce: Frames) -> Chart:
                   f.columns else f) for n, f in ce.items()}
     return _efficiency_chart(frames, "ce", "Compute efficiency per layer (paper figures 7 and 8)",
                              "CE (% of FP32 peak)", "ce_fp32", "ce_tensor", "CE vs tensor-core peak",
-                             caption, "no FLOPs: the trace has no shapes")
+                             caption, "no FLOPs: the trace has no shapes", notes)
 
 
-def _short(text: str | None, width: int = 52) -> str:
-    if text is None:
-        return ""
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _hover_name(name: str | None) -> str:
+    """A kernel's full name for a hover box: HTML-escaped, in lines of at most 100 characters."""
+    lines = textwrap.wrap(name or "", 100, break_on_hyphens=False, drop_whitespace=False)
+    return "<br>".join(html.escape(line) for line in lines)
 
 
-def top_table_chart(tops: Frames, where: Mapping[str, str]) -> Chart:
-    """The paper's table 3: the longest kernel launches with their layer.
+def _stacked(count: int, row_px: list[int], gap_px: int) -> dict[str, object]:
+    """make_subplots arguments for `count` panels stacked, each `row_px` high, `gap_px` apart."""
+    plot_px = sum(row_px) + gap_px * (count - 1)
+    return dict(rows=max(count, 1), cols=1, row_heights=row_px or None,
+                vertical_spacing=gap_px / plot_px if count > 1 else 0.0)
 
-    Frames: rank, layer, pass, short_name, library, dur_ns (the longest launches of one
-    iteration, from `layers.attributed_kernels`); `where` says what each covers ('iteration 0').
+
+def top_launches_chart(tops: Frames, where: Mapping[str, str]) -> Chart:
+    """The paper's table 3: the longest kernel launches with their layer, as bars of their time.
+
+    Frames: rank, layer, pass, short_name, name (demangled, shown on hover), library, dur_ns
+    (the longest launches of one iteration, from `layers.attributed_kernels`); `where` says what
+    each covers ('iteration 0'). One panel per trace, stacked.
     """
+    from traceq.render.table import cut_middle
+
     names = list(tops)
-    fig = make_subplots(rows=1, cols=max(len(names), 1), horizontal_spacing=0.02,
-                        specs=[[{"type": "table"}] * max(len(names), 1)],
-                        subplot_titles=[f"{n}: {where.get(n, '')}" for n in names])
-    rows = 0
-    for col, (name, frame) in enumerate(tops.items(), start=1):
-        frame = frame if frame is not None else pl.DataFrame()
-        rows = max(rows, frame.height)
-        longest = max((len(x) for x in frame["layer"].drop_nulls()), default=5) if frame.height else 5
-        layer_width = min(max(50, 7 * longest), 110 if len(names) > 1 else 220)
-        function_width = (440 if len(names) > 1 else 880) - layer_width
-        cells = [frame["rank"].to_list() if frame.height else [],
-                 [("" if layer is None else layer) for layer in frame["layer"]] if frame.height else [],
-                 [_short(n, int(function_width / 6.8)) for n in frame["short_name"]] if frame.height else [],
-                 [lib or "" for lib in frame["library"]] if frame.height else [],
-                 [f"{v / MS:.3f}" for v in frame["dur_ns"]] if frame.height else []]
-        fig.add_trace(go.Table(
-            columnwidth=[28, layer_width, function_width, 90, 60],
-            header=dict(values=["#", "layer", "function (kernel)", "library", "time (ms)"],
-                        fill_color="#e8e8e8", align="left", font=dict(size=12)),
-            cells=dict(values=cells, align=["right", "left", "left", "left", "right"], height=24,
-                       font=dict(size=11))), row=1, col=col)
+    row_px = [22 * max(f.height if f is not None else 0, 3) + 30 for f in tops.values()]
+    gap_px = 80
+    fig = make_subplots(**_stacked(len(names), row_px, gap_px),
+                        subplot_titles=[f"{n}: {where.get(n, '')}" for n in names] or None)
+    extra: dict[str, str] = {}
+    shown: set[str] = set()
+    for row, (name, frame) in enumerate(tops.items(), start=1):
+        if frame is None or frame.is_empty():
+            _panel_note(fig, row, "no kernels")
+            continue
+        frame = frame.with_columns(label=pl.struct("rank", "layer", "short_name").map_elements(
+            lambda r: f"{r['rank']}. {r['layer'] or 'no layer'} · {cut_middle(r['short_name'] or '', 44)}",
+            return_dtype=pl.String))
+        for (library,), part in frame.group_by("library", maintain_order=True):
+            lib = library or "other"
+            fig.add_bar(y=part["label"].to_list(), x=(part["dur_ns"] / MS).to_list(), orientation="h", name=lib,
+                        legendgroup=lib, showlegend=lib not in shown, marker_color=_library_colour(lib, extra),
+                        customdata=[(_hover_name(r["name"]), r["layer"] or "no layer", r["pass"] or "no pass")
+                                    for r in part.iter_rows(named=True)],
+                        hovertemplate="%{customdata[0]}<br>%{customdata[1]} (%{customdata[2]}): %{x:.3f} ms"
+                                      f"<extra>{html.escape(lib)}</extra>", row=row, col=1)
+            shown.add(lib)
+        fig.update_yaxes(categoryorder="array", categoryarray=frame["label"].to_list(), autorange="reversed",
+                         row=row, col=1)
+        fig.update_xaxes(title_text="launch time (ms)", row=row, col=1)
     title = "Longest kernel launches with their layer (paper table 3)"
-    fig.update_layout(title=dict(text=title, x=0.0, xanchor="left"), height=140 + 25 * (rows + 1),
-                      margin=dict(l=20, r=20, t=90, b=20), template="plotly_white")
-    caption = ("The longest single kernel launches of one iteration with the layer that launched them (a 'b' "
-               "prefix is the backward pass), times in ms; look for which layers and which kinds of kernel "
-               "(convolution, GEMM, pooling) hold the top of the list.")
+    fig.update_layout(title=dict(text=title, x=0.0, xanchor="left"), height=sum(row_px) + gap_px * (len(names) - 1)
+                      + 160, margin=dict(l=360, r=30, t=90, b=70), template="plotly_white", barmode="overlay",
+                      font=dict(size=12), legend=dict(title="library"))
+    caption = ("The longest single kernel launches of one iteration, ranked, with the layer that launched them (a "
+               "'b' prefix is the backward pass) and the kernel's name (in full on hover), coloured by library; "
+               "look for which layers and which kinds of kernel (convolution, GEMM, pooling) hold the top of the "
+               "list.")
     return Chart("top", fig, caption)
 
 
@@ -282,37 +343,87 @@ def _memory_label(layer: str | None, pass_: str | None, where: str) -> str:
     return layer if pass_ in (None, "forward") or layer.startswith("b") else f"{layer} ({pass_})"
 
 
-def memory_layer_chart(memory: Frames, hints: Mapping[str, str]) -> Chart:
-    """The paper's figures 13 to 16: device memory allocated in each layer, with its share.
+def _memory_note(summary: pl.DataFrame | None, before: int, measured: bool, estimated: bool) -> str:
+    """What a memory-per-layer panel says beside its bars: memory allocated before the capture
+    (not drawn), the peak in use, and why a panel has no bars."""
+    from traceq.render.columns import format_bytes
+
+    peak = ""
+    if summary is not None and summary.height:
+        row = summary.sort("peak_bytes", descending=True).row(0, named=True)
+        share = f" ({row['peak_pct']:.1f} % of the GPU)" if row["memory_bytes"] else ""
+        peak = f" Peak in use: {format_bytes(row['peak_bytes'])}{share}."
+    if measured:
+        return f"Not drawn: {format_bytes(before)} allocated before the capture began.{peak}" if before else peak
+    text = (f"No layer allocated device memory during the capture: the {format_bytes(before)} in use were "
+            f"allocated before it began (a caching allocator such as PyTorch's was warm).{peak}")
+    if not estimated:
+        text += (" To see each layer's share, pass --spec MODEL.toml (estimates from the layer shapes), or capture "
+                 "the first iteration or with PYTORCH_NO_CUDA_MEMORY_CACHING=1 (measured).")
+    return text
+
+
+def memory_layer_chart(memory: Frames, hints: Mapping[str, str], iterations: Mapping[str, int],
+                       summaries: Frames | None = None, estimates: Frames | None = None) -> Chart:
+    """The paper's figures 13 to 16: device memory allocated in each layer.
 
     Frames: `memory.memory_by_layer`, optionally with `first_ns` for network order (layers
     first, then memory outside them); None where the trace has no memory events (`hints`
-    gives the text shown instead).
+    gives the text shown instead); `iterations` divides the totals, so that a layer's bar and its
+    estimate are one pass's. `summaries` (`memory.memory_summary`) give the peak in use;
+    `estimates` (`modelspec.spec_activations` with a `batch` column) each layer's output size,
+    drawn as markers. Memory allocated before the capture is said in the panel, not drawn: it
+    would dwarf the layers, and when a caching allocator was warm it is all there is.
     """
-    fig = _panels(memory)
+    summaries, estimates = summaries or {}, estimates or {}
+    fig = _panels(memory, shared_y=False)
+    estimate_shown = False
     for col, (name, frame) in enumerate(memory.items(), start=1):
         if frame is None or frame.is_empty():
-            _missing(fig, col, hints.get(name, "no memory events"))
+            _panel_note(fig, col, hints.get(name, "no memory events"))
             continue
         if "first_ns" in frame.columns:
             frame = frame.sort(pl.col("layer").is_null(), "first_ns", "where", nulls_last=True)
+        before = int(frame.filter(pl.col("where") == "before capture")["alloc_bytes"].sum())
+        frame = frame.filter(pl.col("where") != "before capture")
         labels = [_memory_label(r["layer"], r["pass"], r["where"]) + (f" · GPU {r['device_id']}"
                   if frame["device_id"].n_unique() > 1 else "") for r in frame.iter_rows(named=True)]
         colours = [PASS_COLOURS.get(p or "", NO_LAYER) if layer is not None else NO_LAYER
                    for layer, p in frame.select("layer", "pass").iter_rows()]
-        fig.add_bar(x=labels, y=(frame["alloc_bytes"] / MIB).to_list(), marker_color=colours, showlegend=False,
-                    row=1, col=col,
-                    text=[f"{v:.2f} %" for v in frame["share_of_device_pct"].fill_null(0)], textposition="outside",
-                    customdata=frame.select("allocs", "frees").rows(),
-                    hovertemplate="%{x}: %{y:.1f} MiB in %{customdata[0]} allocations, %{customdata[1]} frees, "
-                                  "%{text} of device memory<extra></extra>")
-        fig.update_xaxes(tickangle=-45, row=1, col=col)
+        per = max(iterations.get(name, 1), 1)
+        tallest = [float(frame["alloc_bytes"].max() or 0) / per / MIB]
+        if frame.height:
+            fig.add_bar(x=labels, y=(frame["alloc_bytes"] / per / MIB).to_list(), marker_color=colours, showlegend=False,
+                        row=1, col=col, customdata=frame.select("allocs", "frees", "share_of_device_pct").rows(),
+                        hovertemplate="%{x}: %{y:.1f} MiB in %{customdata[0]} allocations, %{customdata[1]} "
+                                      "frees (%{customdata[2]:.2f} % of device memory)<extra></extra>")
+        estimate = estimates.get(name)
+        if estimate is not None and estimate.height:
+            batch = estimate["batch"][0]
+            fig.add_scatter(x=estimate["layer"].to_list(), y=(estimate["activation_bytes"] / MIB).to_list(),
+                            mode="markers", marker=dict(symbol="diamond", size=8, color="black"),
+                            name="estimated output activations (model spec)", legendgroup="estimate",
+                            showlegend=not estimate_shown, row=1, col=col,
+                            hovertemplate=f"%{{x}}: output of %{{y:.1f}} MiB at batch {batch} (estimate)<extra></extra>")
+            estimate_shown = True
+            labels += [x for x in estimate["layer"].to_list() if x not in labels]
+            tallest.append(float(estimate["activation_bytes"].max() or 0) / MIB)
+        note = _memory_note(summaries.get(name), before, frame.height > 0, estimate is not None)
+        if not frame.height and estimate is None:
+            _panel_note(fig, col, note)
+        else:
+            if note:
+                _panel_note(fig, col, note, middle=False)
+            fig.update_yaxes(range=[0, 1.35 * max(tallest)], row=1, col=col)  # room for the note
+        fig.update_xaxes(categoryorder="array", categoryarray=labels, row=1, col=col)
+        _label_every_category(fig, labels, col, len(memory))
     _finish(fig, "GPU memory allocated per layer (paper figures 13 to 16)", "layer (network order)",
-            "allocated device memory (MiB)", len(memory))
-    caption = ("Device memory allocated by the CUDA calls made inside each layer range, labelled with its share "
-               "of the GPU's memory; look for the layers that hold the most (the paper: the first convolutions and "
-               "fc6, each under 20 %), and note that memory already allocated when the capture began, or kept by a "
-               "caching allocator, shows as '(before capture)'.")
+            "device memory allocated per iteration (MiB)", len(memory))
+    caption = ("Device memory allocated per iteration by the CUDA calls made inside each layer range (hover for its "
+               "share of the GPU's memory), and with a model spec each layer's output size as diamonds; look for the "
+               "layers that hold the most (the paper: the first convolutions and fc6, each under 20 %). Memory "
+               "allocated before the capture began, all of it when a caching allocator was warm, is said in the "
+               "panel, not drawn.")
     return Chart("memory-layers", fig, caption)
 
 
@@ -325,6 +436,7 @@ def memory_timeline_chart(timelines: Frames, spans: Mapping[str, tuple[int, int]
     """
     fig = go.Figure()
     notes = []
+    top, end_ms = 0.0, max((end for _, end in spans.values()), default=0) / MS
     for i, (name, frame) in enumerate(timelines.items()):
         if frame is None or frame.is_empty():
             notes.append(f"{name}: {hints.get(name, 'no memory events')}")
@@ -333,30 +445,39 @@ def memory_timeline_chart(timelines: Frames, spans: Mapping[str, tuple[int, int]
         devices = frame["device_id"].unique(maintain_order=True).to_list()
         for device in devices:
             part = frame.filter(pl.col("device_id").eq_missing(device))
-            x = (part["ts_ns"] / MS).to_list()
-            y = (part["bytes_in_use"] / GIB).to_list()
+            # the level after each instant: events at one timestamp (the allocations nsys lists at
+            # time 0 for a capture that began late) happened in one moment
+            level = part.group_by("ts_ns", maintain_order=True).agg(pl.col("bytes_in_use").last())
+            x = (level["ts_ns"] / MS).to_list()
+            y = (level["bytes_in_use"] / GIB).to_list()
             end = spans.get(name, (0, 0))[1]
             if end and end / MS > x[-1]:
                 x.append(end / MS)
                 y.append(y[-1])
             label = name + (f" · GPU {device}" if len(devices) > 1 else "")
             fig.add_scatter(x=x, y=y, mode="lines", line_shape="hv", name=label, line=dict(color=colour, width=2),
-                            hovertemplate="%{x:.3f} ms: %{y:.3f} GiB<extra>" + label + "</extra>")
+                            hovertemplate="%{x:.3f} ms: %{y:.3f} GiB<extra>" + html.escape(label) + "</extra>")
             peak = part["bytes_in_use"].arg_max()
             if peak is not None:
+                peak_x, peak_gib = part["ts_ns"][peak] / MS, part["bytes_in_use"][peak] / GIB
+                top = max(top, peak_gib)
                 device_bytes = device_memory.get(name)
                 share = f" ({100 * part['bytes_in_use'][peak] / device_bytes:.1f} % of the GPU)" if device_bytes else ""
-                fig.add_scatter(x=[part["ts_ns"][peak] / MS], y=[part["bytes_in_use"][peak] / GIB], mode="markers+text",
+                right_half = end_ms and peak_x > 0.6 * end_ms
+                fig.add_scatter(x=[peak_x], y=[peak_gib], mode="markers+text",
                                 marker=dict(color=colour, size=9, symbol="triangle-down"), showlegend=False,
-                                text=[f"peak {part['bytes_in_use'][peak] / GIB:.2f} GiB{share}"],
-                                textposition="top right", hoverinfo="skip")
-    for j, note in enumerate(notes):
-        fig.add_annotation(text=note, xref="paper", yref="paper", x=0.5, y=0.5 - 0.08 * j, showarrow=False,
-                           font=dict(size=13, color="#555"))
+                                text=[f"peak {peak_gib:.2f} GiB{share}"], hoverinfo="skip",
+                                textposition="top left" if right_half else "top right")
+    if notes:  # at the top, inside the plot, above the lines
+        fig.add_annotation(text="<br>".join(html.escape(n) for n in notes), xref="paper", yref="paper", x=0.01,
+                           y=1.0, xanchor="left", yanchor="top", align="left", showarrow=False,
+                           font=dict(size=12, color="#555"), bgcolor="rgba(255, 255, 255, 0.85)")
     fig.update_layout(title=dict(text="GPU memory in use over time", x=0.0, xanchor="left"), height=380,
                       template="plotly_white", margin=dict(l=80, r=30, t=70, b=60),
                       xaxis_title="time since the profiling session began (ms)",
                       yaxis_title="device memory in use (GiB)", yaxis_rangemode="tozero")
+    if top:
+        fig.update_yaxes(range=[0, top * (1.25 + 0.1 * len(notes))])  # room for the peak labels and notes
     caption = ("Bytes of device memory allocated through the CUDA driver over time, with the peak marked; look "
                "for steady growth across iterations (a leak) and for how close the peak comes to the GPU's memory.")
     return Chart("memory-timeline", fig, caption)
@@ -408,8 +529,11 @@ def _nvtx_rows(nvtx: pl.DataFrame, min_ns: float = 0.0) -> list[tuple[str, list[
     """NVTX ranges split into rows per thread and nesting depth, outermost first; ranges shorter
     than `min_ns` (under a pixel) and deeper than MAX_NVTX_DEPTH are left out."""
     rows: list[tuple[str, list[_Range]]] = []
-    for (tid,), part in nvtx.sort("tid", "start_ns", pl.col("end_ns"), descending=[False, False, True]) \
-            .group_by("tid", maintain_order=True):
+    processes = nvtx["pid"].n_unique() if "pid" in nvtx.columns else 1
+    threads = ["pid", "tid"] if "pid" in nvtx.columns else ["tid"]
+    for keys, part in nvtx.sort(*threads, "start_ns", pl.col("end_ns"), descending=[False] * len(threads) + [False, True]) \
+            .group_by(threads, maintain_order=True):
+        tid = keys[-1]
         levels: list[list[_Range]] = []
         open_ends: list[int] = []
         for r in part.iter_rows(named=True):
@@ -423,6 +547,7 @@ def _nvtx_rows(nvtx: pl.DataFrame, min_ns: float = 0.0) -> list[tuple[str, list[
                 levels.append([])
             levels[depth].append(_Range(r["start_ns"], r["end_ns"], r["name"] or ""))
         label = part["thread"][0] if "thread" in part.columns and part["thread"][0] else f"tid {tid}"
+        label += f" (pid {keys[0]})" if processes > 1 else ""  # two ranks' threads have the same names
         rows += [(f"{label} · NVTX depth {d}", level) for d, level in enumerate(levels) if level]
     return rows[:MAX_NVTX_ROWS]
 
@@ -448,7 +573,7 @@ def _fit(text: str, fraction: float) -> str:
 
 def _merge_runs(frame: pl.DataFrame, tolerance_ns: float) -> pl.DataFrame:
     """Consecutive kernels of one row and colour closer than `tolerance_ns` become one bar
-    (row, key, start_ns, end_ns, kernels, busy_ns, short_name, layer, dur_ns): bars thinner than
+    (row, key, start_ns, end_ns, kernels, busy_ns, name, layer, dur_ns): bars thinner than
     a pixel would not show, and the file stays small."""
     prev_end = pl.col("end_ns").cum_max().shift(1).over("row")
     new = ((pl.col("key") != pl.col("key").shift(1).over("row")).fill_null(True)
@@ -457,23 +582,24 @@ def _merge_runs(frame: pl.DataFrame, tolerance_ns: float) -> pl.DataFrame:
             .with_columns(run=pl.col("new").cast(pl.Int64).cum_sum().over("row"))
             .group_by("row", "run", maintain_order=True)
             .agg(pl.col("key").first(), pl.col("start_ns").min(), pl.col("end_ns").max(),
-                 kernels=pl.len(), busy_ns=pl.col("dur_ns").sum(), short_name=pl.col("short_name").first(),
+                 kernels=pl.len(), busy_ns=pl.col("dur_ns").sum(), name=pl.col("name").first(),
                  layer=pl.col("layer").first(), dur_ns=pl.col("dur_ns").first()))
 
 
 def _bar_text(r: dict[str, object]) -> str:
-    layer = r["layer"] or "no layer"
+    """A timeline bar's hover: one kernel's full name, layer and time, or what a merged bar holds."""
+    layer = html.escape(str(r["layer"] or "no layer"))
     if r["kernels"] == 1:
-        return f"{r['short_name']} ({layer}): {r['dur_ns'] / 1e3:.1f} µs"  # type: ignore[operator]
+        return f"{_hover_name(r['name'])}<br>{layer}: {r['dur_ns'] / 1e3:.1f} µs"  # type: ignore[arg-type, operator]
     return (f"{layer}: {r['kernels']} kernels, {r['busy_ns'] / MS:.3f} ms busy in "  # type: ignore[operator]
-            f"{(r['end_ns'] - r['start_ns']) / MS:.3f} ms")  # type: ignore[operator]
+            f"{(r['end_ns'] - r['start_ns']) / MS:.3f} ms; the first:<br>{_hover_name(r['name'])}")  # type: ignore[arg-type, operator]
 
 
 def timeline_chart(kernels: Frames, nvtx: Frames, notes: Mapping[str, str]) -> Chart:
     """A GPU timeline: kernels per device and stream coloured by layer, NVTX ranges above.
 
-    Frames: kernels (start_ns, end_ns, dur_ns, device_id, stream_id, layer, pass, short_name)
-    and NVTX ranges (start_ns, end_ns, tid, name[, thread]) of the window to draw, one panel
+    Frames: kernels (start_ns, end_ns, dur_ns, device_id, stream_id, layer, pass, name) and
+    NVTX ranges (start_ns, end_ns[, pid], tid, name[, thread]) of the window to draw, one panel
     per trace, stacked; `notes` says which window that is ('iteration 0, 162 of 648 kernels').
     Kernels of one layer closer than about a pixel are drawn as one bar (the hover says how many).
     """
@@ -520,7 +646,7 @@ def timeline_chart(kernels: Frames, nvtx: Frames, notes: Mapping[str, str]) -> C
                 by_key.setdefault(key if key in colour_of else "", []).append(rng)
             for key, items in by_key.items():
                 x, y, t = _segments([(it.start_ns - t0) / MS for it in items], [(it.end_ns - t0) / MS for it in items],
-                                    [r] * len(items), [f"{it.name}: {(it.end_ns - it.start_ns) / MS:.3f} ms" for it in items])
+                                    [r] * len(items), [f"{html.escape(it.name)}: {(it.end_ns - it.start_ns) / MS:.3f} ms" for it in items])
                 fig.add_scatter(x=x, y=y, text=t, mode="lines", opacity=0.75, showlegend=False,
                                 line=dict(width=9, color=colour_of.get(key, "#9e9e9e")),
                                 legendgroup=key or "nvtx", hoverinfo="text", row=i, col=1)
@@ -543,9 +669,11 @@ def timeline_chart(kernels: Frames, nvtx: Frames, notes: Mapping[str, str]) -> C
                          row=i, col=1)
     fig.update_layout(title=dict(text="GPU timeline: kernels per device and stream, NVTX ranges above", x=0.0,
                                  xanchor="left"),
-                      height=top_px + plot_px + bottom_px, template="plotly_white",
-                      margin=dict(l=190, r=30, t=top_px, b=bottom_px), hovermode="closest",
-                      legend=dict(title="layer"))
+                      # tall enough for every legend entry (a 14-px line and its gap: 30 px) and its title: a
+                      # taller legend would be clipped to a scrolling box
+                      height=top_px + max(plot_px, 30 * (len(shown) + 1)) + bottom_px, template="plotly_white",
+                      margin=dict(l=min(340, 30 + 7 * max((len(lb) for p in panels for lb in p[5]), default=20)),
+                                  r=30, t=top_px, b=bottom_px), hovermode="closest", legend=dict(title="layer"))
     caption = ("Kernels as bars on their device and stream, coloured by layer (backward ranges share their "
                "forward layer's colour), under the NVTX ranges of each CPU thread (CPU time, so launches lead "
                "the GPU); look for gaps between kernels and for layers whose kernels crowd one stream. Only one "

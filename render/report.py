@@ -12,6 +12,7 @@ check them.
 from __future__ import annotations
 
 import html
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -90,9 +91,11 @@ def _gather(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str,
     trace.notes["top"] = where
     trace.frames["top"] = (window.sort(["dur_ns", "start_ns"], descending=[True, False]).head(top_k)
                            .with_row_index("rank", offset=1)
-                           .select("rank", "layer", "pass", "short_name", "library", "dur_ns"))
+                           .select("rank", "layer", "pass", "short_name", "name", "library", "dur_ns"))
     _timeline(con, trace, window, attributed.height, where)
     _memory(con, trace, iteration_regex, order)
+    if spec is not None:
+        _activations(con, trace, attributed, spec, batch)
     busy = stages.filter(pl.col("iteration").is_not_null())
     spans = busy["span_ns"].cast(pl.Float64)
     trace.facts = {
@@ -185,12 +188,12 @@ def _timeline(con: duckdb.DuckDBPyConnection, trace: _Trace, window: pl.DataFram
     streams = con.sql(f"SELECT kernel_id, stream_id FROM kernels WHERE trace_id = {int(trace.trace_id)}").pl()
     kernels = (window.join(streams, on="kernel_id", how="left")
                .with_columns(end_ns=pl.col("start_ns") + pl.col("dur_ns"))
-               .select("start_ns", "end_ns", "dur_ns", "device_id", "stream_id", "layer", "pass", "short_name"))
+               .select("start_ns", "end_ns", "dur_ns", "device_id", "stream_id", "layer", "pass", "short_name", "name"))
     lo, hi = int(kernels["start_ns"].min()), int(kernels["end_ns"].max())  # type: ignore[arg-type]
     # NVTX ranges are CPU time and run ahead of the GPU: take those overlapping the window
     # from the first range enclosing its first launch.
     nvtx = con.sql(f"""
-        SELECT n.start_ns, n.end_ns, n.tid, n.name, t.name AS thread
+        SELECT n.start_ns, n.end_ns, n.pid, n.tid, n.name, t.name AS thread
         FROM nvtx n LEFT JOIN threads t ON t.trace_id = n.trace_id AND t.pid = n.pid AND t.tid = n.tid
         WHERE n.trace_id = {int(trace.trace_id)} AND n.kind IN ('pushpop', 'startend') AND n.end_ns IS NOT NULL
           AND n.end_ns > {lo} - ({hi} - {lo}) / 2 AND n.start_ns < {hi}
@@ -219,6 +222,23 @@ def _memory(con: duckdb.DuckDBPyConnection, trace: _Trace, iteration_regex: str,
         trace.frames["memory-layers"] = _with_order(layers, order)
 
 
+def _activations(con: duckdb.DuckDBPyConnection, trace: _Trace, attributed: pl.DataFrame, spec: Path,
+                 batch: int | None) -> None:
+    """frames['memory-estimate']: each spec layer's output size at the trace's batch (`batch`, else
+    the one its input copies show, else the spec's), with that batch as a column."""
+    from traceq.analysis.efficiency import infer_batch
+    from traceq.analysis.modelspec import load_spec, spec_activations
+
+    try:
+        model = load_spec(spec)
+        if batch is None:
+            batch = infer_batch(con, trace.trace_id, attributed, math.prod(model.input_shape) * 4) or model.batch
+        frame = spec_activations(spec, batch)
+    except TraceqError:
+        return  # the CE figure already says what is wrong with the spec
+    trace.frames["memory-estimate"] = frame.with_columns(batch=pl.lit(batch))
+
+
 def _charts(traces: list[_Trace]) -> tuple[list[figures.Chart], list[tuple[str, str]]]:
     """The figures, and (title, note) for those no trace could draw."""
     def frames(key: str) -> dict[str, pl.DataFrame | None]:
@@ -241,13 +261,16 @@ def _charts(traces: list[_Trace]) -> tuple[list[figures.Chart], list[tuple[str, 
     add("stages", "Stage breakdown per iteration", "stages", lambda: figures.stage_chart(frames("stages")))
     add("layer-time", "Forward and backward time per layer", "layers",
         lambda: figures.layer_time_chart(frames("layers"), iterations))
-    add("ce", "Compute efficiency per layer (paper figures 7 and 8)", "ce", lambda: figures.ce_chart(frames("ce")))
-    add("ru", "Resource utilization per layer (paper figures 9 to 12)", "ru", lambda: figures.ru_chart(frames("ru")))
+    add("ce", "Compute efficiency per layer (paper figures 7 and 8)", "ce",
+        lambda: figures.ce_chart(frames("ce"), notes("ce")))
+    add("ru", "Resource utilization per layer (paper figures 9 to 12)", "ru",
+        lambda: figures.ru_chart(frames("ru"), notes("ru")))
     add("roofline", "Roofline per layer (DeLTA traffic model)", "traffic", lambda: roofline_chart(
-        frames("traffic"), {t.name: _ceilings(t) for t in traces}))
-    add("top", "Longest kernel launches", "top", lambda: figures.top_table_chart(frames("top"), notes("top")))
+        frames("traffic"), {t.name: _ceilings(t) for t in traces}, notes("traffic")))
+    add("top", "Longest kernel launches", "top", lambda: figures.top_launches_chart(frames("top"), notes("top")))
     add("memory-layers", "GPU memory allocated per layer (paper figures 13 to 16)", "memory-layers",
-        lambda: figures.memory_layer_chart(frames("memory-layers"), notes("memory-layers")))
+        lambda: figures.memory_layer_chart(frames("memory-layers"), notes("memory-layers"), iterations,
+                                           frames("memory-summary"), frames("memory-estimate")))
     add("memory-timeline", "GPU memory in use over time", "memory-timeline",
         lambda: figures.memory_timeline_chart(frames("memory-timeline"), {t.name: t.span for t in traces},
                                               {t.name: t.device_memory for t in traces}, notes("memory-timeline")))
@@ -277,7 +300,6 @@ table.facts th, table.facts td { border: 1px solid #ddd; padding: 4px 10px; text
 table.facts th { background: #f3f3f3; }
 nav { font-size: 13px; margin: 8px 0; } nav a { margin-right: 14px; }
 p.caption { font-size: 14px; color: #333; margin: 2px 0 8px; max-width: 1100px; }
-p.panel-note { font-size: 13px; color: #8a5a00; margin: 0 0 4px; }
 section.note p { font-size: 14px; color: #8a5a00; }
 #script-errors { display: none; background: #fee; color: #900; padding: 8px; font-family: monospace; }
 """
@@ -311,16 +333,6 @@ def _facts_table(traces: list[_Trace]) -> str:
     rows = "".join(f"<tr><th>{html.escape(k)}</th>" + "".join(f"<td>{html.escape(t.facts.get(k, ''))}</td>"
                                                               for t in traces) + "</tr>" for k in keys)
     return f'<table class="facts"><tr><th>trace</th>{head}</tr>{rows}</table>'
-
-
-def _panel_notes(chart: figures.Chart, traces: list[_Trace]) -> str:
-    """Per-trace reasons a panel is empty, under the figure."""
-    key = chart.key
-    if key not in ("ce", "ru", "roofline", "memory-layers", "memory-timeline"):
-        return ""
-    key = {"roofline": "traffic"}.get(key, key)  # the figure's data key holds its reasons
-    lines = [f"{t.name}: {t.notes[key]}" for t in traces if key in t.notes]
-    return "".join(f'<p class="panel-note">{html.escape(line)}</p>' for line in lines)
 
 
 def build_report(
@@ -358,7 +370,7 @@ def build_report(
         div = chart.figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{chart.key}",
                                    config=_CONFIG, default_width="100%", default_height=f"{height}px")
         parts += [f'<section id="sec-{chart.key}" class="figure">', div,
-                  f'<p class="caption">{html.escape(chart.caption)}</p>', _panel_notes(chart, traces), "</section>"]
+                  f'<p class="caption">{html.escape(chart.caption)}</p>', "</section>"]
     for heading_text, note in skipped:
         parts.append(f'<section class="note"><h2>{html.escape(heading_text)}</h2>'
                      f"<p>Not drawn: {html.escape(note)}</p></section>")

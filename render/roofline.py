@@ -23,20 +23,22 @@ class Ceilings(NamedTuple):
     label: str  # 'NVIDIA H200, TF32 tensor cores'
 
 
-def roofline_chart(traffic: Frames, ceilings: Mapping[str, Ceilings | None]) -> Chart:
+def roofline_chart(traffic: Frames, ceilings: Mapping[str, Ceilings | None],
+                   notes: Mapping[str, str] | None = None) -> Chart:
     """Achieved TFLOP/s against FLOP per byte, one point per layer, pass and GEMM shape.
 
     Frames: `traffic.traffic_table(by='layer')` (flops, dram_bytes, l2_bytes, measured_ns,
     predicted_ns, layer, pass, bound). Filled markers: FLOPs over DRAM bytes; open markers: over
     L2 bytes; both at the FLOP/s the kernels achieved (measured time). The diagonal lines are
-    the bandwidth roofs, the horizontal one the compute peak.
+    the bandwidth roofs, the horizontal one the compute peak. `notes`: why a trace's panel is
+    empty, said inside it.
     """
     fig = _panels(traffic, shared_y=True, height=520)
     legend: set[str] = set()
     for col, (name, frame) in enumerate(traffic.items(), start=1):
         roof = ceilings.get(name)
         if frame is None or roof is None or frame.filter(pl.col("flops") > 0).is_empty():
-            _missing(fig, col, "no modelled convolution or GEMM layers")
+            _missing(fig, col, (notes or {}).get(name) or "no modelled convolution or GEMM layers")
             continue
         frame = frame.filter((pl.col("flops") > 0) & (pl.col("measured_ns") > 0)).with_columns(
             achieved=pl.col("flops") / pl.col("measured_ns") * 1e9 / 1e12,

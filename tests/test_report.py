@@ -3,6 +3,7 @@ and renders in a real browser (headless Chromium) without script errors."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -114,6 +115,107 @@ def test_cli_writes_the_report(tmp_path: Path) -> None:
     assert not (tmp_path / "x.html").exists()
 
 
+def _figure(page: str, key: str) -> tuple[list[dict], dict]:
+    """(traces, layout) of figure `key` as the page hands them to Plotly.newPlot."""
+    start = page.index(f'"fig-{key}",', page.index(f'id="fig-{key}"'))
+    decoder = json.JSONDecoder()
+    rest = page[page.index("[", start):]
+    data, end = decoder.raw_decode(rest)
+    layout, _ = decoder.raw_decode(rest[rest.index("{", end):])
+    return data, layout
+
+
+def _notes(layout: dict) -> list[dict]:
+    """The figure's annotations that are not subplot titles."""
+    return [a for a in layout.get("annotations", []) if a.get("yanchor") != "bottom"]
+
+
+def _panel_of(layout: dict, note: dict) -> int:
+    """The panel (1, 2, ...) whose domain holds a note placed on the page (paper coordinates)."""
+    assert note["xref"] == "paper" and note["yref"] == "paper", "a note must be placed by its panel's domain"
+    for i in range(1, 10):
+        x, y = layout.get(f"xaxis{'' if i == 1 else i}"), layout.get(f"yaxis{'' if i == 1 else i}")
+        if x and x["domain"][0] <= note["x"] <= x["domain"][1] and y.get("domain", [0, 1])[0] <= note["y"] <= \
+                y.get("domain", [0, 1])[1]:
+            return i
+    raise AssertionError(f"note outside every panel: {note['text'][:60]}")
+
+
+def test_memory_figure_says_what_a_warm_allocator_hides(pair_html: str) -> None:
+    """The samples were captured with PyTorch's caching allocator warm: every byte was allocated
+    before the capture. The figure says so in each trace's panel with the peak (the same 3.0 and
+    2.4 GiB `traceq memory` prints), draws no '(before capture)' bar, and shows the layers'
+    output sizes from the model spec: relu1's is 256 x 64 x 56 x 56 fp32 values."""
+    data, layout = _figure(pair_html, "memory-layers")
+    assert not any("(before capture)" in str(x) for trace in data for x in trace.get("x", []))
+    notes = {_panel_of(layout, n): n["text"].replace("<br>", " ") for n in _notes(layout)}
+    assert "the 3.0 GiB in use were allocated before it began" in notes[1] and "Peak in use: 3.0 GiB" in notes[1]
+    assert "the 2.4 GiB in use were allocated before it began" in notes[2]
+    estimates = [t for t in data if t.get("legendgroup") == "estimate"]
+    assert len(estimates) == 2
+    relu1 = dict(zip(estimates[0]["x"], estimates[0]["y"]))["relu1"]
+    assert relu1 == pytest.approx(256 * 64 * 56 * 56 * 4 / (1 << 20))
+
+
+def test_activation_estimates_match_the_allocations_measured_without_caching(sample_store) -> None:
+    """alexnet_b64_nocache allocated every tensor with cudaMalloc inside its layer's range: the
+    spec's output sizes at batch 64 equal what the ReLU and fully connected layers allocated in
+    each of the trace's two iterations (max pooling also keeps its indices; convolutions, workspaces)."""
+    import polars as pl
+
+    from traceq.analysis.memory import memory_by_layer
+    from traceq.analysis.modelspec import spec_activations
+
+    measured = memory_by_layer(sample_store, trace_id(sample_store, "alexnet_b64_nocache"))
+    estimate = dict(spec_activations(SPEC, 64).iter_rows())
+    for layer in ("relu1", "relu2", "relu3", "relu4", "relu5", "fc6", "fc7", "fc8"):
+        allocated = int(measured.filter(pl.col("layer") == layer)["alloc_bytes"].sum())
+        assert estimate[layer] * 2 == allocated, layer
+
+
+def test_notes_sit_inside_their_own_panel(all_html: str) -> None:
+    """A trace without the data says so in its own panel (the DDP trace has no memory events: its
+    note is in the third of the five memory panels), placed by the panel's domain so that it shows
+    even where the panel has no axes; nothing is said twice under the figure."""
+    _, layout = _figure(all_html, "memory-layers")
+    ddp = [n for n in _notes(layout) if "no memory events" in n["text"]]
+    assert len(ddp) == 1 and _panel_of(layout, ddp[0]) == ALL.index("ddp_resnet18_2gpu") + 1
+    for key in ("stages", "layer-time", "ru", "memory-layers"):
+        _, layout = _figure(all_html, key)
+        for note in _notes(layout):
+            _panel_of(layout, note)
+    assert "panel-note" not in all_html
+
+
+def test_longest_launches_name_each_kernel_in_full_on_hover(pair_html: str) -> None:
+    """The bars of the longest launches are the trace's longest kernels, in order, and each
+    hover gives the kernel's full demangled name, as the export itself records them."""
+    import html as html_lib
+    import sqlite3
+
+    data, _ = _figure(pair_html, "top")
+    bars = sorted(((y, x, c[0]) for t in data if t.get("xaxis", "x") == "x"
+                   for y, x, c in zip(t["y"], t["x"], t["customdata"])), key=lambda b: int(b[0].split(".")[0]))
+    assert len(bars) == 15
+    con = sqlite3.connect(f"file:{sample('alexnet_b256_cudnn.sqlite')}?mode=ro", uri=True)
+    names = {r[0] for r in con.execute("SELECT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                                       "JOIN StringIds s ON s.id = k.demangledName")}
+    con.close()
+    for _, _, hover in bars:
+        assert html_lib.unescape(hover.replace("<br>", "")) in names
+    times = [x for _, x, _ in bars]
+    assert times == sorted(times, reverse=True) and times[0] == pytest.approx(1.698, abs=0.002)
+
+
+def test_panels_share_an_axis_only_when_their_scales_compare(all_html: str) -> None:
+    """LeNet's iterations (about 5 ms) next to AlexNet's and ResNet's (30 to 45 ms): each panel of
+    the stage figure gets its own y axis; the two AlexNet runs at batch 256 share one."""
+    _, layout = _figure(all_html, "stages")
+    assert "matches" not in layout["yaxis2"]
+    _, layout = _figure(all_html, "layer-time")
+    assert "matches" not in layout["yaxis3"]
+
+
 # --------------------------------------------------------------------------- in a real browser
 
 def _chromium() -> str:
@@ -161,3 +263,6 @@ def test_report_renders_in_chromium(which: str, request: pytest.FixtureRequest, 
         start = dom.index(f'id="{fig_id}"')
         end = dom.find("</section>", start)
         assert 'class="main-svg"' in dom[start:end], f"{fig_id} did not render"
+        # plotly gives a legend taller than its figure a scroll bar: the legend is clipped
+        bars = re.findall(r'class="scrollbar"[^>]*\bheight="([\d.]+)"', dom[start:end])
+        assert all(float(h) == 0 for h in bars), f"{fig_id}'s legend is clipped"
