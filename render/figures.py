@@ -105,10 +105,11 @@ def _label_every_category(fig: go.Figure, categories: list[str], col: int, colum
 
 
 def _share_y_if_comparable(fig: go.Figure, maxima: list[float]) -> None:
-    """Side-by-side panels keep one y axis when their largest values are within 5x of each other;
-    otherwise each gets its own (a small trace's bars would be invisible beside a large one's)."""
+    """Side-by-side panels keep one y axis, which compares them at a glance, while their largest
+    values are within 10x of each other (the smaller's bars keep a tenth of the height); beyond,
+    each gets its own, or a small trace's bars would vanish beside a large one's."""
     known = [m for m in maxima if m > 0]
-    if len(known) > 1 and max(known) > 5 * min(known):
+    if len(known) > 1 and max(known) > 10 * min(known):
         for col in range(2, len(maxima) + 1):
             fig.update_yaxes(matches=None, showticklabels=True, row=1, col=col)
 
