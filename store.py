@@ -39,9 +39,11 @@ def default_store_path() -> Path:
     return Path(os.environ.get("TRACEQ_DB") or DEFAULT_STORE)
 
 
-def connect(database: str | Path = ":memory:", *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with traceq's settings (`OFFLINE`); every connection is opened here."""
-    return duckdb.connect(str(database), read_only=read_only, config=OFFLINE)
+def connect(database: str | Path = ":memory:", *, read_only: bool = False,
+            **settings: str) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with traceq's settings (`OFFLINE`) and `settings`; every connection
+    traceq opens is opened here."""
+    return duckdb.connect(str(database), read_only=read_only, config={**settings, **OFFLINE})
 
 
 def schema_sql() -> str:

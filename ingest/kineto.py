@@ -52,6 +52,7 @@ from traceq.errors import TraceFormatError
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo
 from traceq.ingest.json_events import TraceEvents, uncompressed_size
 from traceq.ingest.nvprof import base_name, demangle
+from traceq.store import connect
 
 SCRATCH_SETTINGS = {"memory_limit": "300MB", "threads": "2", "preserve_insertion_order": "true"}
 """The scratch database's settings: a bounded memory (it spills to the temporary folder)."""
@@ -176,7 +177,7 @@ class KinetoReader:
         return uncompressed_size(src.path)
 
     def read(self, src: KinetoSource, sink: Sink) -> SourceInfo:
-        scratch = duckdb.connect(config={k: v for k, v in SCRATCH_SETTINGS.items()})
+        scratch = connect(**SCRATCH_SETTINGS)  # offline, as every traceq connection
         scratch.execute(f"SET temp_directory = '{src.scratch / 'spill'}'")
         try:
             events = TraceEvents(src.path)

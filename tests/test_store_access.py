@@ -23,16 +23,17 @@ from traceq.store import connect, open_store
 runner = CliRunner()
 
 
-def test_a_trace_given_as_the_store_says_to_load_it() -> None:
+@pytest.mark.parametrize(("name", "kind"), [("lenet_b256_cudnn.sqlite", "nsys"), ("alexnet_b256_kineto.json", "kineto")])
+def test_a_trace_given_as_the_store_says_to_load_it(name: str, kind: str) -> None:
     """DuckDB opens an SQLite file through its sqlite extension, which it would download (seconds,
     then a network error here); traceq must recognise the trace and say what to do instead."""
-    trace = sample("lenet_b256_cudnn.sqlite")
+    trace = sample(name)
     before = hashlib.sha256(trace.read_bytes()).hexdigest()
     result = runner.invoke(app, ["top", "--db", str(trace)])
     assert result.exit_code == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0] == (f"traceq: {trace} is a trace (nsys), not a traceq store: load it with "
+    assert lines[0] == (f"traceq: {trace} is a trace ({kind}), not a traceq store: load it with "
                         f"`traceq load {trace}`, then query the store it goes into (traceq.duckdb, "
                         "or the one --db names)")
     assert not re.search(r"download|extension|http", result.stderr, re.IGNORECASE)
