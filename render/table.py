@@ -212,8 +212,10 @@ def cut_list(text: str, width: int) -> str:
 def _shortened(column: _Column) -> list[str]:
     if column.spec.kind == "name":
         return cut_names(column.cells, column.width)
-    if column.spec.kind == "list":
-        return [cut_list(v, column.width) for v in column.cells]
+    if column.spec.kind == "list":  # single items (a layer as a key) are names that must stay apart
+        singles = list(dict.fromkeys(v for v in column.cells if ", " not in v))
+        cut = dict(zip(singles, cut_names(singles, column.width)))
+        return [cut[v] if v in cut else cut_list(v, column.width) for v in column.cells]
     return column.cells
 
 

@@ -148,19 +148,22 @@ TABLE_COMMANDS = {
     "compare stage": ["compare", "alexnet_b256_cudnn", "alexnet_b64_nocache", "--by", "stage"],
     "memory layer": ["memory", "-t", "alexnet_b64_nocache"],
     "memory time": ["memory", "--by", "time", "-t", "lenet_b256_cudnn"],
+    "top kineto": ["top", "-t", "alexnet_b256_kineto"],
+    "ru layer kineto": ["ru", "--by", "layer", "-t", "alexnet_b256_kineto"],
 }
 """Every tabular command (and grouping), as run against `cli_store`."""
 
 
 @pytest.fixture(scope="session")
 def cli_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A store file for CLI tests (read-only use) with four samples, loaded by `traceq load`."""
+    """A store file for CLI tests (read-only use) with five samples, loaded by `traceq load`."""
     from typer.testing import CliRunner
 
     from traceq.cli import app
 
     path = tmp_path_factory.mktemp("cli-store") / "s.duckdb"
-    names = ["alexnet_b256_cudnn", "alexnet_b64_nocache", "ddp_resnet18_2gpu", "lenet_b256_cudnn"]
-    result = CliRunner().invoke(app, ["load", *(str(sample(f"{n}.sqlite")) for n in names), "--db", str(path)])
+    names = ["alexnet_b256_cudnn.sqlite", "alexnet_b64_nocache.sqlite", "ddp_resnet18_2gpu.sqlite",
+             "lenet_b256_cudnn.sqlite", "alexnet_b256_kineto.json"]
+    result = CliRunner().invoke(app, ["load", *(str(sample(n)) for n in names), "--db", str(path)])
     assert result.exit_code == 0, result.output
     return path
