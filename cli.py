@@ -53,6 +53,7 @@ app = _Typer(
     pretty_exceptions_show_locals=False,
 )
 
+
 def _global(ctx: typer.Context, param: typer.CallbackParam, value: object) -> object:
     """A global option's value: given after the command it wins, else the one given before it
     (`traceq --db X top` and `traceq top --db X` are the same)."""
@@ -186,11 +187,12 @@ def _main(
     """Which kernels, libraries and layers a GPU trace spent its time in."""
     from traceq.analysis.classify import use_rules
 
-    command = ctx.command.get_command(ctx, ctx.invoked_subcommand) if ctx.invoked_subcommand else None  # type: ignore[attr-defined]
+    sub = ctx.invoked_subcommand
+    command = ctx.command.get_command(ctx, sub) if sub else None  # type: ignore[attr-defined]
     takes = {p.name for p in command.params} if command is not None else set()
     for name, option in GLOBAL_OPTIONS.items():
         if ctx.params.get(name) is not None and name not in takes:
-            raise typer.BadParameter(f"`traceq {ctx.invoked_subcommand}` takes no {option}", param_hint=option)
+            raise typer.BadParameter(f"`traceq {sub}` takes no {option}", param_hint=option)
     with user_errors():
         use_rules(rules)  # a bad rules file fails here, in one line, before any work
 

@@ -92,9 +92,7 @@ def spec_layer_flops(spec_path: str | Path, batch: int | None = None) -> pl.Data
     only layers with weights have rows. Raises MissingDataError without a batch size.
     """
     spec = load_spec(spec_path)
-    n = batch if batch is not None else spec.batch
-    if n is None or n < 1:
-        raise MissingDataError(f"{spec_path}: no batch size: pass --batch N or set batch = N under [model]")
+    n = _batch(spec, spec_path, batch)
     weighted = [layer for layer in spec.layers if layer.weight_shape]
     rows = [(layer.name, "forward", layer.type, 2 * n * layer.macs_per_sample, layer.dtype)
             for layer in weighted]
@@ -120,12 +118,18 @@ def spec_activations(spec_path: str | Path, batch: int | None = None) -> pl.Data
     Raises MissingDataError without a batch size.
     """
     spec = load_spec(spec_path)
-    n = batch if batch is not None else spec.batch
-    if n is None or n < 1:
-        raise MissingDataError(f"{spec_path}: no batch size: pass --batch N or set batch = N under [model]")
+    n = _batch(spec, spec_path, batch)
     return pl.DataFrame([(layer.name, n * math.prod(layer.out_shape) * BYTES_PER_VALUE[layer.dtype])
                          for layer in spec.layers],
                         schema={"layer": pl.String, "activation_bytes": pl.Int64}, orient="row")
+
+
+def _batch(spec: ModelSpec, spec_path: str | Path, batch: int | None) -> int:
+    """`batch`, else the spec's; MissingDataError when neither says."""
+    n = batch if batch is not None else spec.batch
+    if n is None or n < 1:
+        raise MissingDataError(f"{spec_path}: no batch size: pass --batch N or set batch = N under [model]")
+    return n
 
 
 class _SpecProblem(Exception):

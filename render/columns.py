@@ -187,36 +187,31 @@ def header(column: str) -> str:
     return column_spec(column).header
 
 
-def format_duration(ns: float | int | None) -> str:
-    """1234 -> '1.234 µs'; picks ns, µs, ms or s so the number stays short."""
-    if ns is None:
-        return ""
-    value = float(ns)
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3f} {unit}"
-    return f"{value:.0f} ns"
-
-
-def format_bytes(n: float | int | None) -> str:
+def _scaled(n: float | int | None, units: tuple[tuple[str, float], ...], decimals: int, smallest: str) -> str:
+    """`n` in the largest of `units` ((name, scale), largest first) it reaches, with `decimals`;
+    a smaller `n` whole, followed by `smallest`."""
     if n is None:
         return ""
     value = float(n)
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    for unit, scale in units:
         if abs(value) >= scale:
-            return f"{value / scale:.1f} {unit}"
-    return f"{value:.0f} B"
+            return f"{value / scale:.{decimals}f} {unit}"
+    return f"{value:.0f}{smallest}"
+
+
+def format_duration(ns: float | int | None) -> str:
+    """1234 -> '1.234 µs'; picks ns, µs, ms or s so the number stays short."""
+    return _scaled(ns, (("s", 1e9), ("ms", 1e6), ("µs", 1e3)), 3, " ns")
+
+
+def format_bytes(n: float | int | None) -> str:
+    """1536 -> '1.5 KiB'; picks B, KiB, MiB or GiB."""
+    return _scaled(n, (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)), 1, " B")
 
 
 def format_count(n: float | int | None) -> str:
     """917290000000 -> '917.29 G': SI prefixes for large counts such as FLOPs."""
-    if n is None:
-        return ""
-    value = float(n)
-    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{value:.0f}"
+    return _scaled(n, (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)), 2, "")
 
 
 def format_value(kind: str, value: object) -> str:

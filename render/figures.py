@@ -20,7 +20,8 @@ import polars as pl
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from traceq.render.columns import VALUE_LABELS
+from traceq.render.columns import VALUE_LABELS, format_bytes
+from traceq.render.table import cut_middle
 
 MS = 1e6
 MIB = float(1 << 20)
@@ -76,8 +77,10 @@ def _finish(fig: go.Figure, title: str, x_title: str, y_title: str, columns: int
     return fig
 
 
-REPORT_CHARACTERS = 150
-"""About how many characters of 12-pixel text a report figure holds across (1400 pixels)."""
+REPORT_WIDTH_PX = 1300
+"""About how wide a report figure's plotting area is (the page is at most 1400 pixels)."""
+REPORT_CHARACTERS = REPORT_WIDTH_PX // 9
+"""About how many characters of 12-pixel text that holds."""
 
 
 def _panel_note(fig: go.Figure, panel: int, text: str, *, middle: bool = True) -> None:
@@ -98,7 +101,7 @@ def _panel_note(fig: go.Figure, panel: int, text: str, *, middle: bool = True) -
 def _label_every_category(fig: go.Figure, categories: list[str], col: int, columns: int) -> None:
     """Write every category under panel `col`'s x axis (plotly skips some when they crowd, and a
     bar without its name means nothing), the font as large as the panel's width allows."""
-    room = 1300 / max(columns, 1) / max(len(categories), 1)  # pixels per category in a report figure
+    room = REPORT_WIDTH_PX / max(columns, 1) / max(len(categories), 1)  # pixels per category
     size = max(7, min(12, int(room * 0.75)))
     fig.update_xaxes(tickmode="array", tickvals=categories, ticktext=categories, tickfont=dict(size=size),
                      tickangle=-60 if room >= 22 else -90, row=1, col=col)
@@ -299,8 +302,6 @@ def top_launches_chart(tops: Frames, where: Mapping[str, str]) -> Chart:
     (the longest launches of one iteration, from `layers.attributed_kernels`); `where` says what
     each covers ('iteration 0'). One panel per trace, stacked.
     """
-    from traceq.render.table import cut_middle
-
     names = list(tops)
     row_px = [22 * max(f.height if f is not None else 0, 3) + 30 for f in tops.values()]
     gap_px = 80
@@ -347,8 +348,6 @@ def _memory_label(layer: str | None, pass_: str | None, where: str) -> str:
 def _memory_note(summary: pl.DataFrame | None, before: int, measured: bool, estimated: bool) -> str:
     """What a memory-per-layer panel says beside its bars: memory allocated before the capture
     (not drawn), the peak in use, and why a panel has no bars."""
-    from traceq.render.columns import format_bytes
-
     peak = ""
     if summary is not None and summary.height:
         row = summary.sort("peak_bytes", descending=True).row(0, named=True)
@@ -394,8 +393,9 @@ def memory_layer_chart(memory: Frames, hints: Mapping[str, str], iterations: Map
         per = max(iterations.get(name, 1), 1)
         tallest = [float(frame["alloc_bytes"].max() or 0) / per / MIB]
         if frame.height:
-            fig.add_bar(x=labels, y=(frame["alloc_bytes"] / per / MIB).to_list(), marker_color=colours, showlegend=False,
-                        row=1, col=col, customdata=frame.select("allocs", "frees", "share_of_device_pct").rows(),
+            fig.add_bar(x=labels, y=(frame["alloc_bytes"] / per / MIB).to_list(), marker_color=colours,
+                        showlegend=False, row=1, col=col,
+                        customdata=frame.select("allocs", "frees", "share_of_device_pct").rows(),
                         hovertemplate="%{x}: %{y:.1f} MiB in %{customdata[0]} allocations, %{customdata[1]} "
                                       "frees (%{customdata[2]:.2f} % of device memory)<extra></extra>")
         estimate = estimates.get(name)
@@ -405,7 +405,8 @@ def memory_layer_chart(memory: Frames, hints: Mapping[str, str], iterations: Map
                             mode="markers", marker=dict(symbol="diamond", size=8, color="black"),
                             name="estimated output activations (model spec)", legendgroup="estimate",
                             showlegend=not estimate_shown, row=1, col=col,
-                            hovertemplate=f"%{{x}}: output of %{{y:.1f}} MiB at batch {batch} (estimate)<extra></extra>")
+                            hovertemplate=f"%{{x}}: output of %{{y:.1f}} MiB at batch {batch} (estimate)"
+                                          "<extra></extra>")
             estimate_shown = True
             labels += [x for x in estimate["layer"].to_list() if x not in labels]
             tallest.append(float(estimate["activation_bytes"].max() or 0) / MIB)
@@ -532,8 +533,8 @@ def _nvtx_rows(nvtx: pl.DataFrame, min_ns: float = 0.0) -> list[tuple[str, list[
     rows: list[tuple[str, list[_Range]]] = []
     processes = nvtx["pid"].n_unique() if "pid" in nvtx.columns else 1
     threads = ["pid", "tid"] if "pid" in nvtx.columns else ["tid"]
-    for keys, part in nvtx.sort(*threads, "start_ns", pl.col("end_ns"), descending=[False] * len(threads) + [False, True]) \
-            .group_by(threads, maintain_order=True):
+    ordered = nvtx.sort(*threads, "start_ns", pl.col("end_ns"), descending=[False] * len(threads) + [False, True])
+    for keys, part in ordered.group_by(threads, maintain_order=True):
         tid = keys[-1]
         levels: list[list[_Range]] = []
         open_ends: list[int] = []
@@ -592,8 +593,9 @@ def _bar_text(r: dict[str, object]) -> str:
     layer = html.escape(str(r["layer"] or "no layer"))
     if r["kernels"] == 1:
         return f"{_hover_name(r['name'])}<br>{layer}: {r['dur_ns'] / 1e3:.1f} µs"  # type: ignore[arg-type, operator]
+    span_ms = (r["end_ns"] - r["start_ns"]) / MS  # type: ignore[operator]
     return (f"{layer}: {r['kernels']} kernels, {r['busy_ns'] / MS:.3f} ms busy in "  # type: ignore[operator]
-            f"{(r['end_ns'] - r['start_ns']) / MS:.3f} ms; the first:<br>{_hover_name(r['name'])}")  # type: ignore[arg-type, operator]
+            f"{span_ms:.3f} ms; the first:<br>{_hover_name(r['name'])}")  # type: ignore[arg-type]
 
 
 def timeline_chart(kernels: Frames, nvtx: Frames, notes: Mapping[str, str]) -> Chart:
@@ -646,8 +648,9 @@ def timeline_chart(kernels: Frames, nvtx: Frames, notes: Mapping[str, str]) -> C
                 key = rng.name[1:] if rng.name.startswith("b") and rng.name[1:] in forward else rng.name
                 by_key.setdefault(key if key in colour_of else "", []).append(rng)
             for key, items in by_key.items():
+                texts = [f"{html.escape(it.name)}: {(it.end_ns - it.start_ns) / MS:.3f} ms" for it in items]
                 x, y, t = _segments([(it.start_ns - t0) / MS for it in items], [(it.end_ns - t0) / MS for it in items],
-                                    [r] * len(items), [f"{html.escape(it.name)}: {(it.end_ns - it.start_ns) / MS:.3f} ms" for it in items])
+                                    [r] * len(items), texts)
                 fig.add_scatter(x=x, y=y, text=t, mode="lines", opacity=0.75, showlegend=False,
                                 line=dict(width=9, color=colour_of.get(key, "#9e9e9e")),
                                 legendgroup=key or "nvtx", hoverinfo="text", row=i, col=1)

@@ -188,7 +188,7 @@ def _timeline(con: duckdb.DuckDBPyConnection, trace: _Trace, window: pl.DataFram
     streams = con.sql(f"SELECT kernel_id, stream_id FROM kernels WHERE trace_id = {int(trace.trace_id)}").pl()
     kernels = (window.join(streams, on="kernel_id", how="left")
                .with_columns(end_ns=pl.col("start_ns") + pl.col("dur_ns"))
-               .select("start_ns", "end_ns", "dur_ns", "device_id", "stream_id", "layer", "pass", "short_name", "name"))
+               .select("start_ns", "end_ns", "dur_ns", "device_id", "stream_id", "layer", "pass", "name"))
     lo, hi = int(kernels["start_ns"].min()), int(kernels["end_ns"].max())  # type: ignore[arg-type]
     # NVTX ranges are CPU time and run ahead of the GPU: take those overlapping the window
     # from the first range enclosing its first launch.

@@ -139,8 +139,9 @@ def _check_synopsis(q: Quoted) -> None:
             assert word.split("=")[0] in options, f"{q.doc.name}: `{q.command}`: no option {word}"
             takes_value = not options[word.split("=")[0]].is_flag and "=" not in word
         elif current is root and not PLACEHOLDER.match(word):
-            assert word in root.commands, f"{q.doc.name}: `{q.command}`: no command {word}"  # type: ignore[attr-defined]
-            current = root.commands[word]  # type: ignore[attr-defined]
+            commands = root.commands  # type: ignore[attr-defined]
+            assert word in commands, f"{q.doc.name}: `{q.command}`: no command {word}"
+            current = commands[word]
     if q.heading:
         usage = " ".join(current.collect_usage_pieces(click_context(current)))
         assert " ".join(words[1:]) == usage.replace("[OPTIONS]", "").strip(), (q.command, usage)

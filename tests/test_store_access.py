@@ -23,7 +23,8 @@ from traceq.store import connect, open_store
 runner = CliRunner()
 
 
-@pytest.mark.parametrize(("name", "kind"), [("lenet_b256_cudnn.sqlite", "nsys"), ("alexnet_b256_kineto.json", "kineto")])
+@pytest.mark.parametrize(("name", "kind"), [("lenet_b256_cudnn.sqlite", "nsys"),
+                                            ("alexnet_b256_kineto.json", "kineto")])
 def test_a_trace_given_as_the_store_says_to_load_it(name: str, kind: str) -> None:
     """DuckDB opens an SQLite file through its sqlite extension, which it would download (seconds,
     then a network error here); traceq must recognise the trace and say what to do instead."""

@@ -34,7 +34,9 @@ def _table(*args: str, width: int = 400) -> str:
 
 
 def _headers(table: str) -> list[str]:
-    return [cell.strip() for cell in next(line for line in table.splitlines() if line.startswith("┃")).split("┃")[1:-1]]
+    """The first header line's cells (at 400 columns no header wraps)."""
+    first = next(line for line in table.splitlines() if line.startswith("┃"))
+    return [cell.strip() for cell in first.split("┃")[1:-1]]
 
 
 @pytest.fixture(scope="module")
