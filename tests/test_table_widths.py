@@ -72,8 +72,32 @@ def _check_text(cell: str, value: object) -> None:
         position = found + len(piece)
 
 
+def _tables(args: list[str], monkeypatch: pytest.MonkeyPatch) -> dict[int, str]:
+    """The command's table at every width: printed by the command itself at the narrowest and the
+    widest, and between them the frame and title it rendered, through the same renderer (the
+    analyses are what takes time, and they do not depend on the width)."""
+    import traceq.cli
+    from traceq.render import Format
+
+    real, seen = traceq.cli.render, {}
+
+    def spy(frame, fmt, **kwargs):  # records what the command rendered
+        seen.update(frame=frame.pl() if hasattr(frame, "pl") else frame, kwargs=kwargs)
+        return real(frame, fmt, **kwargs)
+
+    monkeypatch.setattr(traceq.cli, "render", spy)
+    tables = {}
+    for width in (WIDTHS[0], WIDTHS[-1]):
+        result = runner.invoke(app, args, env={"COLUMNS": str(width)})
+        assert result.exit_code == 0, result.output
+        tables[width] = result.stdout
+    for width in WIDTHS[1:-1]:
+        tables[width] = real(seen["frame"], Format.table, **{**seen["kwargs"], "width": width})
+    return dict(sorted(tables.items()))
+
+
 @pytest.mark.parametrize("name", list(COMMANDS))
-def test_tables_at_every_width(cli_store: Path, name: str) -> None:
+def test_tables_at_every_width(cli_store: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     args = [*COMMANDS[name], "--db", str(cli_store)]
     full = runner.invoke(app, [*args, "-f", "json"])
     assert full.exit_code == 0, full.output
@@ -81,11 +105,9 @@ def test_tables_at_every_width(cli_store: Path, name: str) -> None:
     assert records, "no rows to look at"
     columns = [c for c in records[0] if c not in NOT_IN_TABLES.get(name, set())]
     assert not any(isinstance(v, str) and "…" in v for r in records for v in r.values()), "json cut a value"
-    for width in WIDTHS:
-        result = runner.invoke(app, args, env={"COLUMNS": str(width)})
-        assert result.exit_code == 0, result.output
-        assert max(map(len, result.stdout.splitlines())) <= width, f"wider than {width}"
-        headers, rows, under = _parse_table(result.stdout)
+    for width, table in _tables(args, monkeypatch).items():
+        assert max(map(len, table.splitlines())) <= width, f"wider than {width}"
+        headers, rows, under = _parse_table(table)
         by_header = {header(c): c for c in columns}
         shown = [by_header[h] for h in headers]
         assert len(rows) == len(records)
