@@ -555,12 +555,6 @@ def traffic(
                               iteration_regex=_iteration_regex(iteration_regex))
         if k is not None:
             frame = frame.head(k)
-        if format_for(fmt, out) is Format.table:  # csv and json keep every column
-            import polars as pl
-
-            hidden = ("here_ns", "ctas", "waves", "n", "k", "math", "launches")
-            frame = frame.select(*[pl.format("{}x{}x{}", "m", "n", "k").alias("gemm") if c == "m" else pl.col(c)
-                                   for c in frame.columns if c not in hidden])
         target = gpu_product(gpu) if gpu else trace_gpu(con, trace_id)
         what = f"predicted on {target.name}" + (", expected = measured x predicted there / here" if gpu else "")
         title = (f"{trace_name}: convolution and GEMM traffic per {by.value} (DeLTA model, docs/traffic.md), "

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import polars as pl
 
-from traceq.render.figures import PASS_COLOURS, Chart, Frames, _finish, _missing, _panels
+from traceq.render.figures import PASS_COLOURS, Chart, Frames, _finish, _panel_note, _panels
 
 
 class Ceilings(NamedTuple):
@@ -38,7 +38,7 @@ def roofline_chart(traffic: Frames, ceilings: Mapping[str, Ceilings | None],
     for col, (name, frame) in enumerate(traffic.items(), start=1):
         roof = ceilings.get(name)
         if frame is None or roof is None or frame.filter(pl.col("flops") > 0).is_empty():
-            _missing(fig, col, (notes or {}).get(name) or "no modelled convolution or GEMM layers")
+            _panel_note(fig, col, (notes or {}).get(name) or "no modelled convolution or GEMM layers")
             continue
         frame = frame.filter((pl.col("flops") > 0) & (pl.col("measured_ns") > 0)).with_columns(
             achieved=pl.col("flops") / pl.col("measured_ns") * 1e9 / 1e12,

@@ -150,6 +150,8 @@ TABLE_COMMANDS = {
     "memory time": ["memory", "--by", "time", "-t", "lenet_b256_cudnn"],
     "top kineto": ["top", "-t", "alexnet_b256_kineto"],
     "ru layer kineto": ["ru", "--by", "layer", "-t", "alexnet_b256_kineto"],
+    "traffic layer": ["traffic", "--spec", _SPEC, "-t", "alexnet_b256_cudnn"],
+    "traffic kernel": ["traffic", "--by", "kernel", "--spec", _SPEC, "-t", "alexnet_b256_cudnn"],
 }
 """Every tabular command (and grouping), as run against `cli_store`."""
 

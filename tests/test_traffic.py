@@ -133,7 +133,8 @@ def test_cli_table_and_json(store) -> None:
                           env={"COLUMNS": "230"})
     assert table.exit_code == 0, table.output
     assert "predicted on NVIDIA H200" in table.output and "Of bound %" in table.output
-    assert "802816x64x363" in table.output  # conv1's implicit GEMM
+    conv1 = next(line for line in table.output.splitlines() if line.startswith("│ conv1 "))
+    assert [c.strip() for c in conv1.split("│")[5:8]] == ["802,816", "64", "363"]  # its implicit GEMM M, N, K
     out = runner.invoke(app, ["traffic", "--db", str(db), "-t", "alexnet_b256_cudnn", "--spec", str(SPEC),
                               "--by", "kernel", "-f", "json"])
     assert out.exit_code == 0, out.output
