@@ -25,6 +25,22 @@ class GroupBy(str, Enum):
     library = "library"
 
 
+class Precision(str, Enum):
+    """The number format a kernel's arithmetic runs in: what `traceq ce` measures it against
+    (`analysis.peaks`), and the `[[precision]]` answers of the kernel rules."""
+
+    fp64 = "fp64"
+    fp32 = "fp32"
+    tf32 = "tf32"
+    fp16 = "fp16"
+    bf16 = "bf16"
+    fp8 = "fp8"
+    int8 = "int8"
+
+
+PRECISIONS = tuple(p.value for p in Precision)
+
+
 class CompareBy(str, Enum):
     """What `traceq compare` lines two traces up by."""
 

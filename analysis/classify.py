@@ -3,8 +3,8 @@
 The rules are data: `kernel_rules.toml` in this package, optionally preceded by a user rules
 file in the same format (so the user's rules win). The file has one ordered list per question
 (`[[library]]`, `[[operation]]`, `[[direction]]`, `[[algorithm]]`, `[[collective]]`,
-`[[gemm_variant]]`, `[[tensor_cores]]`), and each question is answered by the first rule of its
-list whose regex matches. A rule is a table with
+`[[gemm_variant]]`, `[[tensor_cores]]`, `[[precision]]`), and each question is answered by the
+first rule of its list whose regex matches. A rule is a table with
 
     match = 'regex'          # or a list of regexes, any of which may match; Python `re`
                              # syntax, searched (not anchored) in the name
@@ -28,13 +28,14 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from traceq.analysis.choices import PRECISIONS
 from traceq.errors import TraceqError
 
 if TYPE_CHECKING:
     import polars as pl
 
 QUESTIONS = ("library", "operation", "direction", "algorithm", "collective", "gemm_variant",
-             "tensor_cores")
+             "tensor_cores", "precision")
 RULE_KEYS = ("match", "value", "field")
 FIELDS = ("name", "mangled")
 
@@ -51,6 +52,7 @@ class Classification:
     collective: str | None = None  # all_reduce, broadcast, all_gather, send_recv
     gemm_variant: str | None = None  # operand transposes: nn, nt, tn, tt
     tensor_cores: bool = False
+    precision: str | None = None  # arithmetic format: fp64, fp32, tf32, fp16, bf16, fp8, int8
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,8 @@ def _parse_rule(table: dict[str, object], question: str, where: str) -> Rule:
                                                         " (or a capture group in match)"))
     if value is not None and not isinstance(value, wanted):
         raise TraceqError(f"{where}: value must be a {'boolean' if wanted is bool else 'string'}")
+    if question == "precision" and value is not None and value not in PRECISIONS:
+        raise TraceqError(f"{where}: value must be one of {', '.join(PRECISIONS)}, not {value!r}")
     return Rule(patterns, value, str(field), where)
 
 

@@ -5,12 +5,15 @@ trace, relative to ../shared/realtraces unless it starts with reference/ or meth
 the packaged rules must answer for them; together they make every packaged rule decide at least
 once. They run without ../shared. The coverage tests at the end read the traces themselves,
 straight from SQLite and JSON, and are skipped when ../shared is absent; run them with
-`pytest -rP tests/test_classify.py` to see the per-trace coverage tables.
+`pytest -rP tests/test_classify.py` to see the per-trace coverage tables. The precision of every
+kernel name in those traces and in sample_traces/ is checked against tests/kernel_precisions.tsv,
+whose expectations were verified by hand, name by name.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import json
 import sqlite3
@@ -24,7 +27,21 @@ from traceq.analysis.classify import (Classification, RuleSet, classify, classif
                                       default_rules, load_rules)
 from traceq.errors import TraceqError
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+TESTS = Path(__file__).resolve().parent
+SHARED = TESTS.parents[1] / "shared"
+SAMPLES = TESTS.parent / "sample_traces"
+FLOP_OPERATIONS = ("convolution", "gemm", "attention")
+
+
+def _expected_precisions() -> dict[str, str | None]:
+    """tests/kernel_precisions.tsv: kernel name -> precision (None for '-')."""
+    rows = [line.split("\t", 1) for line in (TESTS / "kernel_precisions.tsv").read_text("utf-8").splitlines()
+            if line and not line.startswith("#")]
+    assert len({name for _, name in rows}) == len(rows), "a name is listed twice"
+    return {name: None if precision == "-" else precision for precision, name in rows}
+
+
+PRECISIONS = _expected_precisions()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -35,7 +52,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def test_real_kernel_names(case: tuple[object, ...]) -> None:
     name, *expected = case
-    assert classify(name) == Classification(name, *expected)
+    assert classify(name) == Classification(name, *expected, precision=PRECISIONS.get(name))
 
 
 def test_every_packaged_rule_decides_a_case() -> None:
@@ -93,7 +110,7 @@ def test_classify_names_columns() -> None:
     assert frame.schema == pl.Schema({
         "name": pl.String, "library": pl.String, "operation": pl.String,
         "direction": pl.String, "algorithm": pl.String, "collective": pl.String,
-        "gemm_variant": pl.String, "tensor_cores": pl.Boolean})
+        "gemm_variant": pl.String, "tensor_cores": pl.Boolean, "precision": pl.String})
     assert frame.select("library", "operation", "collective", "gemm_variant").rows() == [
         ("cuBLAS", "gemm", None, "nn"), ("custom", "elementwise", None, None),
         ("NCCL", "communication", "send_recv", None)]
@@ -138,6 +155,7 @@ def test_user_rules_come_first(tmp_path: Path) -> None:
     ("[[tensor_cores]]\nmatch = 'x'\nvalue = \"yes\"\n",
      "[[tensor_cores]] rule 1: value must be a boolean"),
     ("[[tensor_cores]]\nmatch = '(x)'\n", "[[tensor_cores]] rule 1: needs a value"),
+    ("[[precision]]\nmatch = 'x'\nvalue = \"fp4\"\n", "[[precision]] rule 1: value must be one of fp64, fp32"),
     ("[[operation]]\nmatch = 'x'\n", "[[operation]] rule 1: needs a value"),
     ("[[operation]]\nvalue = \"x\"\n", "[[operation]] rule 1: needs match"),
     ("[[operation]]\nmatch = ['x', 1]\nvalue = \"x\"\n", "[[operation]] rule 1: needs match"),
@@ -234,8 +252,10 @@ def share(times: dict[str, int], excluded: tuple[str, ...]) -> float:
     return sum(ns for library, ns in times.items() if library not in excluded) / sum(times.values())
 
 
-def all_realtraces() -> dict[str, dict[str, int]]:
-    """Library times for every readable trace in ../shared/realtraces, by path."""
+@functools.cache
+def realtrace_kernels() -> dict[str, pl.DataFrame]:
+    """Kernel time per name for every readable trace in ../shared/realtraces, by path (read once
+    per test session: several tests use them)."""
     readers = [("nsys_sqlite/*.sqlite", nsys_kernel_times),
                ("nvprof_sqlite/*", nvprof_kernel_times),
                ("kineto_json/*.json*", kineto_kernel_times)]
@@ -244,8 +264,13 @@ def all_realtraces() -> dict[str, dict[str, int]]:
         for path in sorted((SHARED / "realtraces").glob(pattern)):
             kernels = read(path)
             if kernels is not None and kernels["ns"].sum() > 0:
-                found[str(path.relative_to(SHARED))] = library_times(kernels)
+                found[str(path.relative_to(SHARED))] = kernels
     return found
+
+
+def all_realtraces() -> dict[str, dict[str, int]]:
+    """Library times for every readable trace in ../shared/realtraces, by path."""
+    return {path: library_times(kernels) for path, kernels in realtrace_kernels().items()}
 
 
 def report(title: str, per_file: dict[str, dict[str, int]]) -> None:
@@ -283,6 +308,34 @@ def test_realtraces_are_covered() -> None:
     assert len(per_file) >= 60
     assert share(pooled, ("other",)) >= 0.95
     assert mean(("other",)) >= 0.95
+
+
+def precision_mismatches(kernels: pl.DataFrame) -> list[tuple[str, str | None, str | None]]:
+    """(name, expected, classified) for each name whose precision differs from
+    kernel_precisions.tsv, or that is a GEMM, convolution or attention kernel the file lacks."""
+    classes = classify_names(kernels["name"], kernels["mangled"])
+    wrong = []
+    for name, operation, precision in classes.select("name", "operation", "precision").iter_rows():
+        listed = name in PRECISIONS
+        if PRECISIONS.get(name) != precision or (operation in FLOP_OPERATIONS and not listed):
+            wrong.append((name[:120], PRECISIONS.get(name, "(not listed)"), precision))
+    return wrong
+
+
+def test_precision_of_every_sample_kernel_name() -> None:
+    kernels = pl.concat([nsys_kernel_times(path) for path in sorted(SAMPLES.glob("*.sqlite"))]
+                        + [kineto_kernel_times(SAMPLES / "alexnet_b256_kineto.json")])
+    assert kernels.height > 100
+    assert precision_mismatches(kernels) == []
+
+
+@needs_shared
+def test_precision_of_every_corpus_kernel_name() -> None:
+    traces = realtrace_kernels()
+    kernels = pl.concat([*traces.values(), *(nsys_kernel_times(path) for path in SHARED.glob("reference/*.sqlite"))])
+    precisions = classify_names(kernels["name"], kernels["mangled"])["precision"]
+    assert len(traces) >= 60 and precisions.drop_nulls().n_unique() == 5  # fp32 tf32 fp16 bf16 fp8
+    assert precision_mismatches(kernels) == []
 
 
 @needs_shared
@@ -425,6 +478,14 @@ CUTLASS_GEMM = (
 
 # name, then: library, operation, direction, algorithm, collective, gemm_variant, tensor_cores
 CASES = [
+    # kineto_json/AMD-AGI__TraceLens__h100__Qwen_Qwen1.5-0.5B-Chat__1016005 (cuBLAS's bf16 GEMM)
+    (("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_"
+      "segment_k_off_kernel__5x_cublas"),
+     "cuBLAS", "gemm", None, None, None, "tn", True),
+    # kineto_json/AMD-AGI__TraceLens__h100__gaunernst_bert-small-uncased__1016001
+    (("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x6_tn_align8>"
+      "(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x6_tn_align8::Params)"),
+     "cuBLAS", "gemm", None, None, None, "tn", True),
     # nsys_sqlite/LeiWang1999__memfusion_artifact__report1
     ("trt_ampere_h16816gemm_64x64_ldg8_relu_stages_64x5_tn_v1",
      "TensorRT", "gemm", None, None, None, "tn", True),
