@@ -21,7 +21,7 @@ import typer
 from typer.core import TyperCommand
 
 from traceq import __version__
-from traceq.analysis.choices import CompareBy, GroupBy, MemoryBy, NameBy, TrafficBy
+from traceq.analysis.choices import CompareBy, GroupBy, MemoryBy, NameBy, Precision, TrafficBy
 from traceq.errors import TraceqError
 from traceq.render import Format, format_for, render
 from traceq.store import default_store_path, delete_trace, first_row, open_store, resolve_trace
@@ -503,6 +503,10 @@ def ce(
     by: Annotated[GroupBy, typer.Option(help="One row per layer and pass, kernel name, or library")] = GroupBy.layer,
     spec: SpecOpt = None,
     batch: BatchOpt = None,
+    precision: Annotated[Optional[Precision], typer.Option(
+        "--precision", show_default=False,
+        help="Measure every kernel against this precision's peak [default: each kernel's, from its name, "
+             "else its operator's data type, else float32]")] = None,
     k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k rows with most FLOPs")] = None,
     trace: TraceOpt = None,
     db: DbOpt = None,
@@ -510,18 +514,22 @@ def ce(
     fmt: FormatOpt = None,
     out: OutOpt = None,
 ) -> None:
-    """Compute efficiency (CE): FLOPs, achieved TFLOP/s, and their share of the FP32 and tensor-core peaks."""
-    from traceq.analysis.efficiency import ce_table, trace_peaks
+    """Compute efficiency (CE): FLOPs, achieved TFLOP/s, and their share of the peak of the precision each kernel ran at."""
+    from traceq.analysis.efficiency import busiest_gpu, ce_notes, ce_table, kernel_ce
 
     def build(con, trace_id: int, trace_name: str):
-        frame = ce_table(con, trace_id, by, spec=spec, batch=batch,
-                         iteration_regex=_iteration_regex(iteration_regex))
+        per_kernel = kernel_ce(con, trace_id, spec=spec, batch=batch, precision=precision and precision.value,
+                               iteration_regex=_iteration_regex(iteration_regex))
+        frame = ce_table(con, trace_id, by, per_kernel=per_kernel)
+        for note in ce_notes(per_kernel):
+            _err(f"note: {note}")
         if k is not None:
             frame = frame.head(k)
-        fp32, tensor, gpu = trace_peaks(con, trace_id, "float32")
-        title = (f"{trace_name}: compute efficiency per {by.value} on {gpu}; CE FP32 against "
-                 f"2 x clock x FP32 lanes = {fp32 / 1e12:.1f} TFLOP/s"
-                 + (f", CE tensor against the dense TF32 tensor-core peak {tensor / 1e12:.0f} TFLOP/s" if tensor else ""))
+        gpu = busiest_gpu(con, trace_id)
+        used = [p for p in Precision if p.value in set(per_kernel.filter(per_kernel["flops"] > 0)["precision"])]
+        peaks = ", ".join(f"{p.value} {gpu[f'peak_{p.value}'] / 1e12:,.1f}" for p in used if gpu[f"peak_{p.value}"])
+        title = (f"{trace_name}: compute efficiency per {by.value} on {gpu['description']}; CE against the dense "
+                 f"peak of each kernel's precision (TFLOP/s: {peaks or 'unknown'})")
         return frame, title
 
     _show_trace_table(trace, db, fmt, out, build)

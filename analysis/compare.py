@@ -59,8 +59,9 @@ def compare_runs(
     Returns (frame, per_iteration). Columns: the keys (layer, pass | name | library | stage),
     a_kernels, b_kernels (not for stages), a_ns, b_ns (GPU time: per iteration when per_iteration, else total),
     diff_ns (b - a), ratio (b / a), and except for stages: a_ru, b_ru (fractions); with FLOPs
-    for both runs (layer and library): a_ce, b_ce (fractions of the FP32 peak). A row missing
-    from one run has nulls there.
+    for both runs (layer and library): a_tflops, b_tflops (achieved TFLOP/s) and a_ce, b_ce
+    (fractions of the peak of the precision the kernels ran at, `efficiency.ce_table`). A row
+    missing from one run has nulls there.
     """
     by = CompareBy(by)
     keys = _KEYS[by]
@@ -94,7 +95,7 @@ def compare_runs(
 
 def _with_ce(con, frame: pl.DataFrame, sides: tuple[tuple[str, int, pl.DataFrame], ...], keys: list[str],
              group: GroupBy, spec: Path | None, iteration_regex: str) -> pl.DataFrame:
-    """Adds a_ce and b_ce when both runs have FLOPs; leaves the frame as it is otherwise.
+    """Adds a_tflops, b_tflops, a_ce and b_ce when both runs have FLOPs; leaves the frame as it is otherwise.
     `sides`: (letter, trace id, attributed kernels) of each run."""
     from traceq.analysis.efficiency import ce_table
 
@@ -104,7 +105,7 @@ def _with_ce(con, frame: pl.DataFrame, sides: tuple[tuple[str, int, pl.DataFrame
             ce = ce_table(con, trace, group, spec=spec, iteration_regex=iteration_regex, kernels=k)
         except MissingDataError:
             return frame
-        columns.append(ce.select(*keys, pl.col("ce_fp32").alias(f"{side}_ce")))
+        columns.append(ce.select(*keys, pl.col("tflops").alias(f"{side}_tflops"), pl.col("ce").alias(f"{side}_ce")))
     for ce in columns:
         frame = frame.join(ce, on=keys, how="left", nulls_equal=True)
     return frame

@@ -9,8 +9,9 @@ come from the trace's own device record (`gpus`), over the compute-capability ta
 
 CE needs FLOPs, which a trace has only when PyTorch recorded the op shapes
 (`emit_nvtx(record_shapes=True)`) or the user describes the model in a spec file
-(`analysis.modelspec`, `analysis.flops`). Peaks come from `analysis.peaks`: the paper's 2 x clock x FP32 lanes, and
-separately the dense tensor-core peak for the data type; CE is reported against each, labelled.
+(`analysis.modelspec`, `analysis.flops`). Each kernel is measured against the peak of the
+precision it ran at (`analysis.peaks`): TF32 tensor cores against the TF32 peak, FP32 FMAs
+against the paper's 2 x clock x FP32 lanes, fp16 against the fp16 peak, so CE never exceeds 1.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ import duckdb
 import polars as pl
 
 from traceq.analysis.attribution import ITERATION_REGEX
-from traceq.analysis.choices import GroupBy
+from traceq.analysis.choices import PRECISIONS, GroupBy
 from traceq.analysis.gpu_specs import GpuLimits, limits_for_cc
 from traceq.analysis.layers import attributed_kernels
 from traceq.analysis.occupancy import launch_occupancy
+from traceq.analysis.peaks import DTYPES, dtype_precision
 from traceq.errors import MissingDataError
 
 
@@ -239,40 +241,67 @@ NO_FLOPS = ("no FLOPs: the trace has no op shapes; record it under "
 _FLOP_OPERATIONS = ("convolution", "gemm")
 """Kernels that do a layer's arithmetic; layout transforms, im2col and the like get no FLOPs."""
 
+_DTYPE_PRECISION = {dtype: dtype_precision(dtype) for dtype in DTYPES}
+
 
 def distribute_flops(kernels: pl.DataFrame, flops: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     """Spread each group's FLOPs over its kernels: kernel_id, flops (Float64).
 
-    `kernels` has kernel_id, dur_ns, operation and `keys`; `flops` has `keys` and flops. Within
-    a group the convolution and GEMM kernels share the FLOPs in proportion to their time; a
-    group with none of them shares over all its kernels. Kernels of groups without FLOPs get 0.
+    `kernels` has kernel_id, dur_ns, operation, `keys` and optionally capacity (FLOP the kernel
+    could have done at its precision's peak: dur_ns x peak); `flops` has `keys` and flops.
+    Within a group the convolution and GEMM kernels share the FLOPs in proportion to their
+    capacity (to their time without it), so each has the group's compute efficiency; a group
+    with none of them shares over all its kernels. Kernels of groups without FLOPs get 0.
     """
     doers = pl.col("operation").is_in(_FLOP_OPERATIONS)
+    size = pl.col("capacity") if "capacity" in kernels.columns else pl.col("dur_ns")
     k = kernels.with_columns(
         has_doer=doers.any().over(keys)).with_columns(
-        weight=pl.when(doers | ~pl.col("has_doer")).then(pl.col("dur_ns")).otherwise(0))
+        weight=pl.when(doers | ~pl.col("has_doer")).then(size).otherwise(0))
     k = k.with_columns(share=pl.col("weight") / pl.col("weight").sum().over(keys))
     return (k.join(flops.select(*keys, pl.col("flops").alias("group_flops")), on=keys, how="left",
                    nulls_equal=True)
             .select("kernel_id", flops=(pl.col("share").fill_nan(0) * pl.col("group_flops")).fill_null(0.0)))
 
 
-def trace_peaks(con: duckdb.DuckDBPyConnection, trace_id: int, dtype: str) -> tuple[float, float | None, str]:
-    """(FP32 peak FLOP/s, tensor-core peak FLOP/s for `dtype` or None, GPU description) of the
-    device that ran the most kernel time (`peaks.trace_peaks` has every device). Raises
-    MissingDataError without a device record."""
-    from traceq.analysis.peaks import trace_peaks as device_peaks
-
-    devices = device_peaks(con, trace_id, dtype)
-    busy = con.sql(f"SELECT device_id, sum(dur_ns) AS busy_ns FROM kernels WHERE trace_id = {int(trace_id)} "
-                   "GROUP BY 1").pl()
-    devices = devices.join(busy, on="device_id", how="left").sort("busy_ns", descending=True, nulls_last=True)
+def busiest_gpu(con: duckdb.DuckDBPyConnection, trace_id: int) -> dict[str, object]:
+    """The device record (`peaks.trace_peaks` row: name, sm_count, clock_hz, peak_<precision>)
+    of the GPU that ran the most kernel time, with `description` ('NVIDIA H200 (132 SMs at
+    1.98 GHz)'). Raises MissingDataError when the trace describes no GPU."""
+    devices = _device_peaks(con, trace_id)
     if devices.is_empty():
         raise MissingDataError("the trace has no GPU description (compute capability, SMs, clock), "
                                "so its peak FLOP/s is unknown")
     gpu = devices.row(0, named=True)
-    return (gpu["fp32_peak_flops"], gpu["tensor_peak_flops"],
-            f"{gpu['name']} ({gpu['sm_count']} SMs at {gpu['clock_hz'] / 1e9:.2f} GHz)")
+    return {**gpu, "description": f"{gpu['name']} ({gpu['sm_count']} SMs at {gpu['clock_hz'] / 1e9:.2f} GHz)"}
+
+
+def _device_peaks(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
+    """`peaks.trace_peaks`, busiest device first."""
+    from traceq.analysis.peaks import trace_peaks
+
+    busy = con.sql(f"SELECT device_id, sum(dur_ns) AS busy_ns FROM kernels WHERE trace_id = {int(trace_id)} "
+                   "GROUP BY 1").pl()
+    return (trace_peaks(con, trace_id).join(busy, on="device_id", how="left")
+            .sort("busy_ns", descending=True, nulls_last=True).drop("busy_ns"))
+
+
+def _kernel_peaks(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl.DataFrame) -> pl.Series:
+    """Peak FLOP/s of each kernel's precision on its device (the busiest GPU for kernels on a
+    device the trace does not describe); null where that GPU has no peak for the precision."""
+    devices = _device_peaks(con, trace_id)
+    if devices.is_empty():
+        raise MissingDataError("the trace has no GPU description (compute capability, SMs, clock), "
+                               "so its peak FLOP/s is unknown")
+    long = devices.unpivot([f"peak_{p}" for p in PRECISIONS], index="device_id", variable_name="precision",
+                           value_name="peak_flops").with_columns(pl.col("precision").str.strip_prefix("peak_"))
+    busiest = long.filter(pl.col("device_id") == devices["device_id"][0]).select("precision", busiest="peak_flops")
+    known = pl.col("device_id").is_in(devices["device_id"].implode())
+    return (kernels.select(pl.when(known).then(pl.col("device_id")).alias("device_id"), "precision")
+            .join(long, on=["device_id", "precision"], how="left", nulls_equal=True, maintain_order="left")
+            .join(busiest, on="precision", how="left", maintain_order="left")
+            .select(pl.when(known).then(pl.col("peak_flops")).otherwise(pl.col("busiest")))
+            .to_series().alias("peak_flops"))
 
 
 def infer_batch(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl.DataFrame,
@@ -296,76 +325,180 @@ def infer_batch(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl.DataF
     return None
 
 
+_KERNEL_CE = ("kernel_id", "name", "library", "operation", "tensor_cores", "layer", "pass", "device_id",
+              "dur_ns", "precision", "precision_from", "peak_flops", "flops")
+
+
 def kernel_ce(con: duckdb.DuckDBPyConnection, trace_id: int, *, spec: Path | None = None,
-              batch: int | None = None, iteration_regex: str = ITERATION_REGEX,
+              batch: int | None = None, precision: str | None = None, iteration_regex: str = ITERATION_REGEX,
               kernels: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Every kernel with its FLOPs: kernel_id, name, library, operation, tensor_cores, layer,
-    pass, dur_ns, flops, dtype.
+    """Every kernel with its FLOPs and the peak they are measured against.
+
+    Columns: kernel_id, name, library, operation, tensor_cores, layer, pass, device_id, dur_ns,
+    precision (fp64 ... int8), precision_from ('--precision', 'kernel name', 'operator dtype' or
+    'assumed float32'), peak_flops (FLOP/s of that precision on the kernel's GPU; null where the
+    GPU has none), flops.
+
+    A kernel's precision is `precision` when given, else what its name says
+    (`[[precision]]` rules), else its operator's data type (the spec layer's dtype), else
+    float32; float32 means TF32 on a kernel whose name shows tensor cores.
 
     FLOPs come from the model spec when given (a layer's FLOPs per step times the times its
     range occurs, spread over its convolution and GEMM kernels by `distribute_flops`; the batch
-    is `batch`, else what `infer_batch` finds in the trace, else the spec's), else from the op shapes PyTorch recorded in the trace
-    (`flops.kernel_flops`). Raises MissingDataError when the trace has neither.
+    is `batch`, else what `infer_batch` finds in the trace, else the spec's), else from the op
+    shapes PyTorch recorded in the trace (`flops.kernel_flops`). Within a layer or op the FLOPs
+    are shared in proportion to each kernel's capacity (time x peak). A spec layer whose FLOPs
+    find no kernel in the trace gets a row of its own with a null kernel_id and no time, so the
+    FLOPs add up to the spec's (see `unplaced_flops`). Raises MissingDataError when the trace
+    has neither shapes nor spec.
     """
     from traceq.analysis.classify import classify_names
     from traceq.analysis.flops import kernel_flops
     from traceq.analysis.modelspec import load_spec, spec_layer_flops
 
     k = attributed_kernels(con, trace_id, iteration_regex) if kernels is None else kernels
-    tensor = classify_names(k["name"].unique()).select("name", "tensor_cores")
-    k = k.join(tensor, on="name", how="left")
+    names = classify_names(k["name"].unique()).select("name", "tensor_cores", name_precision="precision")
+    k = k.join(names, on="name", how="left")
+    layers = None
     if spec is not None:
         if batch is None:
             batch = infer_batch(con, trace_id, k, math.prod(load_spec(spec).input_shape) * 4)
-        layers = spec_layer_flops(spec, batch)
-        # The spec counts one step; a layer's range occurs once per step the trace recorded.
-        occurrences = con.sql(
-            f"SELECT name AS layer, count(*) AS n FROM nvtx WHERE trace_id = {int(trace_id)} "
-            f"AND kind = 'pushpop' GROUP BY name").pl()
-        layers = (layers.join(occurrences, on="layer", how="left")
-                  .with_columns(flops=pl.col("flops") * pl.col("n").fill_null(1)))
-        flops = distribute_flops(k, layers, ["layer", "pass"])
-        dtype = layers["dtype"][0] if layers.height else "float32"
+        layers = _spec_flops(con, trace_id, spec_layer_flops(spec, batch), k)
+        k = k.join(layers.select("layer", "pass", "dtype"), on=["layer", "pass"], how="left", nulls_equal=True)
     else:
-        per_kernel = kernel_flops(con, trace_id)
-        flops = per_kernel.select("kernel_id", pl.col("flops").cast(pl.Float64))
-        dtype = per_kernel["dtype"][0] if "dtype" in per_kernel.columns and per_kernel.height else "float32"
-    return (k.join(flops, on="kernel_id", how="left")
-            .with_columns(pl.col("flops").fill_null(0.0), dtype=pl.lit(dtype))
-            .select("kernel_id", "name", "library", "operation", "tensor_cores", "layer", "pass",
-                    "dur_ns", "flops", "dtype"))
+        k = k.with_columns(dtype=pl.lit(None, pl.String))
+    k = _with_precision(k, precision)
+    k = k.with_columns(peak_flops=_kernel_peaks(con, trace_id, k))
+    # a kernel's share of its group's FLOPs follows what it could have done: time x peak
+    typical = k["peak_flops"].mean() or 1.0
+    k = k.with_columns(capacity=pl.col("dur_ns") * pl.col("peak_flops").fill_null(typical))
+    if layers is not None:
+        flops = distribute_flops(k, layers, ["layer", "pass"])
+    else:
+        flops = kernel_flops(con, trace_id, weights=k.select("kernel_id", weight="capacity")).select(
+            "kernel_id", pl.col("flops").cast(pl.Float64))
+    k = k.join(flops, on="kernel_id", how="left").with_columns(pl.col("flops").fill_null(0.0))
+    k = k.select(*_KERNEL_CE)
+    if layers is not None:
+        k = pl.concat([k, _unplaced_rows(k, layers, precision)], how="vertical_relaxed")
+    return k
+
+
+def _spec_flops(con: duckdb.DuckDBPyConnection, trace_id: int, layers: pl.DataFrame,
+                kernels: pl.DataFrame) -> pl.DataFrame:
+    """The spec's per-step FLOPs (layer, pass, op, flops, dtype) for the whole trace: a layer's
+    range occurs once per step the trace recorded; a layer with no range, once per iteration."""
+    occurrences = con.sql(
+        f"SELECT name AS layer, count(*) AS n FROM nvtx WHERE trace_id = {int(trace_id)} "
+        f"AND kind = 'pushpop' GROUP BY name").pl()
+    steps = max(kernels["iteration"].drop_nulls().n_unique(), 1)
+    return (layers.join(occurrences, on="layer", how="left")
+            .with_columns(flops=pl.col("flops") * pl.col("n").fill_null(steps)).drop("n"))
+
+
+def _with_precision(k: pl.DataFrame, precision: str | None) -> pl.DataFrame:
+    """`k` (name_precision, dtype, tensor_cores) with precision and precision_from."""
+    if precision is not None:
+        return k.with_columns(precision=pl.lit(precision), precision_from=pl.lit("--precision"))
+    dtype = pl.col("dtype").replace_strict(_DTYPE_PRECISION, default=None)
+    by_dtype = pl.when(dtype.eq("fp32") & pl.col("tensor_cores").fill_null(False)).then(pl.lit("tf32")).otherwise(dtype)
+    assumed = pl.when(pl.col("tensor_cores").fill_null(False)).then(pl.lit("tf32")).otherwise(pl.lit("fp32"))
+    return k.with_columns(
+        precision=pl.coalesce("name_precision", by_dtype, assumed),
+        precision_from=pl.when(pl.col("name_precision").is_not_null()).then(pl.lit("kernel name"))
+        .when(dtype.is_not_null()).then(pl.lit("operator dtype")).otherwise(pl.lit("assumed float32")))
+
+
+def _unplaced_rows(k: pl.DataFrame, layers: pl.DataFrame, precision: str | None) -> pl.DataFrame:
+    """One row per spec (layer, pass) whose FLOPs reached no kernel: null kernel_id, no time."""
+    placed = k.group_by("layer", "pass").agg(placed=pl.col("flops").sum())
+    missing = (layers.join(placed, on=["layer", "pass"], how="left", nulls_equal=True)
+               .filter(pl.col("placed").fill_null(0) <= 0))
+    rows = missing.select(
+        kernel_id=pl.lit(None, pl.Int64), name=pl.lit(None, pl.String), library=pl.lit(None, pl.String),
+        operation=pl.lit(None, pl.String), tensor_cores=pl.lit(None, pl.Boolean), layer="layer", pass_="pass",
+        device_id=pl.lit(None, pl.Int32), dur_ns=pl.lit(0, pl.Int64),
+        precision=pl.lit(precision) if precision else pl.col("dtype").replace_strict(_DTYPE_PRECISION, default=None),
+        precision_from=pl.lit("--precision" if precision else "operator dtype"),
+        peak_flops=pl.lit(None, pl.Float64), flops=pl.col("flops").cast(pl.Float64))
+    return rows.rename({"pass_": "pass"}).cast({c: k.schema[c] for c in _KERNEL_CE}, strict=False)
+
+
+def ce_notes(kernels: pl.DataFrame) -> list[str]:
+    """What a reader of `ce_table` over `kernels` (a `kernel_ce` frame) should be told: spec
+    layers whose FLOPs reached no kernel, and FLOP-carrying time whose precision was assumed."""
+    notes = [f"{layer} ({pass_}): the spec's {flops / 1e9:,.1f} GFLOP found no kernel in the trace "
+             "(their own row, no CE)"
+             for layer, pass_, flops in kernels.filter(pl.col("kernel_id").is_null())
+             .select("layer", "pass", "flops").iter_rows()]
+    carriers = kernels.filter(pl.col("kernel_id").is_not_null() & (pl.col("flops") > 0))
+    assumed = carriers.filter(pl.col("precision_from") == "assumed float32")["dur_ns"].sum()
+    if carriers.height and assumed:
+        notes.append(f"{100 * assumed / carriers['dur_ns'].sum():.0f} % of the FLOP-carrying time ran kernels whose "
+                     "names and operators do not say their precision: float32 assumed (TF32 on tensor cores); "
+                     "--precision sets it")
+    return notes
 
 
 def ce_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = GroupBy.layer, *,
-             spec: Path | None = None, batch: int | None = None,
-             iteration_regex: str = ITERATION_REGEX, kernels: pl.DataFrame | None = None) -> pl.DataFrame:
+             spec: Path | None = None, batch: int | None = None, precision: str | None = None,
+             iteration_regex: str = ITERATION_REGEX, kernels: pl.DataFrame | None = None,
+             per_kernel: pl.DataFrame | None = None) -> pl.DataFrame:
     """Compute efficiency per layer and pass, kernel name or library, most FLOPs first
-    (`kernels` as for `launch_ru`).
+    (`kernels` as for `launch_ru`; `per_kernel`: this trace's `kernel_ce` when the caller has it).
 
-    Columns: the keys (layer, pass | name | library), kernels, total_ns (GPU time of all the
-    group's kernels), flops, tflops (achieved TFLOP/s), ce_fp32 (achieved / the paper's peak,
-    2 x clock x FP32 lanes x SMs), ce_tensor (achieved / the dense tensor-core peak for the data
-    type; null where the GPU has none), tensor_core_pct (share of the group's time in kernels
-    whose names show tensor cores: which of the two peaks applies). Groups without FLOPs are
-    left out. Raises MissingDataError without shapes or spec (with how to get them).
+    CE is achieved FLOP/s over the peak of the precision the kernels ran at (`kernel_ce`), a
+    fraction that cannot exceed 1: a group's peak is its FLOP-carrying kernels' peaks, weighted
+    by their time.
+
+    Columns: the keys (layer, pass | name | library), precision (the FLOP-carrying kernels'
+    precisions by their share of time: 'tf32 82%, fp32 18%'), kernels, total_ns, [other_ns,]
+    flops, tflops (achieved TFLOP/s), peak_tflops, ce (fraction), tensor_core_pct (share of
+    total_ns in kernels whose names show tensor cores).
+
+    By layer, total_ns is all of the layer's kernels (the paper's layer time: layout transforms
+    and the like count against the layer) and groups without FLOPs are left out. By kernel
+    name and by library only FLOP-carrying kernels count in kernels and total_ns, so libraries
+    compare like with like; other_ns is the time of the group's kernels that carry no FLOPs
+    (normalization, elementwise, layout); by library every library has a row, by kernel only
+    names with FLOPs. Spec layers whose FLOPs found no kernel have rows with no time and a
+    null CE (null library and name). Raises MissingDataError without shapes or spec (with how
+    to get them).
     """
+    from traceq.analysis.layers import time_split
+
     by = GroupBy(by)
-    k = kernel_ce(con, trace_id, spec=spec, batch=batch, iteration_regex=iteration_regex, kernels=kernels)
-    if not k["flops"].sum() > 0:
+    k = per_kernel if per_kernel is not None else kernel_ce(
+        con, trace_id, spec=spec, batch=batch, precision=precision, iteration_regex=iteration_regex, kernels=kernels)
+    if not k.filter(pl.col("kernel_id").is_not_null())["flops"].sum() > 0:
         raise MissingDataError(NO_FLOPS if spec is None else f"{spec}: no layer of the spec matches an NVTX "
                                "range of the trace (names must be the ranges' names: conv1, fc6, ...)")
-    dtype = k["dtype"][0] if k.height else "float32"
-    fp32_peak, tensor_peak, _gpu = trace_peaks(con, trace_id, dtype)
     keys = _KEYS[by]
+    carries = pl.col("flops") > 0
+    counted = pl.lit(True) if by is GroupBy.layer else carries
+    real = pl.col("kernel_id").is_not_null()
+    time = pl.col("dur_ns").filter(counted).sum()
+    frame = k.group_by(keys).agg(
+        (counted & real).sum().cast(pl.Int64).alias("kernels"),
+        time.cast(pl.Int64).alias("total_ns"),
+        pl.col("dur_ns").filter(~carries).sum().cast(pl.Int64).alias("other_ns"),
+        pl.col("flops").sum(),
+        (pl.col("dur_ns") * pl.col("peak_flops")).filter(carries & real).sum().alias("capacity"),
+        pl.col("dur_ns").filter(carries & real).sum().alias("carrier_ns"),
+        pl.col("peak_flops").filter(carries & real).is_null().any().alias("peak_unknown"),
+        pl.when(time > 0).then(pl.col("dur_ns").filter(counted & pl.col("tensor_cores").fill_null(False)).sum()
+                               * 100 / time).alias("tensor_core_pct"))
+    if by is not GroupBy.library:
+        frame = frame.filter(pl.col("flops") > 0)
+    precisions = (time_split(k.filter(carries & real), keys, "precision", "precision")
+                  .with_columns(pl.col("precision").str.replace(r" 100%$", "")))
     seconds = pl.col("total_ns") * 1e-9
-    return (k.group_by(keys)
-            .agg(pl.len().cast(pl.Int64).alias("kernels"), pl.col("dur_ns").sum().cast(pl.Int64).alias("total_ns"),
-                 pl.col("flops").sum(),
-                 (100 * pl.col("dur_ns").filter(pl.col("tensor_cores").fill_null(False)).sum()
-                  / pl.col("dur_ns").sum()).alias("tensor_core_pct"))
-            .filter(pl.col("flops") > 0)
-            .with_columns(tflops=pl.col("flops") / seconds / 1e12,
-                          ce_fp32=pl.col("flops") / seconds / fp32_peak,
-                          ce_tensor=(pl.col("flops") / seconds / tensor_peak) if tensor_peak else pl.lit(None, pl.Float64))
-            .select(*keys, "kernels", "total_ns", "flops", "tflops", "ce_fp32", "ce_tensor", "tensor_core_pct")
-            .sort(["flops", *keys], descending=[True] + [False] * len(keys), nulls_last=True))
+    peak = pl.when(~pl.col("peak_unknown") & (pl.col("carrier_ns") > 0)).then(pl.col("capacity") / pl.col("carrier_ns"))
+    frame = (frame.join(precisions, on=keys, how="left", nulls_equal=True)
+             .with_columns(tflops=pl.when(pl.col("total_ns") > 0).then(pl.col("flops") / seconds / 1e12),
+                           peak_tflops=peak / 1e12)
+             .with_columns(ce=pl.col("tflops") / pl.col("peak_tflops")))
+    columns = [*keys, "precision", "kernels", "total_ns", *(["other_ns"] if by is not GroupBy.layer else []),
+               "flops", "tflops", "peak_tflops", "ce", "tensor_core_pct"]
+    return frame.select(columns).sort(["flops", "total_ns", *keys], descending=[True, True] + [False] * len(keys),
+                                      nulls_last=True)

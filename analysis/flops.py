@@ -95,19 +95,20 @@ def op_shapes(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
             .with_row_index("op_row"))
 
 
-def kernel_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
+def kernel_flops(con: duckdb.DuckDBPyConnection, trace_id: int, weights: pl.DataFrame | None = None) -> pl.DataFrame:
     """Each op's FLOPs (op_flops) spread over the kernels launched inside its range.
 
     A kernel belongs to the op range open on its launching thread (same pid and tid) at the
     launch call. Within one op, kernels that `classify_names` calls convolution or gemm share
-    the FLOPs pro rata by duration, helpers (layout transforms, fills) get 0; an op that
-    launched no convolution or gemm kernel spreads them over all its kernels. Integer shares
-    sum exactly to each op's FLOPs (the remainder goes to the longest kernel).
+    the FLOPs pro rata by duration (by `weights`' weight column, per kernel_id, when given:
+    `efficiency.kernel_ce` passes time x peak), helpers (layout transforms, fills) get 0; an op
+    that launched no convolution or gemm kernel spreads them over all its kernels. Integer
+    shares sum exactly to each op's FLOPs (the remainder goes to the largest share).
 
     Columns: kernel_id, flops (Int64), op, pass, source ('nvtx shapes'); only kernels inside
     FLOP-bearing ranges, ordered by kernel_id.
     """
-    return _kernel_shares(con, trace_id).drop("op_row")
+    return _kernel_shares(con, trace_id, weights=weights).drop("op_row")
 
 
 def kernel_op_rows(con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -116,7 +117,8 @@ def kernel_op_rows(con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFr
     return _kernel_shares(con, trace_id, ops)
 
 
-def _kernel_shares(con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFrame | None = None) -> pl.DataFrame:
+def _kernel_shares(con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFrame | None = None,
+                   weights: pl.DataFrame | None = None) -> pl.DataFrame:
     """kernel_flops with op_row, the number of the op range each kernel belongs to (the row of
     `op_shapes` for emit_nvtx ranges, of `op_flops` for Kineto operators)."""
     ops = (op_flops(con, trace_id).with_row_index("op_row") if ops is None else ops).select(
@@ -130,10 +132,14 @@ def _kernel_shares(con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFr
     classes = classify_names(inside["name"].unique()).select(
         "name", compute=pl.col("operation").is_in(["convolution", "gemm"]))
     k = inside.join(classes, on="name", how="left").with_columns(pl.col("compute").fill_null(False))
+    if weights is None:
+        k = k.with_columns(size=pl.col("dur_ns").cast(pl.Float64))
+    else:
+        k = k.join(weights.select("kernel_id", size=pl.col("weight").cast(pl.Float64)), on="kernel_id", how="left")
     by_op = pl.col("op_row")
     k = k.with_columns(weight=pl.when(pl.col("compute").any().over(by_op))
-                       .then(pl.when(pl.col("compute")).then(pl.col("dur_ns")).otherwise(0))
-                       .otherwise(pl.col("dur_ns")).cast(pl.Float64))
+                       .then(pl.when(pl.col("compute")).then(pl.col("size")).otherwise(0))
+                       .otherwise(pl.col("size")).cast(pl.Float64))
     k = k.with_columns(weight=pl.when(pl.col("weight").sum().over(by_op) > 0).then(pl.col("weight"))
                        .otherwise(1.0))
     k = k.with_columns(share=(pl.col("flops") * pl.col("weight") / pl.col("weight").sum().over(by_op))

@@ -67,8 +67,9 @@ def _kernel_groups(
             .agg(pl.col("kernels").sum(), pl.col("dur_ns").sum(), pl.col("first_kernel").min()))
 
 
-def _split(frame: pl.DataFrame, keys: list[str], column: str, label: str) -> pl.DataFrame:
-    """Per group of `keys`: 'cuDNN 80%, PyTorch ATen 20%' over the values of `column`."""
+def time_split(frame: pl.DataFrame, keys: list[str], column: str, label: str) -> pl.DataFrame:
+    """Per group of `keys` of `frame` (with dur_ns): 'cuDNN 80%, PyTorch ATen 20%', the values of
+    `column` by their share of the group's time, largest first."""
     parts = (frame.group_by([*keys, column]).agg(pl.col("dur_ns").sum())
              .with_columns(share=pl.col("dur_ns") / pl.col("dur_ns").sum().over(keys))
              .sort([*keys, "dur_ns", column], descending=[False] * len(keys) + [True, False], nulls_last=True)
@@ -95,7 +96,7 @@ def layer_times(
                 .group_by(keys, maintain_order=True).agg(heaviest=pl.col("short_name").first()))
     grand = max(int(k["dur_ns"].sum()), 1)
     return (totals.join(heaviest, on=keys, how="left", nulls_equal=True)
-            .join(_split(k, keys, "library", "libraries"), on=keys, how="left", nulls_equal=True)
+            .join(time_split(k, keys, "library", "libraries"), on=keys, how="left", nulls_equal=True)
             .with_columns(pct=100.0 * pl.col("total_ns") / grand)
             .sort(["total_ns", "layer", "pass"], descending=[True, False, False], nulls_last=True)
             .select("layer", "pass", "kernels", "total_ns", "pct", "heaviest", "libraries"))
@@ -115,7 +116,7 @@ def library_times(
     grand = max(int(k["dur_ns"].sum()), 1)
     frame = (k.group_by(keys).agg(kernels=pl.col("kernels").sum().cast(pl.Int64),
                                   total_ns=pl.col("dur_ns").sum().cast(pl.Int64))
-             .join(_split(k, keys, "operation", "operations"), on=keys, how="left", nulls_equal=True)
+             .join(time_split(k, keys, "operation", "operations"), on=keys, how="left", nulls_equal=True)
              .with_columns(pct=100.0 * pl.col("total_ns") / grand))
     order = (["total_ns", "library"], [True, False])
     if by_layer:  # layers heaviest first, libraries heaviest first within each

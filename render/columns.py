@@ -2,7 +2,7 @@
 how its values read, and how much a narrow table needs it.
 
 Frames name their columns in snake_case with the unit in the name (`total_ns`, `alloc_bytes`,
-`idle_pct`; `ru`, `occupancy`, `ce_fp32` are fractions); csv and json keep those names and raw
+`idle_pct`; `ru`, `occupancy`, `ce` are fractions); csv and json keep those names and raw
 values (ns, bytes, fractions). A table shows `COLUMNS[name].header` and the value in readable
 units (`format_cell`). A column not listed here still reads well: its kind and header follow
 from its suffix and type (`column_spec`). Add a new column here when its header, its kind or its
@@ -99,8 +99,9 @@ COLUMNS: dict[str, Column] = {
     # compute efficiency
     "flops": Column("FLOP", "count", 3),
     "tflops": Column("TFLOP/s", "number", 2),
-    "ce_fp32": Column("CE FP32 %", "fraction", 2),
-    "ce_tensor": Column("CE tensor %", "fraction", 2),
+    "precision": Column("Precision", "list", 2),
+    "peak_tflops": Column("Peak TFLOP/s", "number", 3),
+    "ce": Column("CE %", "fraction", 2),
     "tensor_core_pct": Column("Tensor core %", "percent", 3),
     # memory traffic model (traceq traffic)
     "launches": Column("Launches", "integer", 3),
@@ -149,8 +150,8 @@ COLUMNS: dict[str, Column] = {
 SIDES = {"a_": "A", "b_": "B"}
 """`traceq compare` gives each run's value of a column as a_<column> and b_<column>."""
 
-_SIDE_BASES = {"ns": "total_ns", "ce": "ce_fp32"}
-"""a_ns is a run's GPU time (a total), a_ce its CE against the FP32 peak."""
+_SIDE_BASES = {"ns": "total_ns"}
+"""a_ns is a run's GPU time (a total)."""
 
 VALUE_LABELS = {"data_copy": "data copy", "weight_update": "weight update"}
 """Stage names as every table and figure writes them (csv and json keep the snake_case key)."""

@@ -214,7 +214,10 @@ def layer_time_chart(layers: Frames, iterations: Mapping[str, int]) -> Chart:
 
 
 def _efficiency_chart(frames: Frames, key: str, title: str, y_title: str, column: str, marker: str | None,
-                      marker_name: str, caption: str, missing: str, notes: Mapping[str, str] | None) -> Chart:
+                      marker_name: str, caption: str, missing: str, notes: Mapping[str, str] | None,
+                      detail: str | None = None) -> Chart:
+    """Bars of `column` (fractions, drawn as %) per layer, coloured by library; `marker` as
+    diamonds; `detail`, a text column shown on hover."""
     fig = _panels(frames)
     extra: dict[str, str] = {}
     shown: set[str] = set()
@@ -232,11 +235,12 @@ def _efficiency_chart(frames: Frames, key: str, title: str, y_title: str, column
         order = frame["label"].to_list()
         for library, part in frame.group_by("library", maintain_order=True):
             lib = library[0] or "other"
+            shown_detail = pl.col(detail).fill_null("") if detail else pl.lit("")
             fig.add_bar(x=part["label"].to_list(), y=(part[column] * 100).to_list(), name=lib, legendgroup=lib,
                         marker_color=_library_colour(lib, extra), showlegend=lib not in shown, row=1, col=col,
-                        customdata=part.select("pass", "total_ns").with_columns(pl.col("total_ns") / MS).rows(),
+                        customdata=part.select("pass", pl.col("total_ns") / MS, shown_detail).rows(),
                         hovertemplate="%{x} (%{customdata[0]}, %{customdata[1]:.3f} ms): %{y:.1f} %"
-                                      f"<extra>{lib}</extra>")
+                                      + (f" {detail}: %{{customdata[2]}}" if detail else "") + f"<extra>{lib}</extra>")
             shown.add(lib)
         if marker and marker in frame.columns and frame[marker].is_not_null().any():
             fig.add_scatter(x=frame["label"].to_list(), y=(frame[marker] * 100).to_list(), mode="markers",
@@ -269,17 +273,22 @@ def ru_chart(ru: Frames, notes: Mapping[str, str] | None = None) -> Chart:
 def ce_chart(ce: Frames, notes: Mapping[str, str] | None = None) -> Chart:
     """The paper's figures 7 and 8: compute efficiency per layer, coloured by library.
 
-    Frames: `efficiency.ce_table(by='layer')` (ce_fp32, ce_tensor fractions), with `library`
-    (dominant, joined from the RU frame) and optionally `first_ns`.
+    Frames: `efficiency.ce_table(by='layer')` (ce: fractions of the peak of each layer's
+    precision, precision), with `library` (dominant, joined from the RU frame) and optionally
+    `first_ns`. Every CE is against its own precision's peak, so one 0-100 % axis reads both
+    TF32 tensor-core and FP32 layers.
     """
-    caption = ("Compute efficiency (achieved FLOP/s over the paper's FP32 peak of 2 x clock x cores; diamonds: "
-               "over the tensor-core peak) per layer with known FLOPs; look for convolutions well above fully "
-               "connected layers (the paper: 1.94x) and for one library beating another on the same layer.")
+    caption = ("Compute efficiency (achieved FLOP/s over the dense peak of the precision the layer's kernels ran "
+               "at: TF32 or FP16 tensor cores, or the paper's FP32 peak of 2 x clock x cores; hover for the "
+               "precision) per layer with known FLOPs; look for convolutions well above fully connected layers "
+               "(the paper: 1.94x) and for one library beating another on the same layer.")
     frames = {n: (f.with_columns(pl.lit(None, pl.String).alias("library")) if f is not None and "library" not in
                   f.columns else f) for n, f in ce.items()}
-    return _efficiency_chart(frames, "ce", "Compute efficiency per layer (paper figures 7 and 8)",
-                             "CE (% of FP32 peak)", "ce_fp32", "ce_tensor", "CE vs tensor-core peak",
-                             caption, "no FLOPs: the trace has no shapes", notes)
+    chart = _efficiency_chart(frames, "ce", "Compute efficiency per layer (paper figures 7 and 8)",
+                              "CE (% of the precision's peak)", "ce", None, "", caption,
+                              "no FLOPs: the trace has no shapes", notes, detail="precision")
+    chart.figure.update_yaxes(range=[0, 100])
+    return chart
 
 
 def _hover_name(name: str | None) -> str:

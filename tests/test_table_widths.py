@@ -22,8 +22,7 @@ WIDTHS = (60, 80, 100, 160, 240)
 NOT_IN_TABLES = {"traces": {"sha256", "source_path", "loaded_at"}}
 """Columns a command gives csv and json but never a table."""
 
-FRACTIONS = {"ru", "paper_ru", "occupancy", "kineto_occupancy", "ce_fp32", "ce_tensor", "a_ru", "b_ru", "a_ce",
-             "b_ce"}
+FRACTIONS = {"ru", "paper_ru", "occupancy", "kineto_occupancy", "ce", "a_ru", "b_ru", "a_ce", "b_ce"}
 """Columns docs/cli.md says csv and json hold as fractions (tables show them as %)."""
 
 SCALE = {"ns": 1, "µs": 1e3, "ms": 1e6, "s": 1e9, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30,
