@@ -363,13 +363,16 @@ def _iteration_regex(value: str | None) -> str:
 @app.command()
 def layers(trace: TraceOpt = None, db: DbOpt = None, iteration_regex: IterOpt = None,
            fmt: FormatOpt = None, out: OutOpt = None) -> None:
-    """GPU time per NVTX layer and pass, with its heaviest kernel and library split."""
-    from traceq.analysis.layers import layer_times
+    """GPU time per NVTX layer and pass, with its heaviest kernel, library split and how its kernels were placed."""
+    from traceq.analysis.layers import attribution_shares, kernel_groups, layer_times
 
     def build(con, trace_id: int, trace_name: str):
-        frame = layer_times(con, trace_id, _iteration_regex(iteration_regex))
-        covered = frame.filter(frame["layer"].is_not_null())["pct"].sum()
-        return frame, f"{trace_name}: GPU time per layer and pass ({covered:.1f} % of kernel time inside a layer)"
+        groups = kernel_groups(con, trace_id, _iteration_regex(iteration_regex))
+        frame = layer_times(con, trace_id, groups=groups)
+        shares = attribution_shares(groups)
+        return frame, (f"{trace_name}: GPU time per layer and pass ({shares['range']:.1f} % of kernel time inside "
+                       f"a layer range, {shares['rule']:.1f} % placed by rule, {shares['none']:.1f} % in no layer: "
+                       "see Attribution)")
 
     _show_trace_table(trace, db, fmt, out, build)
 

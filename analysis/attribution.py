@@ -52,6 +52,7 @@ from contextlib import contextmanager
 import duckdb
 import polars as pl
 
+from traceq.analysis.inference import infer_layers
 from traceq.analysis.nesting import in_start_order, null_if_negative, thread_chains
 
 ITERATION_REGEX = r"(?i)^\s*(iteration|iter|step|ProfilerStep)[\s_#]*\d+\s*$"
@@ -60,17 +61,17 @@ ITERATION_REGEX = r"(?i)^\s*(iteration|iter|step|ProfilerStep)[\s_#]*\d+\s*$"
 STAGES = ("data_copy", "forward", "backward", "weight_update")
 """Stage range names (the paper's stages 3 to 5); anything else is 'other'."""
 
-# ', seq = 470, op_id = 1, sizes = [...]' and the like after an autograd op name (emit_nvtx)
-_SUFFIX_REGEX = r",\s*(seq|op_id|sizes|input_op_ids)\s*=.*$"
+SUFFIX_REGEX = r",\s*(seq|op_id|sizes|input_op_ids)\s*=.*$"
+"""', seq = 470, op_id = 1, sizes = [...]' and the like after an autograd op name (emit_nvtx)."""
 _FOREVER = 9_223_372_036_854_775_807
 
-COLUMNS = ("kernel_id", "layer", "pass", "iteration", "stage", "nvtx_path", "nvtx_innermost")
+COLUMNS = ("kernel_id", "layer", "pass", "iteration", "stage", "nvtx_path", "nvtx_innermost", "attribution")
 _RESULT = COLUMNS[1:]
 
 
 def kernel_attribution(
     con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX, *,
-    paths: bool = True,
+    paths: bool = True, infer: bool = True,
 ) -> pl.DataFrame:
     """Every kernel of the trace with the NVTX context of its launch, ordered by kernel_id.
 
@@ -80,13 +81,17 @@ def kernel_attribution(
     name of the enclosing range matching `iteration_regex`, found by time on any thread of the
     process); stage (data_copy, forward, backward, weight_update or other); nvtx_path (the
     enclosing ranges outermost first, e.g. 'iteration 0/backward/bconv1'); nvtx_innermost (the
-    innermost range's full name). Kernels without a launch call or outside all ranges get nulls
-    (stage 'other'). With `paths=False` the last two are null and the work lighter
-    (analyses that group by layer, pass, iteration or stage do not need them).
+    innermost range's full name); attribution ('range' inside a layer range, else the rule that
+    gave the layer or why there is none: `analysis.inference`). With `infer` (the default),
+    kernels outside every layer range get a layer by those rules; without, they keep nulls, as
+    do kernels without a launch call or outside all ranges (stage 'other'). With `paths=False`
+    nvtx_path and nvtx_innermost are null and the work lighter (analyses that group by layer,
+    pass, iteration or stage do not need them).
     """
     points = con.sql(f"SELECT kernel_id AS id, pid, launch_tid AS tid, launch_start_ns AS t "
                      f"FROM kernel_launches WHERE trace_id = {int(trace_id)} ORDER BY kernel_id").pl()
-    return attribute_points(con, trace_id, points, iteration_regex, paths=paths).rename({"id": "kernel_id"})
+    return attribute_points(con, trace_id, points, iteration_regex, paths=paths, infer=infer).rename(
+        {"id": "kernel_id"})
 
 
 def gpu_activity(
@@ -176,26 +181,29 @@ def kernel_launches(
 
 def attribute_points(
     con: duckdb.DuckDBPyConnection, trace_id: int, points: pl.DataFrame,
-    iteration_regex: str = ITERATION_REGEX, *, paths: bool = True,
+    iteration_regex: str = ITERATION_REGEX, *, paths: bool = True, infer: bool = True,
 ) -> pl.DataFrame:
     """The NVTX context of each point of `points` (columns id, pid, tid, t: the launching
     call's process, thread and start in ns, t null when there is none), in the same order.
 
     Columns: id and those of `kernel_attribution` after kernel_id (stage 'other' where no range
-    says otherwise). With `paths=False`, nvtx_path and nvtx_innermost are null.
+    says otherwise). With `paths=False`, nvtx_path and nvtx_innermost are null; `infer` as for
+    `kernel_attribution`.
     """
-    index, contexts = point_contexts(con, trace_id, points, iteration_regex, paths=paths)
+    index, contexts = point_contexts(con, trace_id, points, iteration_regex, paths=paths, infer=infer)
     return pl.DataFrame({"id": points["id"], **{c: contexts[c].gather(index) for c in _RESULT}})
 
 
 def point_contexts(
     con: duckdb.DuckDBPyConnection, trace_id: int, points: pl.DataFrame,
-    iteration_regex: str = ITERATION_REGEX, *, paths: bool = True,
+    iteration_regex: str = ITERATION_REGEX, *, paths: bool = True, infer: bool = True,
 ) -> tuple[pl.Series, pl.DataFrame]:
     """`attribute_points` before it is spread over the points: (index, contexts). contexts has
     one row per distinct context (columns layer, pass, iteration, stage, nvtx_path,
-    nvtx_innermost), a few thousand at most on real traces; index (one per point) is the row of
-    the point's context. Grouping points by index costs no string per point."""
+    nvtx_innermost, attribution), a few thousand at most on real traces; index (one per point)
+    is the row of the point's context. Grouping points by index costs no string per point.
+    With `infer`, `inference.infer_layers` gives layers to the points outside every layer range;
+    without, their attribution is null."""
     t = int(trace_id)
     names = _range_names(con, t, iteration_regex)
     ranges = _ranges(con, t, names)
@@ -214,7 +222,17 @@ def point_contexts(
                            "context": null_if_negative(pairs % n_by_time - 1)}).with_row_index("combo")
     index = (pl.repeat(0, points.height, dtype=pl.UInt32, eager=True)
              .scatter(located["pos"], pairs.search_sorted(pair)))
-    return index, _contexts(con, names, chains, by_time, combos, forward_names, paths)
+    contexts = _contexts(con, names, chains, by_time, combos, forward_names, paths)
+    if not infer:
+        return index, contexts.with_columns(attribution=pl.lit(None, pl.String))
+
+    def layer_ranges() -> pl.DataFrame:  # read again only when a launch needs them
+        candidates = names.filter(~pl.col("is_iter") & ~pl.col("is_stage")).select("name_id", "nm")
+        return (_ranges(con, t, names, default_domain=True)
+                .filter(~pl.col("startend") & (pl.col("end_ns") > pl.col("start_ns")))
+                .join(candidates, on="name_id").select("pid", "start_ns", "end_ns", "nm"))
+
+    return infer_layers(points, index, contexts, by_time_ranges, layer_ranges)
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,15 +250,18 @@ def _range_names(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex:
     """).pl().with_row_index("name_id")
 
 
-def _ranges(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame) -> pl.DataFrame:
+def _ranges(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame, *,
+            default_domain: bool = False) -> pl.DataFrame:
     """The trace's push/pop and start/end ranges: pid, tid, start_ns, end_ns (open ones end at
     the end of time), startend, name_id, in table order: nesting needs it where two ranges of a
     thread start at once, so they are read from nvtx_events (a scan keeps the order; the `nvtx`
     view's join, run in parallel, does not) and their attributes looked up here. Names travel as
     their hash, turned into the id here; should two names share a hash, the names themselves
-    are looked up instead (slower)."""
+    are looked up instead (slower). `default_domain`: only the ranges of NVTX's default domain
+    (the application's, not a library's such as NCCL's)."""
     attributes = con.sql(f"SELECT attributes_id, pid, tid, kind = 'startend' AS startend FROM nvtx_attributes "
-                         f"WHERE trace_id = {trace_id} AND kind IN ('pushpop', 'startend')").pl()
+                         f"WHERE trace_id = {trace_id} AND kind IN ('pushpop', 'startend')"
+                         f"{' AND domain IS NULL' if default_domain else ''}").pl()
     by_hash = names["h"].is_unique().all()
     frame = con.sql(f"""
         SELECT attributes_id, start_ns, coalesce(end_ns, {_FOREVER}) AS end_ns,
@@ -417,7 +438,7 @@ def _sql_string(text: str) -> str:
 def _name_flags(name: str, iteration_regex: str) -> str:
     """SQL select-list items classifying the range name expression `name`."""
     stages = ", ".join(_sql_string(s) for s in STAGES)
-    return (f"regexp_replace({name}, '{_SUFFIX_REGEX}', '') AS nm, "
+    return (f"regexp_replace({name}, '{SUFFIX_REGEX}', '') AS nm, "
             f"regexp_matches({name}, {_sql_string(iteration_regex)}) AS is_iter, "
             f"lower({name}) IN ({stages}) AS is_stage, "
             f"{name} LIKE '%Backward%' AS is_backward, "

@@ -14,6 +14,15 @@ first rule of its list whose regex matches. A rule is a table with
 
 Names are classified one distinct name at a time: traces hold millions of launches of a few
 hundred distinct kernels, so `classify_names` works on the distinct names only.
+
+One more list, `[[launcher]]`, decides a kernel's library by the operation that launched it
+rather than by its name (`RuleSet.launcher_library`): a GEMM that cuDNN runs for a convolution
+belongs to the convolution. Its rules have
+
+    match = 'regex'              # searched in the name of the innermost range enclosing the
+                                 # launch (an emit_nvtx op range: 'aten::cudnn_convolution')
+    implementation = ["cuBLAS"]  # the name-based libraries the rule re-labels
+    value = "cuDNN"              # the library they then belong to
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ if TYPE_CHECKING:
 QUESTIONS = ("library", "operation", "direction", "algorithm", "collective", "gemm_variant",
              "tensor_cores", "precision")
 RULE_KEYS = ("match", "value", "field")
+LAUNCHER = "launcher"
+LAUNCHER_KEYS = ("match", "implementation", "value")
 FIELDS = ("name", "mangled")
 
 
@@ -81,10 +92,36 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class LauncherRule:
+    """A `[[launcher]]` rule: kernels of the `implementation` libraries launched inside a range
+    whose name `pattern` matches belong to `value`."""
+
+    pattern: re.Pattern[str]
+    implementation: frozenset[str]
+    value: str
+    where: str
+
+
+@dataclass(frozen=True)
 class RuleSet:
     """Ordered rule lists, one per question, ready to classify names."""
 
     rules: dict[str, tuple[Rule, ...]]
+    launchers: tuple[LauncherRule, ...] = ()
+
+    def launcher_library(self, launcher: str | None, library: str) -> str:
+        """The library of a kernel that `classify` puts in `library`, launched inside the range
+        named `launcher` (None: outside every range): the first [[launcher]] rule that matches
+        both decides; without one, `library`."""
+        if launcher:
+            for rule in self.launchers:
+                if library in rule.implementation and rule.pattern.search(launcher):
+                    return rule.value
+        return library
+
+    def launches(self, launcher: str | None) -> bool:
+        """Whether some [[launcher]] rule matches the range name `launcher`."""
+        return bool(launcher) and any(rule.pattern.search(launcher) for rule in self.launchers)
 
     def classify(self, name: str, mangled: str | None = None) -> Classification:
         """Answer every question with the first matching rule of its list."""
@@ -108,23 +145,39 @@ class RuleSet:
                     break
 
 
-def _parse_rules(text: str, source: str) -> dict[str, list[Rule]]:
-    """Validate and compile one rules document; errors name the source and the rule."""
+def _parse_rules(text: str, source: str) -> dict[str, list]:
+    """Validate and compile one rules document: question -> [Rule], and 'launcher' ->
+    [LauncherRule]; errors name the source and the rule."""
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise TraceqError(f"{source}: not valid TOML ({e}); fix the file's syntax") from None
-    parsed: dict[str, list[Rule]] = {}
+    parsed: dict[str, list] = {}
     for question, tables in document.items():
-        if question not in QUESTIONS:
+        if question not in (*QUESTIONS, LAUNCHER):
             raise TraceqError(f"{source}: unknown rule list [[{question}]]; expected one of "
-                              f"{', '.join(QUESTIONS)}")
+                              f"{', '.join((*QUESTIONS, LAUNCHER))}")
         if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
             raise TraceqError(f"{source}: {question} must be a list of [[{question}]] tables")
-        parsed[question] = [_parse_rule(table, question, f"{source}: [[{question}]] rule {i}")
+        parse = _parse_launcher if question == LAUNCHER else _parse_rule
+        parsed[question] = [parse(table, question, f"{source}: [[{question}]] rule {i}")
                             for i, table in enumerate(tables, start=1)]
     return parsed
 
+
+def _parse_launcher(table: dict[str, object], question: str, where: str) -> LauncherRule:
+    unknown = sorted(set(table) - set(LAUNCHER_KEYS))
+    if unknown:
+        raise TraceqError(f"{where}: unknown key {unknown[0]!r}; a launcher rule has only "
+                          f"{', '.join(LAUNCHER_KEYS)}")
+    match, libraries, value = table.get("match"), table.get("implementation"), table.get("value")
+    if not isinstance(match, str):
+        raise TraceqError(f"{where}: needs match = 'regex' (over the launching range's name)")
+    if not (isinstance(libraries, list) and libraries and all(isinstance(x, str) for x in libraries)):
+        raise TraceqError(f"{where}: needs implementation = [\"library\", ...] (the libraries it re-labels)")
+    if not isinstance(value, str):
+        raise TraceqError(f"{where}: needs value = \"library\"")
+    return LauncherRule(_compile(match, where), frozenset(libraries), value, where)
 
 def _parse_rule(table: dict[str, object], question: str, where: str) -> Rule:
     unknown = sorted(set(table) - set(RULE_KEYS))
@@ -168,7 +221,7 @@ def load_rules(user_rules: str | Path | None = None) -> RuleSet:
     Raises TraceqError when the user file is missing, is not valid TOML, or has a rule with
     a bad regex, an unknown key or a value of the wrong type.
     """
-    combined = {question: list(rules) for question, rules in _packaged_rules().items()}
+    combined: dict[str, list] = {question: list(rules) for question, rules in _packaged_rules().items()}
     if user_rules is not None:
         path = Path(user_rules)
         try:
@@ -177,7 +230,8 @@ def load_rules(user_rules: str | Path | None = None) -> RuleSet:
             raise TraceqError(f"cannot read rules file {path}: {e.strerror}") from None
         for question, rules in _parse_rules(text, str(path)).items():
             combined[question] = rules + combined.get(question, [])
-    return RuleSet({question: tuple(rules) for question, rules in combined.items()})
+    launchers = tuple(combined.pop(LAUNCHER, []))
+    return RuleSet({question: tuple(rules) for question, rules in combined.items()}, launchers)
 
 
 RULES_ENV = "TRACEQ_RULES"

@@ -22,7 +22,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from traceq.analysis.attribution import ITERATION_REGEX
+from traceq.analysis.attribution import ITERATION_REGEX, SUFFIX_REGEX
 from traceq.analysis.choices import PRECISIONS, GroupBy
 from traceq.analysis.gpu_specs import GpuLimits, limits_for_cc
 from traceq.analysis.layers import attributed_kernels
@@ -169,12 +169,14 @@ def ru_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = 
     `library`: library (the dominant one; layer only) and limiter (the dominant one). Then for all:
     occupancy, waves, ru, paper_ru, kineto_occupancy (kernel-time-weighted means; fractions).
 
-    By kernel or library no launch needs its NVTX context, and every launch of one name, shape and
-    grid has the same RU: those are aggregated in the store first (a few thousand groups for ten
-    million launches) and weighted by their time, which gives `launch_ru`'s means.
+    By kernel, and by library where no range of the trace is an operation that decides a
+    kernel's library (`classify` [[launcher]] rules), no launch needs its NVTX context, and every
+    launch of one name, shape and grid has the same RU: those are aggregated in the store first
+    (a few thousand groups for ten million launches) and weighted by their time, which gives
+    `launch_ru`'s means.
     """
     by = GroupBy(by)
-    if kernels is None and by is not GroupBy.layer:
+    if kernels is None and (by is GroupBy.kernel or by is GroupBy.library and not _has_launchers(con, trace_id)):
         launches = _launch_groups(con, trace_id, cc=cc, sms=sms, library=by is GroupBy.library)
     else:
         launches = launch_ru(con, trace_id, cc=cc, sms=sms, iteration_regex=iteration_regex,
@@ -197,6 +199,21 @@ def ru_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = 
                  pl.col("dur_ns").sum().cast(pl.Int64).alias("total_ns"),
                  *described, *[_weighted(c) for c in means])
             .sort(["total_ns", *keys], descending=[True] + [False] * len(keys), nulls_last=True))
+
+
+def _has_launchers(con: duckdb.DuckDBPyConnection, trace_id: int) -> bool:
+    """Whether some push/pop range of the trace is named by a [[launcher]] rule (RE2 in DuckDB
+    takes the rules' plain regexes; the scan stops at the first)."""
+    from traceq.analysis.classify import default_rules
+
+    patterns = [rule.pattern.pattern for rule in default_rules().launchers]
+    if not patterns:
+        return False
+    regex = "|".join(f"(?:{p})" for p in patterns)
+    return bool(con.execute(
+        "SELECT count(*) FROM (SELECT 1 FROM nvtx WHERE trace_id = ? AND kind = 'pushpop' "
+        "AND regexp_matches(regexp_replace(name, ?, ''), ?) LIMIT 1)",
+        [int(trace_id), SUFFIX_REGEX, regex]).fetchone()[0])
 
 
 def _launch_groups(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | None, sms: int | None,

@@ -6,7 +6,7 @@ Built on `attribution.point_contexts` (which NVTX ranges enclose each launch) an
 
 Traces can hold ten million kernels, so no analysis here holds a string per kernel: the
 per-layer tables group kernels by their attribution context and name, as row numbers, into a
-few hundred groups first (`_kernel_groups`), and `stage_times` aggregates row numbers too
+few hundred groups first (`kernel_groups`), and `stage_times` aggregates row numbers too
 (`attribution.gpu_operations`). `attributed_kernels` does have a row per kernel; its strings are
 shared with a small table, not copied.
 """
@@ -17,7 +17,7 @@ import duckdb
 import polars as pl
 
 from traceq.analysis.attribution import ITERATION_REGEX, gpu_operations, kernel_launches, point_contexts
-from traceq.analysis.classify import classify_names
+from traceq.analysis.classify import classify_names, default_rules
 
 STAGE_COLUMNS = ("data_copy", "forward", "backward", "weight_update", "other")
 
@@ -31,63 +31,119 @@ def _kernels(
     return kernels, names.join(classes, on="name", how="left", maintain_order="left")  # rows stay name_row
 
 
+def _libraries(index: pl.Series, name_row: pl.Series, contexts: pl.DataFrame,
+               names: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
+    """(code per kernel, libraries): each kernel's library by the operation that launched it
+    (`classify` [[launcher]] rules over its context's innermost range, `layer`), as a row number
+    into the small `libraries` table. Where no rule applies it is the name's library."""
+    rules = default_rules()
+    libraries = names["library"].unique(maintain_order=True)
+    code_of = {library: code for code, library in enumerate(libraries.to_list())}
+    by_name = names["library"].replace_strict(code_of, return_dtype=pl.UInt32).gather(name_row)
+    launching = contexts.with_row_index("context").filter(
+        pl.col("layer").map_elements(rules.launches, return_dtype=pl.Boolean, skip_nulls=True).fill_null(False))
+    if launching.is_empty():
+        return by_name, libraries
+    # the distinct (context, name) pairs that a rule's operations launched: a few hundred
+    n = names.height
+    key = index.cast(pl.UInt64) * n + name_row.cast(pl.UInt64)
+    pairs = pl.DataFrame({"key": key.filter(index.is_in(launching["context"].implode()))}).unique()
+    pairs = pairs.with_columns(context=(pl.col("key") // n).cast(pl.UInt32), name_row=(pl.col("key") % n).cast(pl.UInt32))
+    pairs = pairs.join(launching.select("context", "layer"), on="context")
+    relabelled = [rules.launcher_library(layer, names["library"][row]) for layer, row in
+                  pairs.select("layer", "name_row").iter_rows()]
+    for library in relabelled:
+        code_of.setdefault(library, len(code_of))
+    codes = pl.Series([code_of[library] for library in relabelled], dtype=pl.UInt32)
+    libraries = pl.Series("library", list(code_of), dtype=pl.String)
+    return key.replace_strict(pairs["key"], codes, default=None).fill_null(by_name), libraries
+
+
 def attributed_kernels(
     con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
 ) -> pl.DataFrame:
-    """Every kernel with its duration, name, classification (library, operation) and attribution.
+    """Every kernel with its duration, name, classification and attribution.
 
-    Columns: kernel_id, device_id, start_ns, dur_ns, name, short_name, library, operation, layer,
-    pass, iteration, stage; in kernel_id order.
+    Columns: kernel_id, device_id, start_ns, dur_ns, name, short_name, library (by the operation
+    that launched it where a [[launcher]] rule says, else by name), implementation (the
+    library its name says), operation, layer, pass, iteration, stage, attribution ('range', or
+    the rule that gave the layer, or why there is none: `analysis.inference`); in kernel_id
+    order.
     """
     kernels, names = _kernels(con, trace_id, ("device_id", "start_ns", "dur_ns"), ordered=True)
     index, contexts = point_contexts(con, trace_id, kernels, iteration_regex, paths=False)
+    code, libraries = _libraries(index, kernels["name_row"], contexts, names)
     return kernels.select(
         pl.col("id").alias("kernel_id"), "device_id", "start_ns", "dur_ns",
-        *[names[c].gather(kernels["name_row"]) for c in ("name", "short_name", "library", "operation")],
-        *[contexts[c].gather(index) for c in ("layer", "pass", "iteration", "stage")])
+        *[names[c].gather(kernels["name_row"]) for c in ("name", "short_name")],
+        libraries.gather(code).alias("library"), names["library"].gather(kernels["name_row"]).alias("implementation"),
+        names["operation"].gather(kernels["name_row"]),
+        *[contexts[c].gather(index) for c in ("layer", "pass", "iteration", "stage", "attribution")])
 
 
-def _kernel_groups(
+def kernel_groups(
     con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
 ) -> pl.DataFrame:
-    """Kernels grouped by layer, pass and name: what `attributed_kernels` holds, summed.
+    """Kernels grouped by layer, pass, name, library and attribution: what `attributed_kernels`
+    holds, summed.
 
-    Columns: layer, pass, name, short_name, library, operation, kernels (count), dur_ns (total),
-    first_kernel (the smallest kernel_id, for 'the first kernel's' choices).
+    Columns: layer, pass, name, short_name, library, implementation, operation, attribution,
+    kernels (count), dur_ns (total), first_kernel (the smallest kernel_id, for 'the first
+    kernel's' choices).
     """
     kernels, names = _kernels(con, trace_id, ("dur_ns",), ordered=False)
     index, contexts = point_contexts(con, trace_id, kernels, iteration_regex, paths=False)
-    groups = (kernels.select("id", "dur_ns", "name_row", context=index)
-              .group_by("context", "name_row")
+    code, libraries = _libraries(index, kernels["name_row"], contexts, names)
+    groups = (kernels.select("id", "dur_ns", "name_row", context=index, library_code=code)
+              .group_by("context", "name_row", "library_code")
               .agg(kernels=pl.len(), dur_ns=pl.col("dur_ns").sum(), first_kernel=pl.col("id").min()))
-    keys = ["layer", "pass", "name", "short_name", "library", "operation"]
-    return (groups.join(contexts.select("layer", "pass").with_row_index("context"), on="context", how="left")
-            .join(names.with_row_index("name_row"), on="name_row", how="left")
+    keys = ["layer", "pass", "name", "short_name", "library", "implementation", "operation", "attribution"]
+    return (groups.join(contexts.select("layer", "pass", "attribution").with_row_index("context"), on="context",
+                        how="left")
+            .join(names.rename({"library": "implementation"}).with_row_index("name_row"), on="name_row", how="left")
+            .with_columns(library=pl.col("library_code").replace_strict(
+                pl.int_range(0, len(libraries), dtype=pl.UInt32, eager=True), libraries))
             .group_by(keys)
             .agg(pl.col("kernels").sum(), pl.col("dur_ns").sum(), pl.col("first_kernel").min()))
 
 
+def attribution_shares(groups: pl.DataFrame) -> dict[str, float]:
+    """Share of all kernel time (%) inside a layer range ('range'), placed in a layer by a rule
+    ('rule') and in no layer ('none'), from `kernel_groups`."""
+    total = max(int(groups["dur_ns"].sum()), 1)
+    kind = pl.col("attribution").fill_null("none").str.extract(r"^(range|rule|none)")
+    shares = dict(groups.group_by(kind.alias("kind")).agg(pl.col("dur_ns").sum()).iter_rows())
+    return {k: 100.0 * shares.get(k, 0) / total for k in ("range", "rule", "none")}
+
+
 def time_split(frame: pl.DataFrame, keys: list[str], column: str, label: str) -> pl.DataFrame:
     """Per group of `keys` of `frame` (with dur_ns): 'cuDNN 80%, PyTorch ATen 20%', the values of
-    `column` by their share of the group's time, largest first."""
+    `column` by their share of the group's time, largest first; shares that round to 0 or 100
+    without being so read '<1%' and '>99%'."""
     parts = (frame.group_by([*keys, column]).agg(pl.col("dur_ns").sum())
              .with_columns(share=pl.col("dur_ns") / pl.col("dur_ns").sum().over(keys))
-             .sort([*keys, "dur_ns", column], descending=[False] * len(keys) + [True, False], nulls_last=True)
-             .with_columns(text=pl.col(column).fill_null("none") + " "
-                           + (pl.col("share") * 100).round(0).cast(pl.Int64).cast(pl.String) + "%"))
+             .sort([*keys, "dur_ns", column], descending=[False] * len(keys) + [True, False], nulls_last=True))
+    pct = (pl.col("share") * 100).round(0).cast(pl.Int64)
+    shown = (pl.when((pct == 0) & (pl.col("share") > 0)).then(pl.lit("<1"))
+             .when((pct == 100) & (pl.col("share") < 1)).then(pl.lit(">99")).otherwise(pct.cast(pl.String)))
+    parts = parts.with_columns(text=pl.col(column).fill_null("none") + " " + shown + "%")
     return parts.group_by(keys, maintain_order=True).agg(pl.col("text").str.join(", ").alias(label))
 
 
 def layer_times(
-    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
+    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX,
+    groups: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
-    """GPU time per (layer, pass), heaviest first.
+    """GPU time per (layer, pass), heaviest first (`groups`: the trace's `kernel_groups`, when
+    the caller has them).
 
-    Columns: layer (null: launched outside every layer range), pass, kernels, total_ns, pct
-    (share of all kernel time, %), heaviest (short name of the kernel with most time in the group),
-    libraries ('cuDNN 80%, PyTorch ATen 20%', all of them, largest first).
+    Columns: layer (null: in no layer), pass, kernels, total_ns, pct (share of all kernel
+    time, %), heaviest (short name of the kernel with most time in the group), libraries
+    ('cuDNN 80%, PyTorch ATen 20%', all of them, largest first), attribution ('range' inside
+    the layer's ranges, the rule that placed the kernels (`analysis.inference`), or why they
+    have no layer; by share of time when several).
     """
-    k = _kernel_groups(con, trace_id, iteration_regex)
+    k = kernel_groups(con, trace_id, iteration_regex) if groups is None else groups
     keys = ["layer", "pass"]
     totals = k.group_by(keys).agg(kernels=pl.col("kernels").sum().cast(pl.Int64),
                                   total_ns=pl.col("dur_ns").sum().cast(pl.Int64))
@@ -95,11 +151,14 @@ def layer_times(
                 .sort([*keys, "dur_ns", "short_name"], descending=[False, False, True, False], nulls_last=True)
                 .group_by(keys, maintain_order=True).agg(heaviest=pl.col("short_name").first()))
     grand = max(int(k["dur_ns"].sum()), 1)
+    attribution = time_split(k, keys, "attribution", "attribution").with_columns(
+        pl.col("attribution").str.replace(r" 100%$", ""))
     return (totals.join(heaviest, on=keys, how="left", nulls_equal=True)
             .join(time_split(k, keys, "library", "libraries"), on=keys, how="left", nulls_equal=True)
+            .join(attribution, on=keys, how="left", nulls_equal=True)
             .with_columns(pct=100.0 * pl.col("total_ns") / grand)
             .sort(["total_ns", "layer", "pass"], descending=[True, False, False], nulls_last=True)
-            .select("layer", "pass", "kernels", "total_ns", "pct", "heaviest", "libraries"))
+            .select("layer", "pass", "kernels", "total_ns", "pct", "heaviest", "libraries", "attribution"))
 
 
 def library_times(
@@ -109,14 +168,17 @@ def library_times(
     """GPU time per library (per layer, pass and library with `by_layer`), heaviest first.
 
     Columns: [layer, pass,] library, kernels, total_ns, pct (share of all kernel time, %),
-    operations ('convolution 90%, gemm 10%').
+    operations ('convolution 90%, gemm 10%'), implementations (the libraries the kernels' names
+    say, 'cuDNN 70%, cuBLAS 30%': they differ where an operation of one library launched
+    another's kernels, a [[launcher]] rule).
     """
-    k = _kernel_groups(con, trace_id, iteration_regex)
+    k = kernel_groups(con, trace_id, iteration_regex)
     keys = ["layer", "pass", "library"] if by_layer else ["library"]
     grand = max(int(k["dur_ns"].sum()), 1)
     frame = (k.group_by(keys).agg(kernels=pl.col("kernels").sum().cast(pl.Int64),
                                   total_ns=pl.col("dur_ns").sum().cast(pl.Int64))
              .join(time_split(k, keys, "operation", "operations"), on=keys, how="left", nulls_equal=True)
+             .join(time_split(k, keys, "implementation", "implementations"), on=keys, how="left", nulls_equal=True)
              .with_columns(pct=100.0 * pl.col("total_ns") / grand))
     order = (["total_ns", "library"], [True, False])
     if by_layer:  # layers heaviest first, libraries heaviest first within each
@@ -124,7 +186,7 @@ def library_times(
         frame = frame.join(layer_total, on=["layer", "pass"], how="left", nulls_equal=True)
         order = (["layer_ns", "layer", "pass", "total_ns", "library"], [True, False, False, True, False])
     return (frame.sort(order[0], descending=order[1], nulls_last=True)
-            .select(*keys, "kernels", "total_ns", "pct", "operations"))
+            .select(*keys, "kernels", "total_ns", "pct", "operations", "implementations"))
 
 
 def stage_times(
@@ -177,10 +239,10 @@ def kernel_context(
     library, for `traceq top`.
 
     layer: the layers the name ran in, most time first, joined with ', ' (all of them: tables
-    shorten the list); pass: 'forward', 'backward' or 'both'; library: that of the name's first
-    kernel.
+    shorten the list); pass: 'forward', 'backward' or 'both'; library: the one the name says (a
+    kernel's implementation, whatever launched it), as the fast path without attribution gives it.
     """
-    k = _kernel_groups(con, trace_id, iteration_regex)
+    k = kernel_groups(con, trace_id, iteration_regex)
     if name_column != "name":
         k = k.drop("name").rename({name_column: "name"}) if name_column in k.columns else k
     per_layer = (k.group_by("name", "layer").agg(pl.col("dur_ns").sum())
@@ -191,12 +253,14 @@ def kernel_context(
     passes = (k.group_by("name").agg(
         pl.when(pl.col("pass").drop_nulls().n_unique() > 1).then(pl.lit("both"))
         .otherwise(pl.col("pass").drop_nulls().first()).alias("pass"),
-        pl.col("library").sort_by("first_kernel").first()))
+        pl.col("implementation").sort_by("first_kernel").first().alias("library")))
     return passes.join(per_layer, on="name", how="left").select("name", "layer", "pass", "library")
 
 
 def instance_context(
     con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
 ) -> pl.DataFrame:
-    """kernel_id, layer, pass, library of every kernel (for `traceq top --instances`)."""
-    return attributed_kernels(con, trace_id, iteration_regex).select("kernel_id", "layer", "pass", "library")
+    """kernel_id, layer, pass, library (the one its name says) of every kernel (for `traceq top
+    --instances`)."""
+    return attributed_kernels(con, trace_id, iteration_regex).select("kernel_id", "layer", "pass",
+                                                                       library="implementation")

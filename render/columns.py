@@ -127,6 +127,8 @@ COLUMNS: dict[str, Column] = {
     "heaviest": Column("Heaviest kernel", "name", 4),
     "libraries": Column("Libraries", "list", 4),
     "operations": Column("Operations", "list", 4),
+    "implementations": Column("Implementations", "list", 4),
+    "attribution": Column("Attribution", "list", 3),
     # memory
     "alloc_bytes": Column("Allocated", "bytes", 2),
     "freed_bytes": Column("Freed", "bytes", 3),

@@ -33,7 +33,7 @@ def _json(db: Path, *args: str) -> list[dict]:
 
 def test_layers(db: Path) -> None:
     rows = _json(db, "layers", "-t", "alexnet_b256_cudnn")
-    assert list(rows[0]) == ["layer", "pass", "kernels", "total_ns", "pct", "heaviest", "libraries"]
+    assert list(rows[0]) == ["layer", "pass", "kernels", "total_ns", "pct", "heaviest", "libraries", "attribution"]
     by_key = {(r["layer"], r["pass"]): r for r in rows}
     assert by_key[("conv1", "forward")]["libraries"].startswith("cuDNN")
     assert by_key[("bconv2", "backward")]["kernels"] > 0
