@@ -69,6 +69,51 @@ def test_every_packaged_rule_names_its_trace_in_a_comment() -> None:
     assert headers and all("#" in line for line in headers)
 
 
+# (launching range, kernel name, library): real pairs. resnet50: reference/resnet50_b32_autograd_40it;
+# mi300: kineto_json/AMD-AGI__TraceLens__mi300__resnet_act_checkpoint (Kineto's cpu_op of the launch)
+LAUNCHED = [
+    ("aten::cudnn_convolution", "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(T1::Params)",
+     "cuDNN"),
+    ("aten::convolution_backward", "sm90_xmma_gemm_f32f32_tf32f32_f32_nt_n_tilesize128x128x32_warpgroupsize1x1x1_"
+     "execute_segment_k_off_kernel__5x_cublas", "cuDNN"),
+    ("aten::miopen_convolution", "Cijk_Ailk_Bljk_BBS_BH_MT32x32x64_MI16x16x16x1_SN_1LDSB0_APM1_ABV0", "MIOpen"),
+    ("aten::convolution_backward", "Cijk_Ailk_Bjlk_BBS_BH_MT32x32x64_MI16x16x16x1_SN_1LDSB0_APM1_ABV0", "MIOpen"),
+    ("aten::addmm", "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize32x32x8_stage3_warpsize1x2x1_ffma_aligna4_"
+     "alignc4_execute_kernel__5x_cublas", "cuBLAS"),
+    ("aten::convolution_backward", "void cudnn::engines_precompiled::nchwToNhwcKernel<float, float, float, "
+     "(bool)0, (bool)1, (cudnnKernelDataType_t)0>(cudnn::engines_precompiled::nchw2nhwc_params_t<T3>, const T1 *, "
+     "T2 *)", "cuDNN"),
+    (None, "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(T1::Params)", "cuBLAS"),
+]
+
+
+@pytest.mark.parametrize("launcher, name, library", LAUNCHED)
+def test_library_by_the_operation_that_launched_the_kernel(launcher: str | None, name: str, library: str) -> None:
+    rules = default_rules()
+    assert rules.launcher_library(launcher, classify(name).library) == library
+
+
+def test_every_packaged_launcher_rule_decides_a_pair() -> None:
+    rules = default_rules()
+    deciding = {next(r.where for r in rules.launchers if classify(name).library in r.implementation
+                     and r.pattern.search(launcher)) for launcher, name, _ in LAUNCHED
+                if launcher and rules.launcher_library(launcher, classify(name).library) != classify(name).library}
+    assert deciding == {rule.where for rule in rules.launchers}
+
+
+def test_user_launcher_rules_come_first(tmp_path: Path) -> None:
+    rules_file = tmp_path / "mine.toml"
+    rules_file.write_text("[[launcher]]  # our own op\nmatch = '^myop::conv'\nimplementation = [\"cuBLAS\"]\n"
+                          "value = \"MyConv\"\n")
+    rules = load_rules(rules_file)
+    assert rules.launcher_library("myop::conv2d", "cuBLAS") == "MyConv"
+    assert rules.launcher_library("aten::cudnn_convolution", "cuBLAS") == "cuDNN"
+    with pytest.raises(TraceqError, match=r"\[\[launcher\]\] rule 1: needs implementation"):
+        bad = tmp_path / "bad.toml"
+        bad.write_text("[[launcher]]\nmatch = 'x'\nvalue = \"y\"\n")
+        load_rules(bad)
+
+
 def test_classification_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         classify("volta_sgemm_128x64_nn").library = "cuDNN"  # type: ignore[misc]

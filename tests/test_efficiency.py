@@ -302,3 +302,49 @@ def test_ce_never_exceeds_the_peak_with_recorded_shapes(resnet50_store, tmp_path
     store = open_store(tmp_path / "corpus.duckdb", create=True)
     for path in corpus:
         _assert_ce_at_most_1(store, load_trace(store, path).trace_id, None)
+
+
+# --- library by the operation that launched the kernel ----------------------------------------
+
+def test_gemms_launched_by_convolutions_are_cudnn(resnet50_store) -> None:
+    """ResNet-50 under emit_nvtx: cuDNN runs some convolutions as CUTLASS or cuBLAS GEMMs. Every
+    kernel whose innermost op range (found here with SQL: the latest range on the launching
+    thread that encloses the launch) is aten::cudnn_convolution or aten::convolution_backward is
+    cuDNN's; its name's library stays its implementation."""
+    from traceq.analysis.layers import attributed_kernels
+
+    con, t = resnet50_store
+    innermost = con.sql(f"""
+        SELECT k.kernel_id, arg_max(regexp_extract(n.name, '^([^,]+)', 1), n.start_ns) AS op
+        FROM kernel_launches k JOIN nvtx n ON n.trace_id = k.trace_id AND n.pid = k.pid
+          AND n.tid = k.launch_tid AND n.kind = 'pushpop'
+          AND n.start_ns <= k.launch_start_ns AND k.launch_start_ns < n.end_ns
+        WHERE k.trace_id = {t} GROUP BY 1""").pl()
+    k = attributed_kernels(con, t).join(innermost, on="kernel_id", how="left")
+    conv = k.filter(pl.col("op").is_in(["aten::cudnn_convolution", "aten::convolution_backward"]))
+    gemms = conv.filter(pl.col("implementation") == "cuBLAS")
+    assert gemms.height >= 3000 and gemms["name"].str.contains("gemm").all()
+    assert set(conv["library"]) == {"cuDNN"}
+    assert set(k.filter(pl.col("op").is_in(["aten::addmm", "aten::mm"]))["library"]) == {"cuBLAS"}
+    assert k.filter(pl.col("library") != pl.col("implementation")).height == gemms.height
+
+
+def test_ce_by_library_counts_only_the_kernels_that_carry_flops(resnet50_store) -> None:
+    """cuBLAS keeps only the fully connected layer, whose FLOPs are analytic: 2 x batch 32 x
+    2048 x 1000 forward, twice that backward (data and weight gradients), 40 iterations. Each
+    library's time is its FLOP-carrying kernels; the others' (batch norm, elementwise) is
+    other_ns, and the two add up to all kernel time."""
+    from traceq.analysis.efficiency import ce_table
+    from traceq.analysis.layers import attributed_kernels
+
+    con, t = resnet50_store
+    frame = ce_table(con, t, "library")
+    rows = {r["library"]: r for r in frame.iter_rows(named=True)}
+    assert rows["cuBLAS"]["flops"] == 3 * 2 * 32 * 2048 * 1000 * 40
+    assert rows["cuDNN"]["other_ns"] > 0 and rows["PyTorch ATen"]["flops"] == 0
+    assert rows["PyTorch ATen"]["total_ns"] == 0 and rows["PyTorch ATen"]["ce"] is None
+    kernels = attributed_kernels(con, t)
+    assert frame["total_ns"].sum() + frame["other_ns"].sum() == kernels["dur_ns"].sum()
+    norm = kernels.filter((pl.col("library") == "cuDNN") & (pl.col("operation") == "normalization"))["dur_ns"].sum()
+    assert rows["cuDNN"]["other_ns"] >= norm > 0  # batch norm is cuDNN's, and carries no FLOPs
+    assert 0 < rows["cuDNN"]["ce"] <= 1 and 0 < rows["cuBLAS"]["ce"] <= 1
