@@ -523,6 +523,10 @@ CUTLASS_GEMM = (
 
 # name, then: library, operation, direction, algorithm, collective, gemm_variant, tensor_cores
 CASES = [
+    # sample_traces/alexnet_b256_amp (ours): cuDNN's fp16 first-layer convolution on HMMA
+    (("sm90_xmma_fprop_image_first_layer_f16f16_f32_f16_nhwckrsc_nhwc_hmma_k64c4r7s7_stride2x2_tile16x64x64_"
+      "tensor1688_execute_kernel_kernel__5x_cudnn"),
+     "cuDNN", "convolution", "forward", None, None, None, True),
     # kineto_json/AMD-AGI__TraceLens__h100__Qwen_Qwen1.5-0.5B-Chat__1016005 (cuBLAS's bf16 GEMM)
     (("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_"
       "segment_k_off_kernel__5x_cublas"),
