@@ -385,3 +385,48 @@ def test_amp_ce_from_recorded_shapes(sample_store) -> None:
     assert forward["flops"] == pytest.approx(2 * 4.09e9 * 32 * 5, rel=0.01)
     assert forward["precision"].startswith("fp16") and 0 < forward["ce"] < 1
     assert (frame["ce"] <= 1).all()
+
+
+# --- no FLOPs dropped ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["alexnet_b256_cudnn", "alexnet_b256_nocudnn", "alexnet_b256_amp", "lenet_b256_cudnn"])
+def test_flops_add_up_to_the_spec(sample_store, name: str) -> None:
+    """Every FLOP of the spec lands in some row, by layer, kernel and library: the spec's
+    per-step FLOPs (its own formulas, tests/test_flops.py) times the steps, here one range per
+    layer and iteration."""
+    from traceq.analysis.efficiency import ce_table
+    from traceq.analysis.flops import spec_layer_flops
+
+    spec = SPECS[name.split("_")[0]]
+    t = trace_id(sample_store, name)
+    iterations = sample_store.execute("SELECT count(*) FROM nvtx WHERE trace_id = ? AND name LIKE 'iteration %'",
+                                      [t]).fetchall()[0][0]
+    total = spec_layer_flops(spec, 256)["flops"].sum() * iterations
+    for by in GroupBy:
+        frame = ce_table(sample_store, t, by, spec=spec)
+        assert frame["flops"].sum() == pytest.approx(total, rel=1e-9), by
+        assert frame.filter(pl.col("flops") > 0)["kernels"].min() > 0, by  # all found kernels (bconv1 by rule)
+
+
+def test_spec_layers_without_kernels_are_said_and_kept(tmp_path: Path) -> None:
+    """A spec layer no kernel of the trace belongs to (here conv1 renamed convA, so neither
+    convA nor bconvA has a range) keeps its FLOPs in a row of its own, and `ce` says so."""
+    spec = tmp_path / "alexnet_renamed.toml"
+    spec.write_text(ALEXNET.read_text().replace('name = "conv1"', 'name = "convA"'))
+    db = tmp_path / "s.duckdb"
+    assert runner.invoke(app, ["load", str(sample("alexnet_b256_cudnn.sqlite")), "--db", str(db)]).exit_code == 0
+    result = runner.invoke(app, ["ce", "--spec", str(spec), "--db", str(db), "-f", "json"])
+    assert result.exit_code == 0, result.output
+    rows = {(r["layer"], r["pass"]): r for r in json.loads(result.stdout)}
+    from traceq.analysis.flops import spec_layer_flops
+
+    step = spec_layer_flops(spec, 256)
+    for layer, pass_ in (("convA", "forward"), ("bconvA", "backward")):
+        row = rows[(layer, pass_)]
+        assert row["kernels"] == 0 and row["total_ns"] == 0 and row["ce"] is None
+        assert row["flops"] == 4 * step.filter(pl.col("layer") == layer)["flops"][0]
+        assert f"{layer} ({pass_}): the spec's" in result.stderr
+    assert sum(r["flops"] for r in rows.values()) == pytest.approx(4 * step["flops"].sum())
+    library = json.loads(runner.invoke(app, ["ce", "--spec", str(spec), "--db", str(db), "--by", "library",
+                                             "-f", "json"]).stdout)
+    assert sum(r["flops"] for r in library) == pytest.approx(4 * step["flops"].sum())
