@@ -430,3 +430,19 @@ def test_spec_layers_without_kernels_are_said_and_kept(tmp_path: Path) -> None:
     library = json.loads(runner.invoke(app, ["ce", "--spec", str(spec), "--db", str(db), "--by", "library",
                                              "-f", "json"]).stdout)
     assert sum(r["flops"] for r in library) == pytest.approx(4 * step["flops"].sum())
+
+
+def test_precision_option_sets_every_kernels_peak(tmp_path: Path) -> None:
+    db = tmp_path / "s.duckdb"
+    assert runner.invoke(app, ["load", str(sample("alexnet_b256_cudnn.sqlite")), "--db", str(db)]).exit_code == 0
+    args = ["ce", "--spec", str(ALEXNET), "--db", str(db), "-f", "json"]
+    own = {r["layer"]: r for r in json.loads(runner.invoke(app, args).stdout)}
+    forced = runner.invoke(app, [*args, "--precision", "fp16"])
+    assert forced.exit_code == 0 and "note:" not in forced.stderr
+    rows = {r["layer"]: r for r in json.loads(forced.stdout)}
+    assert {r["precision"] for r in rows.values()} == {"fp16"}
+    assert own["conv2"]["precision"] == "tf32" and own["fc6"]["precision"] == "fp32"
+    for layer in ("conv2", "fc6"):
+        assert rows[layer]["ce"] == pytest.approx(own[layer]["tflops"] * 1e12 / H200_FP16_PEAK)
+    bad = runner.invoke(app, [*args, "--precision", "fp4"])
+    assert bad.exit_code == 2 and "fp4" in bad.output
