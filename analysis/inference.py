@@ -81,7 +81,7 @@ def infer_layers(
     moved = placed.join(found, on=["context", "new_layer", "rule"], how="left", nulls_equal=True)
     index = index.scatter(moved["pos"], moved["new"].cast(index.dtype))
     contexts = pl.concat([contexts.with_columns(pl.col("attribution").fill_null(pl.lit(NO_STAGE))),
-                          extra.cast(contexts.schema)])
+                          extra.cast(contexts.schema)], rechunk=True)  # one chunk: gathers stay fast
     return index, contexts
 
 
