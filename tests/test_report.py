@@ -267,3 +267,23 @@ def test_report_renders_in_chromium(which: str, request: pytest.FixtureRequest, 
         # plotly gives a legend taller than its figure a scroll bar: the legend is clipped
         bars = re.findall(r'class="scrollbar"[^>]*\bheight="([\d.]+)"', dom[start:end])
         assert all(float(h) == 0 for h in bars), f"{fig_id}'s legend is clipped"
+
+
+def test_ce_figure_reads_fp32_tf32_and_fp16_on_one_axis(sample_store) -> None:
+    """Each layer's CE is against its own precision's peak, so one 0-100 % axis reads the TF32
+    convolutions, the FP32 GEMMs and the fp16 autocast run alike (with a TF32 or FP32 denominator
+    the AMP bars went to 130 % and 1,000 %, flattening the others); hover names the precision."""
+    import json
+
+    from traceq.analysis.efficiency import ce_table
+
+    frames = {name: ce_table(sample_store, trace_id(sample_store, name), "layer", spec=SPEC)
+              for name in ("alexnet_b256_cudnn", "alexnet_b256_amp")}
+    figure = figures.ce_chart(frames).figure
+    layout = json.loads(figure.to_json())["layout"]
+    assert layout["yaxis"]["range"] == [0, 100] and layout["yaxis2"]["range"] == [0, 100]
+    bars = [trace for trace in figure.data if trace.type == "bar"]
+    values = [y for trace in bars for y in trace.y]
+    assert values and max(values) <= 100 and min(values) > 0
+    assert all("precision: %{customdata[2]}" in trace.hovertemplate for trace in bars)
+    assert {row[2] for trace in bars for row in trace.customdata} >= {"tf32", "fp32", "fp16"}
