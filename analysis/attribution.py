@@ -58,6 +58,11 @@ from traceq.analysis.nesting import in_start_order, null_if_negative, thread_cha
 ITERATION_REGEX = r"(?i)^\s*(iteration|iter|step|ProfilerStep)[\s_#]*\d+\s*$"
 """Range names that mark one training step: 'iteration 0', 'step 12', Kineto's 'ProfilerStep#3'."""
 
+APPLICATION_DOMAINS = ("user_annotation", "cpu_op", "python_function")
+"""Range domains that are the application's besides NVTX's default one (NULL): Kineto's
+categories for record_function ranges, operators and Python frames. Libraries' own NVTX domains
+(NCCL's, ...) are not."""
+
 STAGES = ("data_copy", "forward", "backward", "weight_update")
 """Stage range names (the paper's stages 3 to 5); anything else is 'other'."""
 
@@ -175,7 +180,9 @@ def kernel_launches(
                       f"WHERE trace_id = {t}{' ORDER BY kernel_id' if ordered else ''}").pl()
     key = pl.struct("name_h", "short_h")  # a lookup, not a join: joins copy every column
     rows = pl.int_range(0, names.height, dtype=pl.UInt32, eager=True)
-    kernels = kernels.with_columns(name_row=key.replace_strict(names.select(key).to_series(), rows))
+    # (polars gives an empty lookup the key's type, so a trace without kernels gets its own)
+    kernels = kernels.with_columns(name_row=key.replace_strict(names.select(key).to_series(), rows)
+                                   if names.height else pl.lit(None, pl.UInt32))
     return kernels.drop("name_h", "short_h"), names.drop("name_h", "short_h")
 
 
@@ -228,7 +235,7 @@ def point_contexts(
 
     def layer_ranges() -> pl.DataFrame:  # read again only when a launch needs them
         candidates = names.filter(~pl.col("is_iter") & ~pl.col("is_stage")).select("name_id", "nm")
-        return (_ranges(con, t, names, default_domain=True)
+        return (_ranges(con, t, names, application=True)
                 .filter(~pl.col("startend") & (pl.col("end_ns") > pl.col("start_ns")))
                 .join(candidates, on="name_id").select("pid", "start_ns", "end_ns", "nm"))
 
@@ -251,17 +258,18 @@ def _range_names(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex:
 
 
 def _ranges(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame, *,
-            default_domain: bool = False) -> pl.DataFrame:
+            application: bool = False) -> pl.DataFrame:
     """The trace's push/pop and start/end ranges: pid, tid, start_ns, end_ns (open ones end at
     the end of time), startend, name_id, in table order: nesting needs it where two ranges of a
     thread start at once, so they are read from nvtx_events (a scan keeps the order; the `nvtx`
     view's join, run in parallel, does not) and their attributes looked up here. Names travel as
     their hash, turned into the id here; should two names share a hash, the names themselves
-    are looked up instead (slower). `default_domain`: only the ranges of NVTX's default domain
-    (the application's, not a library's such as NCCL's)."""
+    are looked up instead (slower). `application`: only the application's ranges (`APPLICATION_DOMAINS`),
+    not a library's such as NCCL's."""
+    domains = ", ".join(_sql_string(d) for d in APPLICATION_DOMAINS)
     attributes = con.sql(f"SELECT attributes_id, pid, tid, kind = 'startend' AS startend FROM nvtx_attributes "
                          f"WHERE trace_id = {trace_id} AND kind IN ('pushpop', 'startend')"
-                         f"{' AND domain IS NULL' if default_domain else ''}").pl()
+                         f"{f' AND (domain IS NULL OR domain IN ({domains}))' if application else ''}").pl()
     by_hash = names["h"].is_unique().all()
     frame = con.sql(f"""
         SELECT attributes_id, start_ns, coalesce(end_ns, {_FOREVER}) AS end_ns,

@@ -357,8 +357,9 @@ def kernel_ce(con: duckdb.DuckDBPyConnection, trace_id: int, *, spec: Path | Non
     GPU has none), flops.
 
     A kernel's precision is `precision` when given, else what its name says
-    (`[[precision]]` rules), else its operator's data type (the spec layer's dtype), else
-    float32; float32 means TF32 on a kernel whose name shows tensor cores.
+    (`[[precision]]` rules), else its operator's data type (the spec layer's dtype, or the
+    recorded input type of the Kineto operator that launched it), else float32; float32 means
+    TF32 on a kernel whose name shows tensor cores.
 
     FLOPs come from the model spec when given (a layer's FLOPs per step times the times its
     range occurs, spread over its convolution and GEMM kernels by `distribute_flops`; the batch
@@ -366,37 +367,38 @@ def kernel_ce(con: duckdb.DuckDBPyConnection, trace_id: int, *, spec: Path | Non
     shapes PyTorch recorded in the trace (`flops.kernel_flops`). Within a layer or op the FLOPs
     are shared in proportion to each kernel's capacity (time x peak). A spec layer whose FLOPs
     find no kernel in the trace gets a row of its own with a null kernel_id and no time, so the
-    FLOPs add up to the spec's (see `unplaced_flops`). Raises MissingDataError when the trace
+    FLOPs add up to the spec's (`ce_notes` says which). Raises MissingDataError when the trace
     has neither shapes nor spec.
     """
     from traceq.analysis.classify import classify_names
-    from traceq.analysis.flops import kernel_flops
+    from traceq.analysis.flops import kernel_op_rows
     from traceq.analysis.modelspec import load_spec, spec_layer_flops
 
     k = attributed_kernels(con, trace_id, iteration_regex) if kernels is None else kernels
     names = classify_names(k["name"].unique()).select("name", "tensor_cores", name_precision="precision")
     k = k.join(names, on="name", how="left")
-    layers = None
     if spec is not None:
         if batch is None:
             batch = infer_batch(con, trace_id, k, math.prod(load_spec(spec).input_shape) * 4)
         layers = _spec_flops(con, trace_id, spec_layer_flops(spec, batch), k)
         k = k.join(layers.select("layer", "pass", "dtype"), on=["layer", "pass"], how="left", nulls_equal=True)
-    else:
-        k = k.with_columns(dtype=pl.lit(None, pl.String))
+    else:  # each op's FLOPs over its kernels, and the op's recorded dtype (Kineto) where there is one
+        shares = kernel_op_rows(con, trace_id).select("kernel_id", "op_row", "dtype", op_flops="flops")
+        k = k.join(shares, on="kernel_id", how="left")
     k = _with_precision(k, precision)
     k = k.with_columns(peak_flops=_kernel_peaks(con, trace_id, k))
     # a kernel's share of its group's FLOPs follows what it could have done: time x peak
     typical = k["peak_flops"].mean() or 1.0
     k = k.with_columns(capacity=pl.col("dur_ns") * pl.col("peak_flops").fill_null(typical))
-    if layers is not None:
-        flops = distribute_flops(k, layers, ["layer", "pass"])
-    else:
-        flops = kernel_flops(con, trace_id, weights=k.select("kernel_id", weight="capacity")).select(
-            "kernel_id", pl.col("flops").cast(pl.Float64))
-    k = k.join(flops, on="kernel_id", how="left").with_columns(pl.col("flops").fill_null(0.0))
+    if spec is not None:
+        k = k.join(distribute_flops(k, layers, ["layer", "pass"]), on="kernel_id", how="left")
+    else:  # the kernels that share an op's FLOPs by time share them by capacity
+        size = pl.when(pl.col("op_flops") > 0).then(pl.col("capacity")).otherwise(0.0)
+        k = k.with_columns(flops=(pl.col("op_flops").sum().over("op_row") * size / size.sum().over("op_row"))
+                           .fill_nan(0.0))
+    k = k.with_columns(pl.col("flops").fill_null(0.0))
     k = k.select(*_KERNEL_CE)
-    if layers is not None:
+    if spec is not None:
         k = pl.concat([k, _unplaced_rows(k, layers, precision)], how="vertical_relaxed")
     return k
 

@@ -51,7 +51,8 @@ def op_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
 
     Columns: pid, tid, start_ns, end_ns (the range in the `nvtx` table), op ('aten::conv2d'),
     pass ('forward', or 'backward' inside an autograd `...Backward...` range), flops (Int64),
-    dtype ('float32': the ranges do not record it). One row per outermost range of FLOP_OPS.
+    dtype (null: NVTX ranges do not record it; a Kineto operator's first tensor input type, as
+    `peaks.DTYPES` names it). One row per outermost range of FLOP_OPS.
 
     A forward convolution's output size comes from the op that consumes it (`input_op_ids`);
     one whose output no op consumed is left out. `aten::convolution_backward` records
@@ -89,36 +90,35 @@ def op_shapes(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
         [_range_flops(*row) for row in counts.iter_rows()], dtype=pl.Int64))
     return (shaped.join(counts, on=keys, how="left", nulls_equal=True)
             .filter(pl.col("flops").is_not_null())
-            .with_columns(dtype=pl.lit("float32"))
+            .with_columns(dtype=pl.lit(None, pl.String))
             .select(columns)
             .sort("pid", "tid", "start_ns")
             .with_row_index("op_row"))
 
 
-def kernel_flops(con: duckdb.DuckDBPyConnection, trace_id: int, weights: pl.DataFrame | None = None) -> pl.DataFrame:
+def kernel_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
     """Each op's FLOPs (op_flops) spread over the kernels launched inside its range.
 
     A kernel belongs to the op range open on its launching thread (same pid and tid) at the
     launch call. Within one op, kernels that `classify_names` calls convolution or gemm share
-    the FLOPs pro rata by duration (by `weights`' weight column, per kernel_id, when given:
-    `efficiency.kernel_ce` passes time x peak), helpers (layout transforms, fills) get 0; an op
-    that launched no convolution or gemm kernel spreads them over all its kernels. Integer
-    shares sum exactly to each op's FLOPs (the remainder goes to the largest share).
+    the FLOPs pro rata by duration, helpers (layout transforms, fills) get 0; an op that
+    launched no convolution or gemm kernel spreads them over all its kernels. Integer shares
+    sum exactly to each op's FLOPs (the remainder goes to the longest kernel).
 
-    Columns: kernel_id, flops (Int64), op, pass, source ('nvtx shapes'); only kernels inside
-    FLOP-bearing ranges, ordered by kernel_id.
+    Columns: kernel_id, flops (Int64), op, pass, dtype (the op's, as `op_flops` gives it),
+    source ('nvtx shapes'); only kernels inside FLOP-bearing ranges, ordered by kernel_id.
     """
-    return _kernel_shares(con, trace_id, weights=weights).drop("op_row")
+    return _kernel_shares(con, trace_id).drop("op_row")
 
 
 def kernel_op_rows(con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFrame | None = None) -> pl.DataFrame:
     """`kernel_flops` with op_row, the row of `op_shapes` (pass it when you have it) that each
-    kernel belongs to."""
+    kernel belongs to (for spreading an op's FLOPs otherwise: `efficiency.kernel_ce` spreads
+    them by time x peak)."""
     return _kernel_shares(con, trace_id, ops)
 
 
-def _kernel_shares(con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFrame | None = None,
-                   weights: pl.DataFrame | None = None) -> pl.DataFrame:
+def _kernel_shares(con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFrame | None = None) -> pl.DataFrame:
     """kernel_flops with op_row, the number of the op range each kernel belongs to (the row of
     `op_shapes` for emit_nvtx ranges, of `op_flops` for Kineto operators)."""
     ops = (op_flops(con, trace_id).with_row_index("op_row") if ops is None else ops).select(
@@ -132,14 +132,10 @@ def _kernel_shares(con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFr
     classes = classify_names(inside["name"].unique()).select(
         "name", compute=pl.col("operation").is_in(["convolution", "gemm"]))
     k = inside.join(classes, on="name", how="left").with_columns(pl.col("compute").fill_null(False))
-    if weights is None:
-        k = k.with_columns(size=pl.col("dur_ns").cast(pl.Float64))
-    else:
-        k = k.join(weights.select("kernel_id", size=pl.col("weight").cast(pl.Float64)), on="kernel_id", how="left")
     by_op = pl.col("op_row")
     k = k.with_columns(weight=pl.when(pl.col("compute").any().over(by_op))
-                       .then(pl.when(pl.col("compute")).then(pl.col("size")).otherwise(0))
-                       .otherwise(pl.col("size")).cast(pl.Float64))
+                       .then(pl.when(pl.col("compute")).then(pl.col("dur_ns")).otherwise(0))
+                       .otherwise(pl.col("dur_ns")).cast(pl.Float64))
     k = k.with_columns(weight=pl.when(pl.col("weight").sum().over(by_op) > 0).then(pl.col("weight"))
                        .otherwise(1.0))
     k = k.with_columns(share=(pl.col("flops") * pl.col("weight") / pl.col("weight").sum().over(by_op))
@@ -147,7 +143,7 @@ def _kernel_shares(con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFr
     longest = pl.struct(-pl.col("weight"), pl.col("kernel_id")).rank("ordinal").over(by_op) == 1
     k = k.with_columns(share=pl.col("share") + pl.when(longest).then(
         pl.col("flops") - pl.col("share").sum().over(by_op)).otherwise(0))
-    return (k.select("kernel_id", pl.col("share").alias("flops"), "op", "pass",
+    return (k.select("kernel_id", pl.col("share").alias("flops"), "op", "pass", "dtype",
                      source=pl.lit("nvtx shapes"), op_row=pl.col("op_row")).sort("kernel_id"))
 
 
@@ -310,7 +306,7 @@ def _kineto_op_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFr
     flop_ops = ", ".join(f"'{op}'" for op in FLOP_OPS)
     ops = con.sql(f"""
         WITH o AS (
-            SELECT pid, tid, start_ns, end_ns, name AS op, input_dims, concrete_inputs,
+            SELECT pid, tid, start_ns, end_ns, name AS op, input_dims, concrete_inputs, input_types,
                    max(end_ns) OVER w AS cover
             FROM operators WHERE trace_id = {int(trace_id)} AND name IN ({flop_ops})
             WINDOW w AS (PARTITION BY pid, tid ORDER BY start_ns, end_ns DESC
@@ -318,7 +314,7 @@ def _kineto_op_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFr
         ),
         backward AS (SELECT pid, tid, start_ns, end_ns FROM nvtx WHERE trace_id = {int(trace_id)}
                      AND domain = 'cpu_op' AND name LIKE '%Backward%')
-        SELECT o.pid, o.tid, o.start_ns, o.end_ns, o.op, o.input_dims, o.concrete_inputs,
+        SELECT o.pid, o.tid, o.start_ns, o.end_ns, o.op, o.input_dims, o.concrete_inputs, o.input_types,
                CASE WHEN o.op = '{_CONV_BACKWARD}' OR EXISTS (SELECT 1 FROM backward b WHERE b.pid = o.pid
                     AND b.tid = o.tid AND b.start_ns <= o.start_ns AND o.end_ns <= b.end_ns)
                     THEN 'backward' ELSE 'forward' END AS pass
@@ -330,8 +326,10 @@ def _kineto_op_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFr
     counts = ops.select(keys).unique()
     counts = counts.with_columns(flops=pl.Series([_operator_flops(*row) for row in counts.iter_rows()],
                                                  dtype=pl.Int64))
+    types = ops.select("input_types").unique()
+    types = types.with_columns(dtype=pl.Series([_operator_dtype(t) for t in types["input_types"]], dtype=pl.String))
     return (ops.join(counts, on=keys, how="left", nulls_equal=True).filter(pl.col("flops").is_not_null())
-            .with_columns(dtype=pl.lit("float32"))
+            .join(types, on="input_types", how="left", nulls_equal=True)
             .select("pid", "tid", "start_ns", "end_ns", "op", "pass", "flops", "dtype")
             .sort("pid", "tid", "start_ns"))
 
@@ -372,6 +370,23 @@ def _operator_flops(op: str, input_dims: str | None, concrete_inputs: str | None
     if op in _CONV:
         return None
     return _gemm_flops(op, sizes)
+
+
+_TYPE_DTYPE = {"float": "float32", "double": "float64", "c10::Half": "float16", "c10::BFloat16": "bfloat16",
+               "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8", "c10::Float8_e4m3fnuz": "fp8",
+               "c10::Float8_e5m2fnuz": "fp8", "signed char": "int8"}
+
+
+def _operator_dtype(input_types: str | None) -> str | None:
+    """The data type (`peaks.DTYPES`) of an operator's first tensor input, from Kineto's Input
+    type list ('["c10::Half", "c10::Half"]' -> 'float16'); None when no input names one."""
+    import json
+
+    try:
+        types = json.loads(input_types) if input_types else []
+    except ValueError:
+        return None
+    return next((_TYPE_DTYPE[t] for t in types if isinstance(t, str) and t in _TYPE_DTYPE), None)
 
 
 def _parsed(text: object) -> object:

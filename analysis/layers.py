@@ -39,7 +39,7 @@ def _libraries(index: pl.Series, name_row: pl.Series, contexts: pl.DataFrame,
     rules = default_rules()
     libraries = names["library"].unique(maintain_order=True)
     code_of = {library: code for code, library in enumerate(libraries.to_list())}
-    by_name = names["library"].replace_strict(code_of, return_dtype=pl.UInt32).gather(name_row)
+    by_name = names["library"].replace_strict(code_of, return_dtype=pl.UInt32).cast(pl.UInt32).gather(name_row)
     launching = contexts.with_row_index("context").filter(
         pl.col("layer").map_elements(rules.launches, return_dtype=pl.Boolean, skip_nulls=True).fill_null(False))
     if launching.is_empty():

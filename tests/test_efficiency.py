@@ -294,16 +294,73 @@ def test_ce_never_exceeds_the_peak_on_the_samples(sample_store, name: str) -> No
 
 
 def test_ce_never_exceeds_the_peak_with_recorded_shapes(resnet50_store, tmp_path: Path) -> None:
-    """The reference ResNet-50 (emit_nvtx shapes), and every corpus export with shapes."""
+    """The reference ResNet-50 (emit_nvtx shapes), and every nsys or nvprof corpus export with
+    shapes (none today: the corpus's PyTorch captures under nsys record no shapes)."""
     from traceq.ingest import load_trace
     from traceq.store import open_store
 
     con, t = resnet50_store
     assert _assert_ce_at_most_1(con, t, None) >= 10
-    corpus = _corpus_with_shapes()  # none today: the corpus's PyTorch captures record no shapes
     store = open_store(tmp_path / "corpus.duckdb", create=True)
-    for path in corpus:
+    for path in _corpus_with_shapes():
         _assert_ce_at_most_1(store, load_trace(store, path).trace_id, None)
+
+
+def _kineto_with_shapes_and_gpu() -> list[Path]:
+    """The corpus's Kineto traces that record operator shapes and a GPU's compute capability
+    (found by a byte search of the JSON, not by traceq)."""
+    import gzip
+
+    from conftest import shared_files
+
+    found = []
+    for path in shared_files("realtraces", "kineto_json/*.json*"):
+        data = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
+        if b'"computeMajor"' in data and b'"Input Dims"' in data:
+            found.append(path)
+    return found
+
+
+def test_ce_never_exceeds_the_peak_on_kineto_traces(tmp_path: Path) -> None:
+    """Every Kineto trace CE can be computed for: the samples (fp32 and fp16 autocast AlexNet) and
+    the corpus's (H100 transformers, DLRM, HTA's, ResNet-50 on V100); the others lack a CUDA
+    compute capability (AMD, B200 without device properties) or FLOP-bearing operators. ~10 s."""
+    from traceq.errors import MissingDataError
+    from traceq.ingest import load_trace
+    from traceq.store import open_store
+
+    store = open_store(tmp_path / "kineto.duckdb", create=True)
+    computed = 0
+    for path in [*sorted(SAMPLES.glob("*.json")), *_kineto_with_shapes_and_gpu()]:
+        t = load_trace(store, path).trace_id
+        try:
+            _assert_ce_at_most_1(store, t, None)
+        except MissingDataError:
+            continue
+        computed += 1
+    assert computed >= 2 + (11 if _kineto_with_shapes_and_gpu() else 0)
+
+
+def test_an_operators_recorded_dtype_decides_where_the_name_says_nothing(tmp_path: Path) -> None:
+    """Kineto records each operator's input types: under fp16 autocast, cuDNN's workspace
+    kernels (names without a type) launched by convolutions on c10::Half inputs are fp16; the
+    same kernels in the fp32 run are TF32 (float on tensor cores)."""
+    from traceq.analysis.efficiency import kernel_ce
+    from traceq.ingest import load_trace
+    from traceq.store import open_store
+
+    store = open_store(tmp_path / "kineto.duckdb", create=True)
+    for name, expected, input_type in (("alexnet_b256_amp_kineto.json", "fp16", "c10::Half"),
+                                       ("alexnet_b256_kineto.json", "tf32", "float")):
+        path = sample(name)
+        types = {e.get("args", {}).get("Input type", [None])[0] for e in json.loads(path.read_text())["traceEvents"]
+                 if e.get("cat") == "cpu_op" and e.get("name") == "aten::cudnn_convolution"}
+        assert types == {input_type}  # what the JSON itself says
+        k = kernel_ce(store, load_trace(store, path).trace_id)
+        by_op = k.filter((pl.col("flops") > 0) & (pl.col("precision_from") == "operator dtype"))
+        assert by_op.height and set(by_op["precision"]) == {expected}
+        assert by_op["name"].str.contains("init_device_workspace").all()
+        assert k.filter(pl.col("precision_from") == "assumed float32")["flops"].sum() == 0
 
 
 # --- library by the operation that launched the kernel ----------------------------------------

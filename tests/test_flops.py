@@ -247,7 +247,7 @@ def test_resnet50_backward_is_twice_forward_but_the_first_conv(resnet50_store) -
     assert total["aten::convolution_backward/backward"] == (
         2 * total["aten::conv2d/forward"] - ITERATIONS * first_conv)
     assert total["aten::mm/backward"] == 2 * total["aten::linear/forward"]
-    assert set(ops["dtype"]) == {"float32"}
+    assert set(ops["dtype"]) == {None}  # NVTX ranges record no dtype (Kineto operators do)
 
 
 def test_resnet50_kernel_flops_add_up_and_cover_the_compute_kernels(resnet50_store) -> None:
