@@ -64,13 +64,16 @@ def test_hand_written_spec_gives_the_gemms_of_the_recorded_shapes(store) -> None
     con, ids, _ = store
     expected = _expected_gemms(json.loads((NCU / "alexnet_b256_fp32_shapes.json").read_text()))
     launches = launch_traffic(con, ids["alexnet_b256_cudnn"], spec=SPEC).filter(pl.col("m").is_not_null())
+    # conv1's weight gradient runs after bconv1's range closed (bconv1 by rule, analysis/inference.py)
+    # on the 3 input channels padded to 4: its grid has 4 tiles of 128 along C x R x S (363 needs 3)
+    m, n, k = expected[("bconv1", "wgrad")]
+    expected[("bconv1", "wgrad")] = (m, n // 3 * 4, k)
     seen = set()
     for row in launches.iter_rows(named=True):
         m, n, k = expected[(row["layer"], row["direction"])]
         assert (row["k"], {row["m"], row["n"]}) == (k, {m, n}), row
         seen.add((row["layer"], row["direction"]))
-    # conv1's weight gradient runs outside bconv1's range (in no layer); conv1 has no data gradient
-    assert seen == set(expected) - {("bconv1", "dgrad"), ("bconv1", "wgrad")}
+    assert seen == set(expected) - {("bconv1", "dgrad")}  # conv1 has no data gradient
 
 
 def _ncu_layers(path: Path) -> dict[tuple[str, str], list[float]]:
