@@ -471,14 +471,14 @@ def ce_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = 
     by their time.
 
     Columns: the keys (layer, pass | name | library), precision (the FLOP-carrying kernels'
-    precisions by their share of time: 'tf32 82%, fp32 18%'), kernels, total_ns, [other_ns,]
+    precisions by their share of time: 'tf32 82%, fp32 18%'), kernels, total_ns, [no_flops_ns,]
     flops, tflops (achieved TFLOP/s), peak_tflops, ce (fraction), tensor_core_pct (share of
     total_ns in kernels whose names show tensor cores).
 
     By layer, total_ns is all of the layer's kernels (the paper's layer time: layout transforms
     and the like count against the layer) and groups without FLOPs are left out. By kernel
     name and by library only FLOP-carrying kernels count in kernels and total_ns, so libraries
-    compare like with like; other_ns is the time of the group's kernels that carry no FLOPs
+    compare like with like; no_flops_ns is the time of the group's kernels that carry no FLOPs
     (normalization, elementwise, layout); by library every library has a row, by kernel only
     names with FLOPs. Spec layers whose FLOPs found no kernel have rows with no time and a
     null CE (null library and name). Raises MissingDataError without shapes or spec (with how
@@ -500,7 +500,7 @@ def ce_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = 
     frame = k.group_by(keys).agg(
         (counted & real).sum().cast(pl.Int64).alias("kernels"),
         time.cast(pl.Int64).alias("total_ns"),
-        pl.col("dur_ns").filter(~carries).sum().cast(pl.Int64).alias("other_ns"),
+        pl.col("dur_ns").filter(~carries).sum().cast(pl.Int64).alias("no_flops_ns"),
         pl.col("flops").sum(),
         (pl.col("dur_ns") * pl.col("peak_flops")).filter(carries & real).sum().alias("capacity"),
         pl.col("dur_ns").filter(carries & real).sum().alias("carrier_ns"),
@@ -517,7 +517,7 @@ def ce_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = 
              .with_columns(tflops=pl.when(pl.col("total_ns") > 0).then(pl.col("flops") / seconds / 1e12),
                            peak_tflops=peak / 1e12)
              .with_columns(ce=pl.col("tflops") / pl.col("peak_tflops")))
-    columns = [*keys, "precision", "kernels", "total_ns", *(["other_ns"] if by is not GroupBy.layer else []),
+    columns = [*keys, "precision", "kernels", "total_ns", *(["no_flops_ns"] if by is not GroupBy.layer else []),
                "flops", "tflops", "peak_tflops", "ce", "tensor_core_pct"]
     return frame.select(columns).sort(["flops", "total_ns", *keys], descending=[True, True] + [False] * len(keys),
                                       nulls_last=True)

@@ -71,6 +71,7 @@ COLUMNS: dict[str, Column] = {
     "backward_ns": Column("Backward", "duration", 2),
     "weight_update_ns": Column("Weight update", "duration", 2),
     "other_ns": Column("Other", "duration", 3),
+    "no_flops_ns": Column("Time without FLOPs", "duration", 3),
     "diff_ns": Column("B - A", "duration", 2),
     "ratio": Column("B / A", "number", 2),
     # counts

@@ -392,7 +392,7 @@ def test_ce_by_library_counts_only_the_kernels_that_carry_flops(resnet50_store) 
     """cuBLAS keeps only the fully connected layer, whose FLOPs are analytic: 2 x batch 32 x
     2048 x 1000 forward, twice that backward (data and weight gradients), 40 iterations. Each
     library's time is its FLOP-carrying kernels; the others' (batch norm, elementwise) is
-    other_ns, and the two add up to all kernel time."""
+    no_flops_ns, and the two add up to all kernel time."""
     from traceq.analysis.efficiency import ce_table
     from traceq.analysis.layers import attributed_kernels
 
@@ -400,12 +400,12 @@ def test_ce_by_library_counts_only_the_kernels_that_carry_flops(resnet50_store) 
     frame = ce_table(con, t, "library")
     rows = {r["library"]: r for r in frame.iter_rows(named=True)}
     assert rows["cuBLAS"]["flops"] == 3 * 2 * 32 * 2048 * 1000 * 40
-    assert rows["cuDNN"]["other_ns"] > 0 and rows["PyTorch ATen"]["flops"] == 0
+    assert rows["cuDNN"]["no_flops_ns"] > 0 and rows["PyTorch ATen"]["flops"] == 0
     assert rows["PyTorch ATen"]["total_ns"] == 0 and rows["PyTorch ATen"]["ce"] is None
     kernels = attributed_kernels(con, t)
-    assert frame["total_ns"].sum() + frame["other_ns"].sum() == kernels["dur_ns"].sum()
+    assert frame["total_ns"].sum() + frame["no_flops_ns"].sum() == kernels["dur_ns"].sum()
     norm = kernels.filter((pl.col("library") == "cuDNN") & (pl.col("operation") == "normalization"))["dur_ns"].sum()
-    assert rows["cuDNN"]["other_ns"] >= norm > 0  # batch norm is cuDNN's, and carries no FLOPs
+    assert rows["cuDNN"]["no_flops_ns"] >= norm > 0  # batch norm is cuDNN's, and carries no FLOPs
     assert 0 < rows["cuDNN"]["ce"] <= 1 and 0 < rows["cuBLAS"]["ce"] <= 1
 
 

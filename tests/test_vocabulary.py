@@ -63,8 +63,8 @@ def test_every_column_is_in_the_vocabulary(outputs: dict[str, tuple[list[dict], 
 def test_shares_are_percent_in_tables_and_fractions_in_json(outputs: dict[str, tuple[list[dict], str]]) -> None:
     """A header ending in '%' shows a percentage in every table: for RU, occupancy and CE (which
     csv and json hold as fractions, 0 to 1) the cell is 100 times the json value."""
-    fractions = {"RU %", "Occupancy %", "Paper RU %", "Kineto occupancy %", "CE FP32 %", "CE tensor %",
-                 "A RU %", "B RU %", "A CE FP32 %", "B CE FP32 %"}
+    fractions = {"RU %", "Occupancy %", "Paper RU %", "Kineto occupancy %", "CE %", "A RU %", "B RU %",
+                 "A CE %", "B CE %"}
     seen = set()
     for name, (records, table) in outputs.items():
         headers = _headers(table)
@@ -79,7 +79,7 @@ def test_shares_are_percent_in_tables_and_fractions_in_json(outputs: dict[str, t
                 if record[key] is not None:
                     assert record[key] >= 0, (name, key, record[key])
                     assert row[i] == f"{100 * record[key]:.1f}", (name, key, row[i], record[key])
-    assert {"RU %", "Occupancy %", "CE FP32 %", "A RU %"} <= seen
+    assert {"RU %", "Occupancy %", "CE %", "A RU %"} <= seen
 
 
 def test_occupancy_speaks_like_ru(outputs: dict[str, tuple[list[dict], str]]) -> None:
