@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
+from traceq.analysis.classify import classify
 from traceq.errors import TraceqError
 
 DEFAULT_TILE = (128, 128, 32)
@@ -27,12 +28,12 @@ MATHS = ("ffma", "fp16x2", "tf32", "fp16", "bf16", "fp8", "int8")
 ELEMENT_BYTES = {"ffma": 4, "tf32": 4, "fp16x2": 2, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 """Bytes per operand element, by math: TF32 kernels read and write FP32 tensors."""
 
-_CHOICES = {"math": MATHS, "schedule": ("split_k", "segment_k", "stream_k"),
+_CHOICES = {"schedule": ("split_k", "segment_k", "stream_k"),
             "operand_path": ("l1", "bypass", "tma"), "layout": ("nchw", "nhwc")}
 _NUMBERS = ("m", "n", "k", "stages")
 _KEYS = {"not_modelled": ("reason",), "tile": _NUMBERS, "warps": (),
          **{question: ("value",) for question in _CHOICES}}
-_DEFAULTS = {"math": "ffma", "operand_path": "l1", "layout": "nchw"}
+_DEFAULTS = {"operand_path": "l1", "layout": "nchw"}
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,19 @@ def _first(question: str, name: str, mangled: str | None) -> dict[str, str | int
     return None
 
 
+def kernel_math(name: str, mangled: str | None) -> str | None:
+    """The unit whose peak bounds the kernel, from the precision and tensor-core answers of
+    `classify` (the one place kernel names are read for precision): FP32 is 'ffma' on the CUDA
+    cores, FP16 without tensor cores 'fp16x2' (packed half), a tensor-core type itself. None
+    where the name tells no precision, or one the model has no peak for (FP64)."""
+    kernel = classify(name, mangled)
+    if kernel.precision == "fp32":
+        return "ffma"
+    if kernel.precision == "fp16" and not kernel.tensor_cores:
+        return "fp16x2"
+    return kernel.precision if kernel.precision in MATHS else None
+
+
 @lru_cache(maxsize=4096)
 def kernel_tile(name: str, mangled: str | None = None) -> KernelTile:
     """What the rules read from one kernel name (and its mangled name, when known)."""
@@ -150,13 +164,14 @@ def kernel_tile(name: str, mangled: str | None = None) -> KernelTile:
             flags.append("default tile")
     warps = _first("warps", name, mangled) or {}
     choice = {question: (_first(question, name, mangled) or {}).get("value") for question in _CHOICES}
-    if choice["math"] is None and skip is None:
+    math = kernel_math(name, mangled)
+    if math is None and skip is None:
         flags.append("math assumed ffma")
     return KernelTile(
         name=name, reason=str(skip["reason"]) if skip else None,
         m=int(tile["m"]), n=int(tile["n"]), k=int(tile.get("k", DEFAULT_TILE[2])),
         stages=int(tile["stages"]) if "stages" in tile else None,
         warps_m=int(warps["wm"]) if "wm" in warps else None, warps_n=int(warps["wn"]) if "wn" in warps else None,
-        math=str(choice["math"] or _DEFAULTS["math"]), schedule=choice["schedule"],  # type: ignore[arg-type]
+        math=math or "ffma", schedule=choice["schedule"],  # type: ignore[arg-type]
         operand_path=str(choice["operand_path"] or _DEFAULTS["operand_path"]),
         layout=str(choice["layout"] or _DEFAULTS["layout"]), flags=tuple(flags))

@@ -123,6 +123,10 @@ def test_a_tile_spelled_in_the_name_is_the_tile_read(names: dict[str, str]) -> N
     ("void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nt_align1>(T1::Params)",
      ("ffma", None, "l1", "nchw", None, None)),
     ("nvjet_sm90_hsh_320x128_64x3_1x2_h_ssched_bz_coopB_NNT", ("fp16", None, "tma", "nchw", None, None)),
+    # BF16 (Kineto's operator dtypes say so); the tile rules' own math list once called both TF32
+    ("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNN", ("bf16", None, "tma", "nchw", None, None)),
+    ("void cutlass::Kernel2<cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_nn_align1>(T1::Params)",
+     ("bf16", None, "bypass", "nchw", None, None)),
 ])
 def test_how_a_kernel_runs(name: str, expected: tuple) -> None:
     t = kernel_tile(name)
