@@ -46,11 +46,10 @@ from typing import Any, ClassVar
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from traceq.errors import TraceFormatError
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo
-from traceq.ingest.json_events import TraceEvents, uncompressed_size
+from traceq.ingest.json_events import Batch, TraceEvents, uncompressed_size
 from traceq.ingest.nvprof import base_name, demangle
 from traceq.store import connect
 
@@ -70,28 +69,30 @@ KNOWN_CLOCKS_HZ = {
 lack it. Each value is the clockRate of a device record of the same name (nsys TARGET_INFO_GPU,
 nvprof CUPTI_ACTIVITY_KIND_DEVICE) in our reference traces or realtraces; tests check them."""
 
-_ARGS = {
-    "correlation": "BIGINT", "External id": "BIGINT",
-    "device": "BIGINT", "context": "BIGINT", "stream": "VARCHAR",
-    "registers per thread": "BIGINT", "shared memory": "BIGINT", "grid": "BIGINT[]", "block": "BIGINT[]",
-    "est. achieved occupancy %": "DOUBLE", "bytes": "BIGINT",
-    "Total Allocated": "BIGINT", "Addr": "UBIGINT", "Device Id": "BIGINT",
-    "Device Type": "BIGINT",
-    "Input Dims": "JSON", "Input type": "JSON", "Concrete Inputs": "JSON", "flops": "BIGINT",
-    "Sequence number": "BIGINT",
+_COLLECTIVE = {
     "Collective name": "VARCHAR", "In msg nelems": "BIGINT", "Out msg nelems": "BIGINT",
     "In split size": "VARCHAR", "Out split size": "VARCHAR", "Group size": "BIGINT", "dtype": "VARCHAR",
     "Process Group Name": "VARCHAR", "Process Group Description": "VARCHAR",
     "Process Group Ranks": "VARCHAR", "Process Group ID": "VARCHAR",
-    "name": "VARCHAR",
 }
+_GPU_ARGS = {
+    "correlation": "BIGINT", "device": "BIGINT", "context": "BIGINT", "stream": "VARCHAR",
+    "registers per thread": "BIGINT", "shared memory": "BIGINT", "grid": "BIGINT[]", "block": "BIGINT[]",
+    "est. achieved occupancy %": "DOUBLE", "bytes": "BIGINT", **_COLLECTIVE,
+}
+_OPERATOR_ARGS = {
+    "External id": "BIGINT", "Input Dims": "JSON", "Input type": "JSON", "Concrete Inputs": "JSON",
+    "flops": "BIGINT", "Sequence number": "BIGINT", **_COLLECTIVE,
+}
+_MEMORY_ARGS = {"Bytes": "BIGINT", "Total Allocated": "BIGINT", "Addr": "UBIGINT", "Device Id": "BIGINT",
+                "Device Type": "BIGINT"}
+"""The args traceq reads, per kind of event. They are parsed per kind with `json_transform`, which
+makes a value of another type NULL (Triton kernels write `"grid": "grid(100,)"`)."""
+
 _EVENT = {"ph": "VARCHAR", "cat": "VARCHAR", "name": "VARCHAR", "pid": "VARCHAR", "tid": "VARCHAR",
-          "ts": "DECIMAL(38,9)", "dur": "DECIMAL(38,9)", "args": _ARGS}
-
-
-def _structure(spec: dict[str, Any]) -> str:
-    items = (f'"{k}": ' + (_structure(v) if isinstance(v, dict) else f'"{v}"') for k, v in spec.items())
-    return "{" + ", ".join(items) + "}"
+          "ts": "DECIMAL(38,9)", "dur": "DECIMAL(38,9)", "args": "JSON"}
+"""The keys of an event as DuckDB's JSON reader types them (refusing a file where one does not
+fit: times are read as exact decimals)."""
 
 
 _KIND = """CASE
@@ -108,42 +109,67 @@ _KIND = """CASE
 END"""
 """What traceq makes of an event; NULL: nothing (flows, overhead, the profiler's own spans)."""
 
-_NS = "CAST(j.{0} * 1000 AS BIGINT)"  # a decimal cast to an integer rounds half away from zero, exactly
+_NS = "CAST({0} * 1000 AS BIGINT)"  # a decimal cast to an integer rounds half away from zero, exactly
 
 
-def _stage_sql(python_functions: bool) -> str:
-    """One chunk's events (table `chunk`: seq, the event's position in the file, and e, its
-    text) as the staging rows."""
-    a = "j.args"
+def _structure(spec: dict[str, str]) -> str:
+    return "'{" + ", ".join(f'"{k}": "{v}"' for k, v in spec.items()) + "}'"
+
+
+_COLUMNS = "{" + ", ".join(f"'{k}': '{v}'" for k, v in _EVENT.items()) + "}"
+_GPU_KINDS = ("kernel", "memcpy", "memset", "gpu_user_annotation", "gpu_range")
+
+
+def _stage_sql(files: list[Path], first: int, python_functions: bool) -> str:
+    """The staging rows of the events in `files` (JSON arrays of consecutive events), numbered
+    (`seq`) from `first` on."""
     keep = "" if python_functions else " AND kind <> 'python_function'"
+    paths = ", ".join(f"'{p}'" for p in files)
+    gpu = ", ".join(f"'{k}'" for k in _GPU_KINDS)
     return f"""
-    WITH flat AS MATERIALIZED (
-        SELECT seq, e, j, j.ph AS ph, j.cat AS cat, j.name AS name
-        FROM (SELECT seq, e, json_transform(e, '{_structure(_EVENT)}') AS j FROM chunk)
+    WITH raw AS (
+        SELECT *, {first} + row_number() OVER () - 1 AS seq
+        FROM read_json([{paths}], format = 'array', columns = {_COLUMNS}, maximum_object_size = {_MAX_EVENT_BYTES})
     ),
-    typed AS (
-        SELECT seq, j IS NULL OR ph IS NULL AS bad, {_KIND} AS kind, name, TRY_CAST(j.pid AS BIGINT) AS pid,
-               coalesce(TRY_CAST(j.tid AS BIGINT), TRY_CAST(regexp_extract(j.tid, '^stream (\\d+)', 1) AS BIGINT)) AS tid,
-               {_NS.format("ts")} AS ts_ns, {_NS.format("dur")} AS dur_ns,
-               {a}.correlation, coalesce({a}."External id", CASE WHEN {a}."External id" IS NULL AND cat = 'Operator'
-                   THEN TRY_CAST(json_extract_string(e, '$.args."external id"') AS BIGINT) END) AS external_id,
-               {a}.device, {a}.context, TRY_CAST({a}.stream AS BIGINT) AS stream,
-               {a}."registers per thread" AS registers, {a}."shared memory" AS smem,
-               {a}.grid, {a}.block, {a}."est. achieved occupancy %" AS kineto_occupancy_pct, {a}.bytes,
-               CASE WHEN name = '[memory]' THEN TRY_CAST(json_extract_string(e, '$.args.Bytes') AS BIGINT) END AS mem_bytes, {a}."Total Allocated" AS total_allocated, {a}.Addr AS address,
-               {a}."Device Id" AS mem_device, {a}."Device Type" AS mem_device_type,
-               {a}."Input Dims" AS input_dims, {a}."Input type" AS input_types,
-               {a}."Concrete Inputs" AS concrete_inputs, {a}.flops, {a}."Sequence number" AS sequence_number,
-               {a}."Collective name" AS collective, {a}."In msg nelems" AS in_msg_nelems,
-               {a}."Out msg nelems" AS out_msg_nelems, {a}."In split size" AS in_split_size,
-               {a}."Out split size" AS out_split_size, {a}."Group size" AS group_size, {a}.dtype,
-               coalesce({a}."Process Group Name", {a}."Process Group ID") AS pg_name,
-               {a}."Process Group Description" AS pg_desc, {a}."Process Group Ranks" AS pg_ranks,
-               {a}.name AS label
-        FROM flat
+    kept AS (
+        SELECT *, {_KIND} AS kind FROM raw
+    ),
+    parsed AS (
+        SELECT *,
+            CASE WHEN kind IN ({gpu}) THEN json_transform(args, {_structure(_GPU_ARGS)}) END AS g,
+            CASE WHEN kind IN ('runtime', 'driver') THEN TRY_CAST(json_extract(args, '$.correlation') AS BIGINT) END AS api_correlation,
+            CASE WHEN kind = 'cpu_op' THEN json_transform(args, {_structure(_OPERATOR_ARGS)}) END AS o,
+            CASE WHEN kind = 'memory' THEN json_transform(args, {_structure(_MEMORY_ARGS)}) END AS m
+        FROM kept WHERE ph IS NULL OR (kind IS NOT NULL{keep})
     )
-    SELECT * FROM typed WHERE bad OR (kind IS NOT NULL{keep})
+    SELECT seq, ph IS NULL AS bad, kind, name, TRY_CAST(pid AS BIGINT) AS pid,
+           coalesce(TRY_CAST(tid AS BIGINT), TRY_CAST(regexp_extract(tid, '^stream (\\d+)', 1) AS BIGINT)) AS tid,
+           {_NS.format("ts")} AS ts_ns, {_NS.format("dur")} AS dur_ns,
+           coalesce(g.correlation, api_correlation) AS correlation,
+           coalesce(o."External id", CASE WHEN cat = 'Operator'  -- traces of 2021 and before
+               THEN TRY_CAST(json_extract(args, '$."external id"') AS BIGINT) END) AS external_id,
+           g.device, g.context, TRY_CAST(g.stream AS BIGINT) AS stream,
+           g."registers per thread" AS registers, g."shared memory" AS smem,
+           g.grid, g.block, g."est. achieved occupancy %" AS kineto_occupancy_pct, g.bytes,
+           m.Bytes AS mem_bytes, m."Total Allocated" AS total_allocated, m.Addr AS address,
+           m."Device Id" AS mem_device, m."Device Type" AS mem_device_type,
+           o."Input Dims" AS input_dims, o."Input type" AS input_types,
+           o."Concrete Inputs" AS concrete_inputs, o.flops, o."Sequence number" AS sequence_number,
+           coalesce(g."Collective name", o."Collective name") AS collective,
+           coalesce(g."In msg nelems", o."In msg nelems") AS in_msg_nelems,
+           coalesce(g."Out msg nelems", o."Out msg nelems") AS out_msg_nelems,
+           coalesce(g."In split size", o."In split size") AS in_split_size,
+           coalesce(g."Out split size", o."Out split size") AS out_split_size,
+           coalesce(g."Group size", o."Group size") AS group_size, coalesce(g.dtype, o.dtype) AS dtype,
+           coalesce(g."Process Group Name", o."Process Group Name", g."Process Group ID", o."Process Group ID") AS pg_name,
+           coalesce(g."Process Group Description", o."Process Group Description") AS pg_desc,
+           coalesce(g."Process Group Ranks", o."Process Group Ranks") AS pg_ranks,
+           CASE WHEN kind IN ('process_name', 'thread_name') THEN json_extract_string(args, '$.name') END AS label
+    FROM parsed
     """
+
+
+_MAX_EVENT_BYTES = 64 << 20
 
 
 @dataclass
@@ -177,74 +203,64 @@ class KinetoReader:
         return uncompressed_size(src.path)
 
     def read(self, src: KinetoSource, sink: Sink) -> SourceInfo:
-        scratch = connect(**SCRATCH_SETTINGS)  # offline, as every traceq connection
+        scratch = connect(src.scratch / "stage.duckdb", **SCRATCH_SETTINGS)  # offline, as every traceq connection
         scratch.execute(f"SET temp_directory = '{src.scratch / 'spill'}'")
+        scratch.execute("SET enable_progress_bar = false")
         try:
             events = TraceEvents(src.path)
-            stage = src.scratch / "events.parquet"
-            counts = _stage(scratch, events, stage, src.options, sink)
+            _stage(scratch, events, src.scratch, src.options, sink)
             meta = events.metadata
-            scratch.execute(f"CREATE VIEW ev AS SELECT * FROM read_parquet('{stage}')")
-            _check(scratch, src.path, counts)
+            counts = dict(scratch.execute("SELECT kind, count(*) FROM ev GROUP BY kind").fetchall())
+            _check(scratch, events, counts)
             _write_tables(scratch, sink, meta)
             return _source_info(meta)
         finally:
             scratch.close()
 
 
-def _stage(scratch: duckdb.DuckDBPyConnection, events: TraceEvents, stage: Path, options: LoadOptions,
-           sink: Sink) -> dict[str, int]:
-    """Pass 1: every chunk of events parsed into staging rows in `stage`; returns rows per kind."""
-    sql = _stage_sql(options.python_functions)
-    writer: pq.ParquetWriter | None = None
-    offset, reported = 0, 0
-    counts: dict[str, int] = {}
-    try:
-        for chunk in events:
-            rows = _parse(scratch, sql, chunk, offset, events)
-            offset += len(chunk)
-            if writer is None:
-                writer = pq.ParquetWriter(stage, rows.schema, compression="lz4")
-            writer.write_table(rows)
-            for kind, n in zip(*_kind_counts(rows)):
-                counts[kind] = counts.get(kind, 0) + n
-            if sink.progress is not None:
-                sink.progress(events.bytes_read - reported)
-                reported = events.bytes_read
-    finally:
-        if writer is not None:
-            writer.close()
-    if writer is None:  # not one event: an empty staging file of the right columns
-        pq.write_table(_parse(scratch, sql, pa.array([], pa.large_string()), 0, events), stage)
-    return counts
-
-
-def _parse(scratch: duckdb.DuckDBPyConnection, sql: str, chunk: pa.Array, offset: int,
-           events: TraceEvents) -> pa.Table:
-    scratch.register("chunk", _numbered(chunk, offset))
-    try:
+def _stage(scratch: duckdb.DuckDBPyConnection, events: TraceEvents, folder: Path, options: LoadOptions,
+           sink: Sink) -> None:
+    """Pass 1: every batch of events parsed into the staging table `ev`."""
+    empty = folder / "empty.json"
+    empty.write_bytes(b"[]")
+    scratch.execute(f"CREATE TABLE ev AS {_stage_sql([empty], 0, True)}")
+    reported = 0
+    for batch in events:
         try:
-            rows = scratch.sql(sql).to_arrow_table()
-        except duckdb.InvalidInputException:  # a piece that is not one event: re-read exactly
-            scratch.register("chunk", _numbered(events.exact(chunk), offset))
-            try:
-                rows = scratch.sql(sql).to_arrow_table()
-            except duckdb.InvalidInputException as e:
+            _insert(scratch, folder, batch, options)
+        except _UNREADABLE as e:
+            if batch.exact:
                 raise TraceFormatError(f"{events.path} has an event DuckDB cannot read ({_first_line(e)})") from None
+            try:  # a cut inside a string: read these events one by one
+                _insert(scratch, folder, events.exact(batch), options)
+            except _UNREADABLE as e:
+                raise TraceFormatError(f"{events.path} has an event DuckDB cannot read ({_first_line(e)})") from None
+        if sink.progress is not None:
+            sink.progress(events.bytes_read - reported)
+            reported = events.bytes_read
+
+
+_UNREADABLE = (duckdb.InvalidInputException, duckdb.ConversionException)
+
+
+def _insert(scratch: duckdb.DuckDBPyConnection, folder: Path, batch: Batch, options: LoadOptions) -> None:
+    """The batch's staging rows into `ev`; each chunk goes through a JSON array file in `folder`
+    (DuckDB's reader reads files, several at once)."""
+    paths = [folder / f"chunk{i}.json" for i in range(len(batch.chunks))]
+    try:
+        for path, chunk in zip(paths, batch.chunks):
+            with path.open("wb") as f:
+                f.write(b"[")
+                f.writelines(chunk)
+                f.write(b"]")
+        scratch.execute(f"INSERT INTO ev {_stage_sql(paths, batch.number << _ROW_BITS, options.python_functions)}")
     finally:
-        scratch.unregister("chunk")
-    return rows
+        for path in paths:
+            path.unlink(missing_ok=True)
 
 
-def _numbered(chunk: pa.Array, offset: int) -> pa.Table:
-    return pa.table({"seq": pa.array(range(offset, offset + len(chunk)), pa.int64()), "e": chunk})
-
-
-def _kind_counts(rows: pa.Table) -> tuple[list[str], list[int]]:
-    import pyarrow.compute as pc
-
-    counts = pc.value_counts(rows["kind"].combine_chunks()).to_pylist()
-    return [c["values"] if c["values"] is not None else "" for c in counts], [c["counts"] for c in counts]
+_ROW_BITS = 32
+"""A staged event's seq is its batch's number, shifted by this, plus its place in the batch."""
 
 
 def _first_line(e: BaseException) -> str:
@@ -258,14 +274,18 @@ _REQUIRED = {
     "gpu_user_annotation": ("ts_ns", "dur_ns", "name"), "python_function": ("ts_ns", "dur_ns", "pid", "tid"),
     "memory": ("ts_ns", "mem_bytes"),
 }
-_GPU_KINDS = ("kernel", "memcpy", "memset", "gpu_user_annotation", "gpu_range")
 
 
-def _check(scratch: duckdb.DuckDBPyConnection, path: Path, counts: dict[str, int]) -> None:
+def _check(scratch: duckdb.DuckDBPyConnection, events: TraceEvents, counts: dict[str, int]) -> None:
     """Refuse a trace with unreadable events, events lacking what traceq needs, or no GPU event."""
+    path = events.path
+
+    def at(seq: int) -> str:
+        return f"traceEvents[{events.index(seq >> _ROW_BITS, seq & ((1 << _ROW_BITS) - 1))}]"
+
     bad = scratch.execute("SELECT min(seq) FROM ev WHERE bad").fetchall()[0][0]
     if bad is not None:
-        raise TraceFormatError(f"{path}: traceEvents[{bad}] is not an event object (no \"ph\")")
+        raise TraceFormatError(f"{path}: {at(bad)} is not an event object (no \"ph\")")
     tests = " UNION ALL ".join(
         f"SELECT '{kind}' AS kind, '{column}' AS field, min(seq) AS seq FROM ev "
         f"WHERE kind = '{kind}' AND {column} IS NULL"
@@ -275,12 +295,12 @@ def _check(scratch: duckdb.DuckDBPyConnection, path: Path, counts: dict[str, int
         if missing:
             kind, column, seq = missing[0]
             label = {"ts_ns": "ts", "dur_ns": "dur", "mem_bytes": "args.Bytes"}.get(column, column)
-            raise TraceFormatError(f"{path}: traceEvents[{seq}], a {kind} event, has no valid \"{label}\"; "
+            raise TraceFormatError(f"{path}: {at(seq)}, a {kind} event, has no valid \"{label}\"; "
                                    "the trace is damaged or not from the PyTorch profiler")
         negative = scratch.execute("SELECT min(seq) FROM ev WHERE dur_ns < 0 AND kind IN "
                                    "('kernel', 'memcpy', 'memset', 'runtime', 'driver')").fetchall()[0][0]
         if negative is not None:
-            raise TraceFormatError(f"{path}: traceEvents[{negative}] has a negative \"dur\"")
+            raise TraceFormatError(f"{path}: {at(negative)} has a negative \"dur\"")
     if not any(counts.get(k) for k in _GPU_KINDS):
         raise TraceFormatError(
             f"{path} has no GPU events (no kernel, memcpy or memset): profile with "
@@ -289,59 +309,76 @@ def _check(scratch: duckdb.DuckDBPyConnection, path: Path, counts: dict[str, int
 
 # --- pass 2: the store's tables ------------------------------------------------------------
 
-_LAUNCH_PID = """(SELECT correlation, min(pid) AS pid FROM ev WHERE kind IN ('runtime', 'driver')
-                  AND correlation IS NOT NULL GROUP BY correlation)"""
-_MAIN_PID = "(SELECT pid FROM ev WHERE kind IN ('runtime', 'driver', 'cpu_op') GROUP BY pid ORDER BY count(*) DESC, pid LIMIT 1)"
+def _numbering(table: str, keys: dict[str, str], rows: str) -> str:
+    """A temporary `table` of the distinct values of `keys` (column: expression) among `rows`,
+    each with an `id` (INTEGER, 0, 1, ... in their sort order)."""
+    columns = ", ".join(f"{expr} AS {column}" for column, expr in keys.items())
+    return (f"CREATE TEMP TABLE {table} AS SELECT CAST(row_number() OVER (ORDER BY {', '.join(keys)}) - 1 "
+            f"AS INTEGER) AS id, * FROM (SELECT DISTINCT {columns} FROM {rows})")
 
-_CONFIG = ("grid[1]", "grid[2]", "grid[3]", "block[1]", "block[2]", "block[3]", "registers", "smem",
-           "kineto_occupancy_pct")
-_QUEUE = ("device", "context", "stream", "pid")
 
-_GPU_ROWS = f"""
-    SELECT e.*, coalesce(l.pid, {_MAIN_PID}) AS launch_pid
-    FROM ev e LEFT JOIN {_LAUNCH_PID} l USING (correlation)
-    WHERE e.kind IN ({{kinds}})"""
+def _id_of(table: str, keys: dict[str, str], row: str) -> str:
+    """A join of `table` (made by `_numbering`) to the rows aliased `row`: its `id` for their keys."""
+    match = " AND ".join(f"{table}.{column} IS NOT DISTINCT FROM {expr}" for column, expr in _keys(keys, row).items())
+    return f"JOIN {table} ON {match}"
+
+
+_KERNEL_CONFIG = {"grid_x": "{row}.grid[1]", "grid_y": "{row}.grid[2]", "grid_z": "{row}.grid[3]",
+                  "block_x": "{row}.block[1]", "block_y": "{row}.block[2]", "block_z": "{row}.block[3]",
+                  "registers_per_thread": "{row}.registers", "smem_static_bytes": "{row}.smem",
+                  "kineto_occupancy_pct": "{row}.kineto_occupancy_pct"}
+_KERNEL_QUEUE = {"device_id": "{row}.device", "context_id": "{row}.context", "stream_id": "{row}.stream",
+                 "pid": "{row}.launch_pid"}
+_KERNEL_NAME = {"name": "{row}.name"}
+_API_NAME = {"api": "CASE {row}.kind WHEN 'runtime' THEN 'runtime' ELSE 'driver' END", "name": "{row}.name"}
+_API_THREAD = {"pid": "{row}.pid", "tid": "{row}.tid"}
+_RANGE_ATTRIBUTES = {
+    "kind": "CASE {row}.kind WHEN 'gpu_user_annotation' THEN 'startend' ELSE 'pushpop' END", "domain": "{row}.kind",
+    "pid": "CASE WHEN {row}.kind = 'gpu_user_annotation' THEN NULL ELSE {row}.pid END",
+    "tid": "CASE WHEN {row}.kind = 'gpu_user_annotation' THEN coalesce({row}.stream, {row}.tid) ELSE {row}.tid END"}
+_RANGE_KINDS = "'cpu_op', 'user_annotation', 'gpu_user_annotation', 'python_function'"
+
+
+def _keys(keys: dict[str, str], row: str = "ev") -> dict[str, str]:
+    return {column: expr.replace("{row}", row) for column, expr in keys.items()}
+
+
+_PREPARE = (
+    # a GPU event's process is that of the API call with its correlation id (GPU events carry the
+    # device as pid), else the trace's main process: the one with the most calls and operators
+    """CREATE TEMP TABLE main_pid AS SELECT pid FROM ev WHERE kind IN ('runtime', 'driver', 'cpu_op')
+       GROUP BY pid ORDER BY count(*) DESC, pid LIMIT 1""",
+    """CREATE TEMP TABLE launch AS SELECT correlation, min(pid) AS pid FROM ev
+       WHERE kind IN ('runtime', 'driver') AND correlation IS NOT NULL GROUP BY correlation""",
+    """CREATE TEMP VIEW gpu AS SELECT ev.*, coalesce(launch.pid, (SELECT pid FROM main_pid)) AS launch_pid
+       FROM ev LEFT JOIN launch USING (correlation) WHERE ev.kind IN ('kernel', 'memcpy', 'memset')""",
+    _numbering("kernel_name_ids", _keys(_KERNEL_NAME), "ev WHERE kind = 'kernel'"),
+    _numbering("kernel_config_ids", _keys(_KERNEL_CONFIG), "ev WHERE kind = 'kernel'"),
+    _numbering("kernel_queue_ids", _keys(_KERNEL_QUEUE, "gpu"), "gpu WHERE kind = 'kernel'"),
+    _numbering("api_name_ids", _keys(_API_NAME), "ev WHERE kind IN ('runtime', 'driver')"),
+    _numbering("api_thread_ids", _keys(_API_THREAD), "ev WHERE kind IN ('runtime', 'driver')"),
+    _numbering("range_attribute_ids", _keys(_RANGE_ATTRIBUTES), f"ev WHERE kind IN ({_RANGE_KINDS})"),
+)
+"""Pass 2's first step: the ids of names, configurations, queues, threads and range attributes."""
 
 _KERNELS = f"""
-    WITH k AS ({_GPU_ROWS.format(kinds="'kernel'")}),
-    q AS (SELECT *, launch_pid AS qpid FROM k)
-    SELECT row_number() OVER (ORDER BY seq) - 1 AS kernel_id, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns,
-           correlation AS correlation_id,
-           CAST(dense_rank() OVER (ORDER BY name) - 1 AS INTEGER) AS name_id,
-           CAST(dense_rank() OVER (ORDER BY {", ".join(_CONFIG)}) - 1 AS INTEGER) AS config_id,
-           CAST(dense_rank() OVER (ORDER BY device, context, stream, qpid) - 1 AS INTEGER) AS queue_id
-    FROM q ORDER BY seq"""
+    SELECT row_number() OVER (ORDER BY k.seq) - 1 AS kernel_id, k.ts_ns AS start_ns, k.ts_ns + k.dur_ns AS end_ns,
+           k.correlation AS correlation_id, kernel_name_ids.id AS name_id, kernel_config_ids.id AS config_id,
+           kernel_queue_ids.id AS queue_id
+    FROM gpu k {_id_of("kernel_name_ids", _KERNEL_NAME, "k")} {_id_of("kernel_config_ids", _KERNEL_CONFIG, "k")}
+         {_id_of("kernel_queue_ids", _KERNEL_QUEUE, "k")}
+    WHERE k.kind = 'kernel' ORDER BY k.seq"""
+_KERNEL_CONFIGS = f"SELECT id AS config_id, {', '.join(_KERNEL_CONFIG)} FROM kernel_config_ids ORDER BY id"
+_KERNEL_QUEUES = f"SELECT id AS queue_id, {', '.join(_KERNEL_QUEUE)} FROM kernel_queue_ids ORDER BY id"
+_KERNEL_NAMES = "SELECT id AS name_id, name FROM kernel_name_ids ORDER BY id"
 
-_KERNEL_CONFIGS = f"""
-    SELECT DISTINCT CAST(dense_rank() OVER (ORDER BY {", ".join(_CONFIG)}) - 1 AS INTEGER) AS config_id,
-           grid[1] AS grid_x, grid[2] AS grid_y, grid[3] AS grid_z,
-           block[1] AS block_x, block[2] AS block_y, block[3] AS block_z,
-           registers AS registers_per_thread, smem AS smem_static_bytes, kineto_occupancy_pct
-    FROM ev WHERE kind = 'kernel' ORDER BY config_id"""
-
-_KERNEL_QUEUES = f"""
-    SELECT DISTINCT CAST(dense_rank() OVER (ORDER BY device, context, stream, launch_pid) - 1 AS INTEGER) AS queue_id,
-           device AS device_id, context AS context_id, stream AS stream_id, launch_pid AS pid
-    FROM ({_GPU_ROWS.format(kinds="'kernel'")}) ORDER BY queue_id"""
-
-_KERNEL_NAMES = """
-    SELECT CAST(dense_rank() OVER (ORDER BY name) - 1 AS INTEGER) AS name_id, name
-    FROM (SELECT DISTINCT name FROM ev WHERE kind = 'kernel') ORDER BY name_id"""
-
-_API_KEY = "CASE kind WHEN 'runtime' THEN 'runtime' ELSE 'driver' END, name"
 _API_EVENTS = f"""
-    SELECT ts_ns AS start_ns, ts_ns + dur_ns AS end_ns,
-           CAST(dense_rank() OVER (ORDER BY {_API_KEY}) - 1 AS INTEGER) AS name_id,
-           CAST(dense_rank() OVER (ORDER BY pid, tid) - 1 AS INTEGER) AS thread_id,
-           correlation AS correlation_id
-    FROM ev WHERE kind IN ('runtime', 'driver') ORDER BY seq"""
-_API_NAMES = f"""
-    SELECT DISTINCT CAST(dense_rank() OVER (ORDER BY {_API_KEY}) - 1 AS INTEGER) AS name_id,
-           CASE kind WHEN 'runtime' THEN 'runtime' ELSE 'driver' END AS api, name
-    FROM ev WHERE kind IN ('runtime', 'driver') ORDER BY name_id"""
-_API_THREADS = """
-    SELECT DISTINCT CAST(dense_rank() OVER (ORDER BY pid, tid) - 1 AS INTEGER) AS thread_id, pid, tid
-    FROM ev WHERE kind IN ('runtime', 'driver') ORDER BY thread_id"""
+    SELECT a.ts_ns AS start_ns, a.ts_ns + a.dur_ns AS end_ns, api_name_ids.id AS name_id,
+           api_thread_ids.id AS thread_id, a.correlation AS correlation_id
+    FROM ev a {_id_of("api_name_ids", _API_NAME, "a")} {_id_of("api_thread_ids", _API_THREAD, "a")}
+    WHERE a.kind IN ('runtime', 'driver') ORDER BY a.seq"""
+_API_NAMES = "SELECT id AS name_id, api, name FROM api_name_ids ORDER BY id"
+_API_THREADS = "SELECT id AS thread_id, pid, tid FROM api_thread_ids ORDER BY id"
 
 _COPY_KIND = {"HtoD": "Host-to-Device", "DtoH": "Device-to-Host", "HtoA": "Host-to-Array",
               "AtoH": "Array-to-Host", "AtoA": "Array-to-Array", "AtoD": "Array-to-Device",
@@ -350,7 +387,7 @@ _COPY_KIND = {"HtoD": "Host-to-Device", "DtoH": "Device-to-Host", "HtoA": "Host-
 """Kineto's memcpy kinds (CUPTI's getMemcpyKindString) in the words `nsys stats` uses."""
 
 _MEMOPS = f"""
-    WITH m AS ({_GPU_ROWS.format(kinds="'memcpy', 'memset'")}),
+    WITH m AS (SELECT * FROM gpu WHERE kind IN ('memcpy', 'memset')),
     kinds(code, word) AS (VALUES {", ".join(f"('{k}', '{v}')" for k, v in _COPY_KIND.items())})
     SELECT ts_ns AS start_ns, ts_ns + dur_ns AS end_ns, dur_ns, kind AS op,
            CASE WHEN kind = 'memcpy' THEN coalesce(
@@ -363,20 +400,11 @@ _MEMOPS = f"""
            correlation AS correlation_id, launch_pid AS pid
     FROM m ORDER BY seq"""
 
-_RANGE_KINDS = "'cpu_op', 'user_annotation', 'gpu_user_annotation', 'python_function'"
-_RANGE_ATTRS = """CASE kind WHEN 'gpu_user_annotation' THEN 'startend' ELSE 'pushpop' END,
-                  kind, CASE WHEN kind = 'gpu_user_annotation' THEN NULL ELSE pid END,
-                  CASE WHEN kind = 'gpu_user_annotation' THEN coalesce(stream, tid) ELSE tid END"""
 _NVTX_EVENTS = f"""
-    SELECT ts_ns AS start_ns, ts_ns + dur_ns AS end_ns, name,
-           CAST(dense_rank() OVER (ORDER BY {_RANGE_ATTRS}) - 1 AS INTEGER) AS attributes_id
-    FROM ev WHERE kind IN ({_RANGE_KINDS}) ORDER BY seq"""
-_NVTX_ATTRIBUTES = f"""
-    SELECT DISTINCT CAST(dense_rank() OVER (ORDER BY {_RANGE_ATTRS}) - 1 AS INTEGER) AS attributes_id,
-           CASE kind WHEN 'gpu_user_annotation' THEN 'startend' ELSE 'pushpop' END AS kind, kind AS domain,
-           CASE WHEN kind = 'gpu_user_annotation' THEN NULL ELSE pid END AS pid,
-           CASE WHEN kind = 'gpu_user_annotation' THEN coalesce(stream, tid) ELSE tid END AS tid
-    FROM ev WHERE kind IN ({_RANGE_KINDS}) ORDER BY attributes_id"""
+    SELECT r.ts_ns AS start_ns, r.ts_ns + r.dur_ns AS end_ns, r.name, range_attribute_ids.id AS attributes_id
+    FROM ev r {_id_of("range_attribute_ids", _RANGE_ATTRIBUTES, "r")}
+    WHERE r.kind IN ({_RANGE_KINDS}) ORDER BY r.seq"""
+_NVTX_ATTRIBUTES = f"SELECT id AS attributes_id, {', '.join(_RANGE_ATTRIBUTES)} FROM range_attribute_ids ORDER BY id"
 
 _OPERATORS = """
     SELECT pid, tid, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns, name, sequence_number, external_id,
@@ -421,6 +449,8 @@ _TABLES = (("kernel_events", _KERNELS), ("kernel_configs", _KERNEL_CONFIGS), ("k
 
 def _write_tables(scratch: duckdb.DuckDBPyConnection, sink: Sink, meta: dict[str, Any]) -> None:
     """Pass 2: each store table from the staging rows, streamed to the sink."""
+    for sql in _PREPARE:
+        scratch.execute(sql)
     for table, sql in _TABLES:
         sink.append_all(table, _batches(scratch, sql))
     names = [r[1] for r in scratch.execute(_KERNEL_NAMES).fetchall()]
