@@ -199,12 +199,16 @@ def _main(
 
 @app.command()
 def load(
-    paths: Annotated[list[Path], typer.Argument(help="Nsight Systems SQLite exports or nvprof databases",
+    paths: Annotated[list[Path], typer.Argument(help="Nsight Systems SQLite exports, nvprof databases or "
+                                               "PyTorch profiler (Kineto) JSON traces",
                                                metavar="PATH...", show_default=False)],
     db: DbOpt = None,
-    name: Annotated[Optional[str], typer.Option(help="Name in the store [default: the file's stem]")] = None,
+    name: Annotated[Optional[str], typer.Option(help="Name in the store [default: the file's name "
+                                                     "without its suffix]")] = None,
     replace: Annotated[bool, typer.Option(help="Replace a trace with the same content or name")] = False,
     export: Annotated[bool, typer.Option(help="Run `nsys export` first on .nsys-rep/.qdrep files")] = False,
+    python_functions: Annotated[bool, typer.Option(
+        "--python-functions", help="Kineto traces: keep the python_function events (with_stack=True) as ranges")] = False,
 ) -> None:
     """Load trace files into the store (one transaction each: all or nothing)."""
     from traceq.ingest import READERS, export_report, load_trace, reader_for
@@ -224,7 +228,8 @@ def load(
             con = _store(store_path, create=True)
             progress = _LazyProgress(f"loading {path.name}")
             try:
-                result = load_trace(con, path, name=name, replace=replace, progress=progress)
+                result = load_trace(con, path, name=name, replace=replace, progress=progress,
+                                    python_functions=python_functions)
             except BaseException:
                 progress.close()
                 con.close()

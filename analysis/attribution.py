@@ -267,9 +267,11 @@ def _ranges(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame, 
     are looked up instead (slower). `application`: only the application's ranges (`APPLICATION_DOMAINS`),
     not a library's such as NCCL's."""
     domains = ", ".join(_sql_string(d) for d in APPLICATION_DOMAINS)
-    attributes = con.sql(f"SELECT attributes_id, pid, tid, kind = 'startend' AS startend FROM nvtx_attributes "
+    attributes = con.sql(f"SELECT attributes_id, pid, tid, kind = 'startend' AS startend, domain FROM nvtx_attributes "
                          f"WHERE trace_id = {trace_id} AND kind IN ('pushpop', 'startend')"
                          f"{f' AND (domain IS NULL OR domain IN ({domains}))' if application else ''}").pl()
+    if _annotated_layers(con, trace_id, attributes, names):  # Kineto: operators are not layers then
+        attributes = attributes.filter(pl.col("domain").fill_null("") != "cpu_op")
     by_hash = names["h"].is_unique().all()
     frame = con.sql(f"""
         SELECT attributes_id, start_ns, coalesce(end_ns, {_FOREVER}) AS end_ns,
@@ -288,6 +290,19 @@ def _ranges(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame, 
     return frame.select(look_up("attributes_id", ids, attributes["pid"]), look_up("attributes_id", ids, attributes["tid"]),
                         "start_ns", "end_ns", look_up("attributes_id", ids, attributes["startend"]),
                         look_up("key", names["h" if by_hash else "name"], names["name_id"]))
+
+
+def _annotated_layers(con: duckdb.DuckDBPyConnection, trace_id: int, attributes: pl.DataFrame,
+                      names: pl.DataFrame) -> bool:
+    """Whether a Kineto trace has `record_function` ranges (user_annotation) other than
+    iteration and stage ranges: its layers then, where its operators' ranges (cpu_op) would
+    otherwise be the innermost ones."""
+    annotation = attributes.filter(pl.col("domain") == "user_annotation")["attributes_id"]
+    if annotation.is_empty() or not (attributes["domain"] == "cpu_op").any():
+        return False
+    hashes = con.sql(f"SELECT DISTINCT hash(coalesce(name, '')) AS h FROM nvtx_events WHERE trace_id = {trace_id} "
+                     f"AND attributes_id IN ({', '.join(map(str, annotation))})").pl()
+    return not names.join(hashes, on="h").filter(~pl.col("is_iter") & ~pl.col("is_stage")).is_empty()
 
 
 def _split_ranges(

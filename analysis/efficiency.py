@@ -95,7 +95,9 @@ def launch_ru(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | None =
     warps, registers, shared_mem, blocks, barriers, joined with '+'), occupancy (theoretical,
     fraction), max_blocks (SMs x blocks_per_sm), waves, ru (eq. 11, fraction), paper_max_blocks
     (eq. 10: registers only), paper_ru (eq. 11 with eq. 10's maxBlocks), kineto_occupancy
-    (Kineto's estimate, 0 for launches over 48 KB of shared memory). Launches with no
+    (Kineto's estimate: as a Kineto trace recorded it, `est. achieved occupancy %`; for other
+    traces kineto_emulated), kineto_emulated (ours of Kineto's estimate from the launch shape: no
+    opt-in, so 0 for launches over 48 KB of shared memory). Launches with no
     launch-shape record (null block size) have null RU columns. `kernels`: the trace's
     `layers.attributed_kernels` frame when the caller has it already (attribution is the cost).
     """
@@ -104,13 +106,14 @@ def launch_ru(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | None =
         kernels = attributed_kernels(con, trace_id, iteration_regex)
     k = kernels.select("kernel_id", "name", "short_name", "library", "layer", "pass")
     shapes = con.sql(
-        f"SELECT kernel_id, dur_ns, grid_blocks, {', '.join(_SHAPE)} FROM kernels "
+        f"SELECT kernel_id, dur_ns, grid_blocks, {', '.join(_SHAPE)}, kineto_occupancy_pct FROM kernels "
         f"WHERE trace_id = {int(trace_id)}").pl()
     return (_with_ru(k.join(shapes, on="kernel_id", how="left"), limits)
             .select("kernel_id", "name", "short_name", "library", "layer", "pass", "device_id", "dur_ns",
                     "grid_blocks", "block_threads", "registers_per_thread", "smem_static_bytes",
                     "smem_dynamic_bytes", "smem_carveout_bytes", "blocks_per_sm", "limiter", "occupancy",
-                    "max_blocks", "waves", "ru", "paper_max_blocks", "paper_ru", "kineto_occupancy")
+                    "max_blocks", "waves", "ru", "paper_max_blocks", "paper_ru", "kineto_occupancy",
+                    "kineto_emulated")
             .sort("kernel_id"))
 
 
@@ -222,7 +225,7 @@ def _launch_groups(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | N
     instances, dur_ns (their total), longest_ns and first_kernel (the first of the longest)."""
     limits = device_limits(con, trace_id, cc, sms)
     groups = con.sql(f"""
-        SELECT name, grid_blocks, {', '.join(_SHAPE)}, count(*) AS instances, sum(dur_ns) AS dur_ns,
+        SELECT name, grid_blocks, {', '.join(_SHAPE)}, kineto_occupancy_pct, count(*) AS instances, sum(dur_ns) AS dur_ns,
                max(dur_ns) AS longest_ns, arg_min(kernel_id, (-dur_ns, kernel_id)) AS first_kernel
         FROM kernels WHERE trace_id = {int(trace_id)}
         GROUP BY ALL""").pl()
@@ -235,8 +238,9 @@ def _launch_groups(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | N
 
 
 def _with_ru(frame: pl.DataFrame, limits: dict[int, tuple[GpuLimits, int]]) -> pl.DataFrame:
-    """`frame` (grid_blocks and the `_SHAPE` columns) with `_shape_occupancy`'s columns, computed
-    once per distinct shape, and waves, ru, paper_ru and kineto_occupancy."""
+    """`frame` (grid_blocks, the `_SHAPE` columns and kineto_occupancy_pct) with `_shape_occupancy`'s
+    columns, computed once per distinct shape, and waves, ru, paper_ru, kineto_emulated and
+    kineto_occupancy (the recorded estimate where there is one)."""
     occupancy = _shape_occupancy(frame.select(_SHAPE).unique(), limits)
     frame = frame.join(occupancy, on=_SHAPE, how="left", nulls_equal=True)
     grid = pl.col("grid_blocks")
@@ -247,7 +251,8 @@ def _with_ru(frame: pl.DataFrame, limits: dict[int, tuple[GpuLimits, int]]) -> p
         waves=grid / pl.col("max_blocks"),
         ru=grid / (waves_needed * pl.col("max_blocks")),
         paper_ru=pl.when(pl.col("paper_max_blocks") > 0).then(grid / (paper_waves * pl.col("paper_max_blocks"))),
-        kineto_occupancy=kineto_blocks * pl.col("block_threads") / pl.col("max_threads_per_sm"))
+        kineto_emulated=kineto_blocks * pl.col("block_threads") / pl.col("max_threads_per_sm"),
+    ).with_columns(kineto_occupancy=pl.coalesce(pl.col("kineto_occupancy_pct") / 100, pl.col("kineto_emulated")))
 
 
 # --- compute efficiency ----------------------------------------------------------------------

@@ -8,8 +8,15 @@ with correlation ids, External ids and flow ids offset by k x (their max + 1), u
 (the last copy cut after its N-th kernel). Events are written as they are read: the copy is a
 text substitution of ts and ids per event, so memory stays flat.
 
-Measuring, each in its own process, one after the other: `traceq load` into a new store, and
-Python's `json.load` of the file, with wall time and peak RSS (ru_maxrss of the child).
+    python bench/kineto_scale.py --measure FILE --hta /tmp/hta-venv/bin/python --before OLD/.venv/bin/python
+
+Measuring, each in its own process, interleaved, `--reps` times: `traceq load` into a new store,
+the same with another checkout's Python (`--before`), Python's `json.load` of the file, and
+HolisticTraceAnalysis' loader (`TraceAnalysis(trace_dir=...)`, its default parser, with
+`--hta`: a Python of a scratch virtualenv where it is installed, never a traceq dependency).
+Each run's wall time, CPU seconds (user + system) and peak RSS come from `wait4`; the medians
+are printed with each CPU time as a multiple of traceq's. On a shared machine compare CPU
+seconds: wall time depends on what else runs.
 """
 
 from __future__ import annotations
@@ -17,9 +24,11 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import resource
+import os
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -72,22 +81,56 @@ def _number(value: object) -> object:
     raise TypeError(type(value))
 
 
-def child(code: str) -> tuple[float, float]:
-    """(seconds, peak RSS in MiB) of `python -c code` in a new process."""
+def child(argv: list[str]) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, peak RSS in MiB) of a command run in a new process."""
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True)
-    seconds = time.perf_counter() - started
-    return seconds, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    proc = subprocess.Popen(argv)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status:
+        raise SystemExit(f"{argv[:3]} failed ({status})")
+    return time.perf_counter() - started, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
-def measure(path: Path) -> None:
-    store = path.with_suffix(".duckdb")
+_HTA = """
+import shutil, sys, tempfile
+from pathlib import Path
+from hta.trace_analysis import TraceAnalysis
+folder = Path(tempfile.mkdtemp())
+(folder / ("rank0" + ''.join(Path(sys.argv[1]).suffixes))).symlink_to(Path(sys.argv[1]).resolve())
+try:
+    TraceAnalysis(trace_dir=str(folder))
+finally:
+    shutil.rmtree(folder)
+"""
+
+
+def measure(path: Path, reps: int, before: str | None, hta: str | None, plain: bool) -> None:
+    """Each loader `reps` times, interleaved, each in its own process; the medians."""
+    store = Path(tempfile.mkdtemp(prefix="traceq-bench-")) / "store.duckdb"
+    load = ("import sys; from pathlib import Path; from traceq.ingest import load_trace; "
+            "from traceq.store import open_store; Path(sys.argv[2]).unlink(missing_ok=True); "
+            "load_trace(open_store(Path(sys.argv[2]), create=True), Path(sys.argv[1]))")
+    runs = {"traceq load": [sys.executable, "-c", load, str(path), str(store)]}
+    if before:
+        runs["traceq load (before)"] = [before, "-c", load, str(path), str(store)]
+    if plain:
+        runs["json.load"] = [sys.executable, "-c", "import gzip, json, sys; "
+                             "op = gzip.open if open(sys.argv[1], 'rb').read(2) == b'\\x1f\\x8b' else open; "
+                             "json.load(op(sys.argv[1], 'rb'))", str(path)]
+    if hta:
+        runs["HTA TraceAnalysis"] = [hta, "-c", _HTA, str(path)]
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in runs}
+    for _ in range(reps):
+        for name, argv in runs.items():
+            results[name].append(child(argv))
+            print(f"  {name}: {results[name][-1][0]:.1f} s, {results[name][-1][1]:.1f} CPU s, "
+                  f"{results[name][-1][2]:.0f} MiB", flush=True)
     store.unlink(missing_ok=True)
-    load = child(f"from pathlib import Path; from traceq.ingest import load_trace; from traceq.store import open_store; "
-                 f"load_trace(open_store(Path('{store}'), create=True), Path('{path}'))")
-    print(f"traceq load: {load[0]:.1f} s, peak RSS {load[1]:.0f} MiB")
-    plain = child(f"import json; json.load(open('{path}'))")
-    print(f"json.load:   {plain[0]:.1f} s, peak RSS so far {plain[1]:.0f} MiB (the larger of the two children)")
+    print(f"{path} ({path.stat().st_size / 1e9:.2f} GB), medians of {reps}:")
+    mine = statistics.median(r[1] for r in results["traceq load"])
+    for name, rows in results.items():
+        wall, cpu, rss = (statistics.median(r[i] for r in rows) for i in range(3))
+        print(f"{name:22s} {wall:7.1f} s {cpu:7.1f} CPU s (x{cpu / mine:.2f} traceq's) peak RSS {rss:6.0f} MiB")
 
 
 def main() -> None:
@@ -96,9 +139,13 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=1_000_000)
     parser.add_argument("-o", "--output", type=Path, default=Path("/tmp/traceq-bench/kineto.json"))
     parser.add_argument("--measure", type=Path)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--before", help="a Python whose traceq is the version to compare with")
+    parser.add_argument("--hta", help="a Python with HolisticTraceAnalysis installed (pip install HolisticTraceAnalysis)")
+    parser.add_argument("--no-json", action="store_true", help="skip json.load (it needs about 5 x the file in RAM)")
     args = parser.parse_args()
     if args.measure:
-        measure(args.measure)
+        measure(args.measure, args.reps, args.before, args.hta, not args.no_json)
     else:
         make(args.src, args.kernels, args.output)
 

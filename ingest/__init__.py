@@ -81,7 +81,8 @@ def load_trace(
     """Load the trace file at `path` into the store `con`.
 
     Args:
-        name: the trace's name in the store (default: the file's stem).
+        name: the trace's name in the store (default: the file's name without its suffix,
+            and without `.json` before `.gz`).
         replace: replace a trace with the same content or the same name instead of refusing.
         progress: called with (rows read so far, rows expected) while reading.
         engine: how big tables are read from SQLite: 'auto' (the default, or
@@ -97,7 +98,7 @@ def load_trace(
     started = time.perf_counter()
     path = Path(path)
     reader = reader_for(path, READERS)
-    name = name or path.stem
+    name = name or Path(path.name.removesuffix(".gz")).stem  # rank0.json.gz: rank0
     if first_row(con, "SELECT 1 FROM traces WHERE source_bytes = ? LIMIT 1", [path.stat().st_size]):
         sha = sha256_of(path)  # the same content may be loaded already: decide before reading
         digest: Callable[[], str] = lambda: sha

@@ -11,7 +11,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
-from conftest import sample, shared_files
+from conftest import sample, shared, shared_files
 
 from traceq.ingest import load_trace
 from traceq.store import open_store
@@ -131,22 +131,30 @@ def alexnet(tmp_path_factory: pytest.TempPathFactory):
 def test_alexnet_occupancy_agrees_with_nsys_and_kineto(alexnet) -> None:
     """Our occupancy of each launch configuration equals our nsys capture's for the same kernels,
     and our emulation of Kineto's estimate (no opt-in: 0 % above 48 KB of shared memory) equals
-    the `est. achieved occupancy %` Kineto wrote, within its rounding, for all 324 launches."""
+    the `est. achieved occupancy %` Kineto wrote, within its rounding, for all 324 launches;
+    the Kineto column of `ru` shows the estimate as recorded, the nsys trace's our emulation."""
     import polars as pl
 
-    from traceq.analysis.efficiency import launch_ru
+    from traceq.analysis.efficiency import launch_ru, ru_table
 
     con, kineto, nsys = alexnet
     ours = launch_ru(con, kineto).join(
         con.sql(f"SELECT kernel_id, kineto_occupancy_pct FROM kernels WHERE trace_id = {kineto}").pl(), on="kernel_id")
     assert ours.height == 324
-    assert (ours["kineto_occupancy"] * 100 - ours["kineto_occupancy_pct"]).abs().max() <= 0.5
+    assert (ours["kineto_emulated"] * 100 - ours["kineto_occupancy_pct"]).abs().max() <= 0.5
     big = ours.filter(pl.col("smem_static_bytes") > 48 * 1024)
     assert big.height and (big["kineto_occupancy_pct"] == 0).all() and (big["occupancy"] > 0).all()
     key = ["short_name", "grid_blocks", "block_threads", "registers_per_thread"]
     both = (ours.select(*key, "occupancy").unique()
             .join(launch_ru(con, nsys).select(*key, pl.col("occupancy").alias("nsys")).unique(), on=key))
     assert both.height >= 60 and (both["occupancy"] == both["nsys"]).all()
+    recorded = ours.group_by("name").agg(
+        ((pl.col("kineto_occupancy_pct") / 100 * pl.col("dur_ns")).sum() / pl.col("dur_ns").sum()).alias("want"))
+    table = ru_table(con, kineto, "kernel").join(recorded, on="name")
+    assert table.height == recorded.height and (table["kineto_occupancy"] - table["want"]).abs().max() < 1e-12
+    assert (table["kineto_occupancy"] != table["occupancy"]).any()
+    emulated = launch_ru(con, nsys)
+    assert emulated["kineto_occupancy"].equals(emulated["kineto_emulated"])
 
 
 def test_alexnet_operator_flops_equal_the_model_spec(alexnet) -> None:
@@ -160,3 +168,25 @@ def test_alexnet_operator_flops_equal_the_model_spec(alexnet) -> None:
     got = op_flops(con, kineto).group_by("pass").agg(pl.col("flops").sum())
     spec = spec_layer_flops(sample("alexnet.model.toml"), 256).group_by("pass").agg(pl.col("flops").sum() * 2)
     assert dict(got.iter_rows()) == dict(spec.iter_rows())
+
+
+def test_python_functions_only_when_asked(tmp_path: Path) -> None:
+    """`traceq load --python-functions` keeps each python_function event (with_stack=True) as a
+    range of its thread; without the flag there are none. Counted against the JSON."""
+    from typer.testing import CliRunner
+
+    from traceq.cli import app
+
+    path = shared("realtraces", "kineto_json", "AMD-AGI__TraceLens__h100__gaunernst_bert-small-uncased__1016001.json.gz")
+    events = [e for e in read_json(path)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "python_function"]
+    want = Counter((int(e["pid"]), int(e["tid"]), e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])) for e in events)
+    assert len(events) == 1385
+    for flag, expected in (([], Counter()), (["--python-functions"], want)):
+        db = tmp_path / f"p{len(flag)}.duckdb"
+        result = CliRunner().invoke(app, ["load", str(path), "--db", str(db), *flag])
+        assert result.exit_code == 0, result.output
+        con = open_store(db, read_only=True)
+        got = Counter(con.execute("SELECT pid, tid, name, start_ns, end_ns FROM nvtx "
+                                  "WHERE domain = 'python_function'").fetchall())
+        con.close()
+        assert got == expected
