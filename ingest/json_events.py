@@ -167,7 +167,7 @@ class TraceEvents:
         assert self._separator is not None
         joint = self._separator[1:-1]
         body = (batch.text(joint) + joint + self._rest).decode("utf-8")
-        events, pos = self._events_of(body, None, partial=True)
+        events, pos = self._events_of(body, "]", partial=True)
         if not events and len(body) > _CARRY_LIMIT:
             raise TraceFormatError(f"{self.path} is not valid JSON in its traceEvents "
                                    f"(after byte {batch.start})")
@@ -182,7 +182,7 @@ class TraceEvents:
         count, carry = 0, b""
         with open_text(self.path) as f:
             f.seek(self._starts[0])
-            left = self._starts[number] - self._starts[0]
+            left = self._starts[number] + 1 - self._starts[0]  # up to the '{' ending the last separator
             while left > 0:
                 block = f.read(min(BLOCK_BYTES, left))
                 if not block:

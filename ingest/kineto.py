@@ -169,7 +169,7 @@ def _stage_sql(files: list[Path], first: int, python_functions: bool) -> str:
     """
 
 
-_MAX_EVENT_BYTES = 64 << 20
+_MAX_EVENT_BYTES = 16 << 20
 
 
 @dataclass

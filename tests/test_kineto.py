@@ -190,3 +190,22 @@ def test_python_functions_only_when_asked(tmp_path: Path) -> None:
                                   "WHERE domain = 'python_function'").fetchall())
         con.close()
         assert got == expected
+
+
+def test_separators_inside_strings(tmp_path: Path, monkeypatch) -> None:
+    """A compact trace whose names hold the file's own separator (`}, {`): wherever a block is
+    cut inside such a name, those events are read again exactly, and every event arrives once."""
+    from traceq.ingest import json_events
+
+    monkeypatch.setattr(json_events, "BLOCK_BYTES", 1000)
+    monkeypatch.setattr(json_events, "BATCH_BYTES", 3000)
+    events = [{"ph": "X", "cat": "kernel", "name": f"k{i % 7}" + "}, {" * (i % 3), "pid": 0, "tid": 7,
+               "ts": i * 10, "dur": 1 + i % 5, "args": {"device": 0, "stream": 7, "correlation": i}}
+              for i in range(3000)]
+    path = tmp_path / "compact.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert path.read_text().count("}, {") > 1.5 * len(events)
+    con = open_store(tmp_path / "c.duckdb", create=True)
+    load_trace(con, path)
+    got = con.execute("SELECT name, start_ns, end_ns, correlation_id FROM kernels ORDER BY kernel_id").fetchall()
+    assert got == [(e["name"], e["ts"] * 1000, (e["ts"] + e["dur"]) * 1000, e["args"]["correlation"]) for e in events]

@@ -68,3 +68,17 @@ def test_gzip_of_something_else(store: Path, tmp_path: Path) -> None:
     other = tmp_path / "x.json.gz"
     other.write_bytes(gzip.compress(b"hello, world\n" * 10))
     assert_load_refused(store, other, "not a trace traceq can read")
+
+
+def test_an_error_far_into_the_file_names_its_event(store: Path, tmp_path: Path, monkeypatch) -> None:
+    """With small blocks the trace is read in many batches; the message still names the event's
+    index in traceEvents, counted again from the file."""
+    from traceq.ingest import json_events
+
+    monkeypatch.setattr(json_events, "BLOCK_BYTES", 4096)
+    monkeypatch.setattr(json_events, "BATCH_BYTES", 8192)
+    events = [dict(KERNEL, ts=10.5 + i, args=dict(KERNEL["args"], correlation=i)) for i in range(2000)]
+    del events[1234]["dur"]
+    path = tmp_path / "far.json"
+    path.write_text(json.dumps({"traceEvents": events}, indent=1))
+    assert_load_refused(store, path, "traceEvents[1234]", '"dur"')
