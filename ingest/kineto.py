@@ -3,12 +3,14 @@ CUDA (CUPTI) and ROCm (roctracer) alike, schema versions of 2021 to 2026.
 
 Two passes, neither holding the trace in Python objects:
 
-1. **Stage.** `json_events.TraceEvents` cuts the traceEvents array into chunks of event texts;
-   DuckDB's JSON reader (C++, in a scratch in-memory database of its own) parses each chunk
-   into typed columns (`_STAGE_SQL`) and the rows traceq uses go to a temporary Parquet file,
-   compressed, with each event's position in the file.
-2. **Store.** SQL over that file (`_TABLES`) numbers names, launch configurations, queues and
-   threads, and streams each store table to the sink.
+1. **Stage.** `json_events.TraceEvents` cuts the traceEvents array into batches of chunks of
+   whole events; each chunk goes to a scratch file as a JSON array, and DuckDB's JSON reader
+   (C++, a file per thread) parses a batch's files in one query (`_stage_sql`) into the
+   staging table `ev` of a scratch database on disk (compressed), the rows traceq uses only,
+   each with its position (`seq`).
+2. **Store.** SQL over `ev` numbers names, launch configurations, queues, threads and range
+   attributes once (`_PREPARE`), then builds each store table (`_TABLES`) and streams it to
+   the sink.
 
 What comes from where (old traces' categories in brackets):
 
@@ -70,19 +72,23 @@ lack it. Each value is the clockRate of a device record of the same name (nsys T
 nvprof CUPTI_ACTIVITY_KIND_DEVICE) in our reference traces or realtraces; tests check them."""
 
 _COLLECTIVE = {
-    "Collective name": "VARCHAR", "In msg nelems": "BIGINT", "Out msg nelems": "BIGINT",
-    "In split size": "VARCHAR", "Out split size": "VARCHAR", "Group size": "BIGINT", "dtype": "VARCHAR",
-    "Process Group Name": "VARCHAR", "Process Group Description": "VARCHAR",
-    "Process Group Ranks": "VARCHAR", "Process Group ID": "VARCHAR",
+    "Collective name": ("VARCHAR", "collective"), "In msg nelems": ("BIGINT", "in_msg_nelems"),
+    "Out msg nelems": ("BIGINT", "out_msg_nelems"), "In split size": ("VARCHAR", "in_split_size"),
+    "Out split size": ("VARCHAR", "out_split_size"), "Group size": ("BIGINT", "group_size"),
+    "dtype": ("VARCHAR", "dtype"), "Process Group Description": ("VARCHAR", "pg_desc"),
+    "Process Group Ranks": ("VARCHAR", "pg_ranks"), "Process Group Name": ("VARCHAR", None),
+    "Process Group ID": ("VARCHAR", None),
 }
+"""Collective args (NCCL/RCCL kernels, record_param_comms ops): type and staging column (the
+process group's name or else its id make pg_name)."""
 _GPU_ARGS = {
     "correlation": "BIGINT", "device": "BIGINT", "context": "BIGINT", "stream": "VARCHAR",
     "registers per thread": "BIGINT", "shared memory": "BIGINT", "grid": "BIGINT[]", "block": "BIGINT[]",
-    "est. achieved occupancy %": "DOUBLE", "bytes": "BIGINT", **_COLLECTIVE,
+    "est. achieved occupancy %": "DOUBLE", "bytes": "BIGINT", **{k: t for k, (t, _) in _COLLECTIVE.items()},
 }
 _OPERATOR_ARGS = {
     "External id": "BIGINT", "Input Dims": "JSON", "Input type": "JSON", "Concrete Inputs": "JSON",
-    "flops": "BIGINT", "Sequence number": "BIGINT", **_COLLECTIVE,
+    "flops": "BIGINT", "Sequence number": "BIGINT", **{k: t for k, (t, _) in _COLLECTIVE.items()},
 }
 _MEMORY_ARGS = {"Bytes": "BIGINT", "Total Allocated": "BIGINT", "Addr": "UBIGINT", "Device Id": "BIGINT",
                 "Device Type": "BIGINT"}
@@ -120,6 +126,12 @@ _COLUMNS = "{" + ", ".join(f"'{k}': '{v}'" for k, v in _EVENT.items()) + "}"
 _GPU_KINDS = ("kernel", "memcpy", "memset", "gpu_user_annotation", "gpu_range")
 
 
+def _collective_columns() -> str:
+    """The collective staging columns, from a kernel's args (g) or an operator's (o)."""
+    return ", ".join(f'coalesce(g."{key}", o."{key}") AS {column}'
+                     for key, (_, column) in _COLLECTIVE.items() if column)
+
+
 def _stage_sql(files: list[Path], first: int, python_functions: bool) -> str:
     """The staging rows of the events in `files` (JSON arrays of consecutive events), numbered
     (`seq`) from `first` on."""
@@ -155,15 +167,8 @@ def _stage_sql(files: list[Path], first: int, python_functions: bool) -> str:
            m."Device Id" AS mem_device, m."Device Type" AS mem_device_type,
            o."Input Dims" AS input_dims, o."Input type" AS input_types,
            o."Concrete Inputs" AS concrete_inputs, o.flops, o."Sequence number" AS sequence_number,
-           coalesce(g."Collective name", o."Collective name") AS collective,
-           coalesce(g."In msg nelems", o."In msg nelems") AS in_msg_nelems,
-           coalesce(g."Out msg nelems", o."Out msg nelems") AS out_msg_nelems,
-           coalesce(g."In split size", o."In split size") AS in_split_size,
-           coalesce(g."Out split size", o."Out split size") AS out_split_size,
-           coalesce(g."Group size", o."Group size") AS group_size, coalesce(g.dtype, o.dtype) AS dtype,
+           {_collective_columns()},
            coalesce(g."Process Group Name", o."Process Group Name", g."Process Group ID", o."Process Group ID") AS pg_name,
-           coalesce(g."Process Group Description", o."Process Group Description") AS pg_desc,
-           coalesce(g."Process Group Ranks", o."Process Group Ranks") AS pg_ranks,
            CASE WHEN kind IN ('process_name', 'thread_name') THEN json_extract_string(args, '$.name') END AS label
     FROM parsed
     """

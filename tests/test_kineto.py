@@ -209,3 +209,24 @@ def test_separators_inside_strings(tmp_path: Path, monkeypatch) -> None:
     load_trace(con, path)
     got = con.execute("SELECT name, start_ns, end_ns, correlation_id FROM kernels ORDER BY kernel_id").fetchall()
     assert got == [(e["name"], e["ts"] * 1000, (e["ts"] + e["dur"]) * 1000, e["args"]["correlation"]) for e in events]
+
+
+@pytest.mark.parametrize("name", ["facebookresearch__HolisticTraceAnalysis__nccl_parser_config__nccl_data.json.gz",
+                                  "AMD-AGI__TraceLens__mi300__resnet_act_checkpoint.json.gz"])
+def test_collectives_equal_the_json(tmp_path: Path, name: str) -> None:
+    """Every NCCL/RCCL kernel and record_param_comms operator with collective args is one row of
+    `collectives`, its fields as the JSON writes them."""
+    path = shared("realtraces", "kineto_json", name)
+    keys = ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype")
+    want = Counter(
+        (("kernel" if e["cat"].lower() == "kernel" else "cpu_op"), ns(e["ts"]),
+         *(e["args"].get(k) for k in keys))
+        for e in read_json(path)["traceEvents"]
+        if e.get("ph") == "X" and str(e.get("cat")).lower() in ("kernel", "cpu_op")
+        and "Collective name" in e.get("args", {}))
+    con = open_store(tmp_path / "c.duckdb", create=True)
+    load_trace(con, path)
+    got = Counter(con.execute("SELECT event, start_ns, collective, in_msg_nelems, out_msg_nelems, group_size, dtype "
+                              "FROM collectives").fetchall())
+    con.close()
+    assert sum(want.values()) >= 15 and got == want
