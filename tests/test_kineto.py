@@ -197,11 +197,11 @@ def test_separators_inside_strings(tmp_path: Path, monkeypatch) -> None:
     cut inside such a name, those events are read again exactly, and every event arrives once."""
     from traceq.ingest import json_events
 
-    monkeypatch.setattr(json_events, "BLOCK_BYTES", 1000)
-    monkeypatch.setattr(json_events, "BATCH_BYTES", 3000)
+    monkeypatch.setattr(json_events, "BLOCK_BYTES", 4000)
+    monkeypatch.setattr(json_events, "BATCH_BYTES", 12000)
     events = [{"ph": "X", "cat": "kernel", "name": f"k{i % 7}" + "}, {" * (i % 3), "pid": 0, "tid": 7,
                "ts": i * 10, "dur": 1 + i % 5, "args": {"device": 0, "stream": 7, "correlation": i}}
-              for i in range(3000)]
+              for i in range(1000)]
     path = tmp_path / "compact.json"
     path.write_text(json.dumps({"traceEvents": events}))
     assert path.read_text().count("}, {") > 1.5 * len(events)
