@@ -354,7 +354,9 @@ _PREPARE = (
     """CREATE TEMP TABLE main_pid AS SELECT pid FROM ev WHERE kind IN ('runtime', 'driver', 'cpu_op')
        GROUP BY pid ORDER BY count(*) DESC, pid LIMIT 1""",
     """CREATE TEMP TABLE launch AS SELECT correlation, min(pid) AS pid FROM ev
-       WHERE kind IN ('runtime', 'driver') AND correlation IS NOT NULL GROUP BY correlation""",
+       WHERE kind IN ('runtime', 'driver') AND correlation IS NOT NULL
+         AND EXISTS (SELECT 1 FROM ev WHERE kind IN ('runtime', 'driver') AND pid <> (SELECT pid FROM main_pid))
+       GROUP BY correlation""",  # empty where every call is the main process's, as in most traces
     """CREATE TEMP VIEW gpu AS SELECT ev.*, coalesce(launch.pid, (SELECT pid FROM main_pid)) AS launch_pid
        FROM ev LEFT JOIN launch USING (correlation) WHERE ev.kind IN ('kernel', 'memcpy', 'memset')""",
     _numbering("kernel_name_ids", _keys(_KERNEL_NAME), "ev WHERE kind = 'kernel'"),
@@ -363,16 +365,21 @@ _PREPARE = (
     _numbering("api_name_ids", _keys(_API_NAME), "ev WHERE kind IN ('runtime', 'driver')"),
     _numbering("api_thread_ids", _keys(_API_THREAD), "ev WHERE kind IN ('runtime', 'driver')"),
     _numbering("range_attribute_ids", _keys(_RANGE_ATTRIBUTES), f"ev WHERE kind IN ({_RANGE_KINDS})"),
+    # the kernels with their ids, on disk: joined and sorted in one query, the join's hash
+    # tables and the sort outgrew the scratch memory at 10M kernels
+    f"""CREATE TABLE kernel_rows AS
+        SELECT k.seq, k.ts_ns, k.dur_ns, k.correlation, kernel_name_ids.id AS name_id,
+               kernel_config_ids.id AS config_id, kernel_queue_ids.id AS queue_id
+        FROM gpu k {_id_of("kernel_name_ids", _KERNEL_NAME, "k")} {_id_of("kernel_config_ids", _KERNEL_CONFIG, "k")}
+             {_id_of("kernel_queue_ids", _KERNEL_QUEUE, "k")}
+        WHERE k.kind = 'kernel'""",
 )
 """Pass 2's first step: the ids of names, configurations, queues, threads and range attributes."""
 
-_KERNELS = f"""
-    SELECT row_number() OVER (ORDER BY k.seq) - 1 AS kernel_id, k.ts_ns AS start_ns, k.ts_ns + k.dur_ns AS end_ns,
-           k.correlation AS correlation_id, kernel_name_ids.id AS name_id, kernel_config_ids.id AS config_id,
-           kernel_queue_ids.id AS queue_id
-    FROM gpu k {_id_of("kernel_name_ids", _KERNEL_NAME, "k")} {_id_of("kernel_config_ids", _KERNEL_CONFIG, "k")}
-         {_id_of("kernel_queue_ids", _KERNEL_QUEUE, "k")}
-    WHERE k.kind = 'kernel' ORDER BY k.seq"""
+_KERNELS = """
+    SELECT row_number() OVER (ORDER BY seq) - 1 AS kernel_id, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns,
+           correlation AS correlation_id, name_id, config_id, queue_id
+    FROM kernel_rows ORDER BY seq"""
 _KERNEL_CONFIGS = f"SELECT id AS config_id, {', '.join(_KERNEL_CONFIG)} FROM kernel_config_ids ORDER BY id"
 _KERNEL_QUEUES = f"SELECT id AS queue_id, {', '.join(_KERNEL_QUEUE)} FROM kernel_queue_ids ORDER BY id"
 _KERNEL_NAMES = "SELECT id AS name_id, name FROM kernel_name_ids ORDER BY id"
