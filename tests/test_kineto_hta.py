@@ -18,6 +18,7 @@ from traceq.store import open_store
 
 NS_RESOLUTION = "facebookresearch__HolisticTraceAnalysis__ns_resolution_trace__rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
 TRITON = "facebookresearch__HolisticTraceAnalysis__triton_example.json.gz"
+NCCL = "facebookresearch__HolisticTraceAnalysis__nccl_parser_config__nccl_data.json.gz"
 
 # the GPU events (kernels, copies, sets) HTA keeps, with the gpu_user_annotation ranges they overlap
 KEPT = """
@@ -41,7 +42,7 @@ KEPT = """
 def store(tmp_path_factory: pytest.TempPathFactory):
     folder = shared("realtraces", "kineto_json")
     con = open_store(tmp_path_factory.mktemp("hta") / "hta.duckdb", create=True)
-    ids = {name: load_trace(con, folder / name).trace_id for name in (NS_RESOLUTION, TRITON)}
+    ids = {name: load_trace(con, folder / name).trace_id for name in (NS_RESOLUTION, TRITON, NCCL)}
     yield con, ids
     con.close()
 
@@ -89,3 +90,20 @@ def test_triton_start_time(store) -> None:
     assert first == [(2413669096090100,)]
     assert con.execute("SELECT session_start_utc_ns FROM traces WHERE trace_id = ?", [tid]).fetchall() == [
         (1727743122000000000,)]
+
+
+def test_nccl_kernels_and_their_collective(store) -> None:
+    """test_nccl_parser_config (tests/test_trace_parse.py): 21 kernels named ncclKernel...; the
+    longest is an allreduce of 2049000 elements in and out, in split and out split '[]', process
+    group '0' ('default_pg', ranks '[0, 1]')."""
+    con, ids = store
+    params = {"id": ids[NCCL]}
+    assert con.execute("SELECT count(*) FROM kernels WHERE trace_id = $id AND name LIKE '%ncclKernel%'",
+                       params).fetchall() == [(21,)]
+    longest = con.execute("""
+        SELECT c.collective, c.in_msg_nelems, c.out_msg_nelems, c.in_split_size, c.out_split_size,
+               c.pg_name, c.pg_desc, c.pg_ranks
+        FROM kernels k JOIN collectives c ON c.trace_id = k.trace_id AND c.kernel_id = k.kernel_id
+        WHERE k.trace_id = $id AND k.name LIKE '%ncclKernel%'
+        ORDER BY k.end_ns - k.start_ns DESC LIMIT 1""", params).fetchall()
+    assert longest == [("allreduce", 2049000, 2049000, "[]", "[]", "0", "default_pg", "[0, 1]")]
