@@ -21,7 +21,7 @@ import typer
 from typer.core import TyperCommand
 
 from traceq import __version__
-from traceq.analysis.choices import CompareBy, GroupBy, MemoryBy, NameBy, Precision, TrafficBy
+from traceq.analysis.choices import CompareBy, GroupBy, IdleBy, MemoryBy, NameBy, Precision, TrafficBy
 from traceq.errors import TraceqError
 from traceq.render import Format, format_for, render
 from traceq.store import default_store_path, delete_trace, first_row, open_store, resolve_trace
@@ -403,6 +403,36 @@ def stages(trace: TraceOpt = None, db: DbOpt = None, iteration_regex: IterOpt = 
     _show_trace_table(trace, db, fmt, out, lambda con, trace_id, trace_name: (
         stage_times(con, trace_id, _iteration_regex(iteration_regex)),
         f"{trace_name}: GPU time per iteration and stage"))
+
+
+@app.command()
+def idle(
+    by: Annotated[Optional[IdleBy], typer.Option(
+        help="Split each cause's time by iteration (and device), stream, or layer of the work that waited "
+             "[default: one row per cause]", show_default=False)] = None,
+    trace: TraceOpt = None,
+    db: DbOpt = None,
+    iteration_regex: IterOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Why the GPU was idle: every gap classified by what the host was doing (sync, copy, launch-bound, ...)."""
+    from traceq.analysis.idle import idle_causes, idle_split
+    from traceq.render.table import format_duration
+
+    def build(con, trace_id: int, trace_name: str):
+        regex = _iteration_regex(iteration_regex)
+        frame, totals = idle_causes(con, trace_id, regex)
+        share = f" ({100 * totals.idle_ns / totals.span_ns:.1f} %)" if totals.span_ns else ""
+        title = (f"{trace_name}: GPU idle {format_duration(totals.idle_ns)} of {format_duration(totals.span_ns)}"
+                 f"{share} on {totals.devices} device(s)")
+        if totals.iterations:
+            title += f", {format_duration(totals.idle_ns / totals.iterations)} per iteration ({totals.iterations})"
+        if by is not None:
+            return idle_split(con, trace_id, by, regex), f"{title}; by cause and {by.value}"
+        return frame, f"{title}; by cause"
+
+    _show_trace_table(trace, db, fmt, out, build)
 
 
 @app.command()

@@ -62,3 +62,11 @@ class TrafficBy(str, Enum):
 
     layer = "layer"
     kernel = "kernel"
+
+
+class IdleBy(str, Enum):
+    """What `traceq idle` splits the GPU's idle time by, beside its cause."""
+
+    iteration = "iteration"
+    stream = "stream"
+    layer = "layer"

@@ -1,0 +1,274 @@
+"""Why the GPU waited: every gap in a device's work, classified by what the host was doing
+(what `traceq idle` sums, in `analysis.idle`).
+
+A device is busy while any kernel, memcpy or memset runs on it, on any stream; a gap is an
+interval between two busy islands (from the end of the last work to the start of the next).
+Each gap belongs to the work that ends it (the *next* operation: its iteration, stream and
+layer) and gets one cause. When the call that issued the next operation had ended before the
+device went idle, the work was queued and the GPU waited on something else (another stream, an
+event, its own launch latency), not on the host: `other`, as is a gap whose next operation has
+no issuing call in the trace. Otherwise the host was late, and the cause is the first of these
+that holds:
+
+1. `sync`: a thread of the next operation's process was inside a blocking call when the device
+   ran out of work: a synchronize (cudaDeviceSynchronize, cudaStreamSynchronize,
+   cudaEventSynchronize and their driver forms), a free (cudaFree), or a memcpy that blocks the
+   host (one without `Async`, or an `Async` one to or from pageable memory) other than host to
+   device. Such a call drains the queue: the host cannot run ahead while it waits. A
+   synchronize that is the process's very next call after a host-to-device copy from pageable
+   memory waits for that copy (PyTorch synchronizes after each such copy): that gap is
+   `h2d_pageable`.
+2. `h2d_pageable` / `h2d_pinned`: the thread that issued the next operation spent at least half
+   of the gap (`H2D_SHARE`) inside a host-to-device copy call (the last one it began before the
+   gap ended); pageable or pinned by the copy's source memory.
+3. `iteration_start`: the next operation is the device's first of its iteration: the host was
+   between iterations (data loading, the Python loop).
+4. `launch_bound`: none of the above: the host issued work slower than the GPU ran it.
+
+An operation's iteration is the iteration range (`iteration_regex`, on any thread of its
+process) open when its issuing call began, as in `analysis.attribution`. Calls are numbered
+(correlation ids) in the order they begin within a process, so that range is found from the
+correlation id alone: the iteration's first and last ids are looked up once per range.
+
+Everything is interval arithmetic over sorted columns (a running maximum of end times, binary
+searches, as-of joins): no loop over operations. Times are integer ns.
+"""
+
+from __future__ import annotations
+
+import re
+
+import duckdb
+import polars as pl
+
+from traceq.analysis.attribution import ITERATION_REGEX
+from traceq.analysis.intervals import last_at_or_before
+from traceq.analysis.operations import KINDS, api_calls, gpu_work, issuing_calls
+
+CAUSES = ("sync", "h2d_pageable", "h2d_pinned", "iteration_start", "launch_bound", "other")
+"""Gap causes (the host-caused ones in the order they are tested)."""
+
+H2D_SHARE = 0.5
+"""A gap is `h2d_*` when the host spent at least this share of it in a host-to-device copy call."""
+
+SYNC_CALL = re.compile(r"^(cuda|cu)(Device|Stream|Event|Thread|Ctx)Synchronize|^(cudaFree|cuMemFree)")
+"""API calls that block the host until the GPU has done (some of) its queued work."""
+
+COPY_CALL = re.compile(r"^(cuda|cu)Memcpy")
+"""API calls that copy memory; those without `Async` block the host."""
+
+
+def idle_gaps(
+    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
+) -> pl.DataFrame:
+    """Every gap of every device, in the order the work ending them started.
+
+    Columns: device_id, start_ns (the device ran out of work), end_ns (the next operation
+    began), dur_ns, cause (one of CAUSES), iteration (of the next operation; null outside
+    every iteration range), stream_id, pid and tid (of the next operation and the thread that
+    issued it), next_kind ('kernel', 'memcpy', 'memset'), next_name (kernel name, or
+    '[CUDA memcpy Host-to-Device]' as `nsys stats` names copies), call (for `sync` and `h2d_*`
+    gaps the blocking or copy call, else the call that issued the next operation; without its
+    version suffix).
+    """
+    gaps, names = gap_frame(con, trace_id, iteration_regex)
+    return _named(gaps, names)
+
+
+def gap_frame(
+    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
+) -> tuple[pl.DataFrame, dict[str, pl.Series]]:
+    """`idle_gaps` with its strings as codes: (gaps, names). gaps has device_id, start_ns, end_ns,
+    dur_ns, cause (UInt8 into CAUSES), iteration (UInt32 into names['iteration']), stream_id,
+    pid, tid, call_start_ns (when the next operation's issuing call began), next_kind (UInt8 into
+    KINDS), next_item (kernel name id or memop row), call (api name id), op_row; in the next
+    operations' start order. names: 'iteration', 'api' (by api name id), 'kernel' and
+    'kernel_short' (by name id), 'memop' (by memop row): the strings."""
+    t = int(trace_id)
+    ops, memops = gpu_work(con, t)
+    calls = api_calls(con, t)
+    api_names = _api_names(con, t)
+    iterations, ops_iteration = _iterations(con, t, ops, calls, iteration_regex)
+    ops = ops.with_columns(iteration=ops_iteration)
+    # the gaps: a running maximum of end times over each device's work in start order
+    timeline = ops.select("device_id", "start_ns", "end_ns").with_row_index("op_row").sort("start_ns")
+    several = timeline["device_id"].n_unique() > 1
+    reach = pl.col("end_ns").cum_max().shift(1)
+    timeline = timeline.with_columns(gap_start=reach.over("device_id") if several else reach)
+    if iterations.len():  # whether each operation is its device's first of its iteration
+        code = (pl.col("device_id").rank("dense") * (len(iterations) + 1)).cast(pl.Int64) + pl.col("iteration")
+        timeline = timeline.with_columns(
+            first=ops["iteration"].gather(timeline["op_row"]).is_not_null()
+            & pl.Series(ops.select(code).to_series().gather(timeline["op_row"])).is_first_distinct())
+    else:
+        timeline = timeline.with_columns(first=pl.lit(False))
+    gaps = timeline.filter(pl.col("start_ns") > pl.col("gap_start"))
+    del timeline
+    gaps = pl.concat([gaps, ops.select("kind", "item", "stream_id", "pid", "correlation_id", "iteration")
+                      .gather(gaps["op_row"])], how="horizontal")
+    issued = issuing_calls(calls, gaps["pid"], gaps["correlation_id"], ("tid", "start_ns", "end_ns", "name_id"))
+    gaps = pl.concat([gaps, issued], how="horizontal").with_columns(
+        late=(pl.col("call_end_ns") > pl.col("gap_start")).fill_null(False))
+    # only where the host was late: what it was doing
+    late = gaps.filter("late")
+    sync_call, h2d_call, h2d_pageable = _host_waits(late, calls, ops, memops, api_names)
+    cause = (pl.when(sync_call.is_not_null()).then(0)
+             .when(h2d_call.is_not_null() & h2d_pageable).then(1)
+             .when(h2d_call.is_not_null()).then(2)
+             .when(late["first"]).then(3)
+             .otherwise(4))
+    late_cause = late.select(cause=cause.cast(pl.UInt8), call=pl.coalesce(sync_call, h2d_call, late["call_name_id"]))
+    at = pl.select(pl.when(gaps["late"]).then(gaps["late"].cast(pl.Int64).cum_sum() - 1)).to_series()
+    frame = gaps.select(
+        "device_id", start_ns="gap_start", end_ns="start_ns", dur_ns=pl.col("start_ns") - pl.col("gap_start"),
+        cause=late_cause["cause"].gather(at).fill_null(5), iteration="iteration", stream_id="stream_id",
+        pid="pid", tid="tid", call_start_ns="call_start_ns", next_kind="kind", next_item="item",
+        call=pl.coalesce(late_cause["call"].gather(at), pl.col("call_name_id")).cast(pl.Int64), op_row="op_row")
+    kernel_names = con.sql(f"SELECT name_id, name, short_name FROM kernel_names WHERE trace_id = {t}").pl()
+    names = {
+        "iteration": iterations,
+        "api": api_names,
+        "kernel": _by_id(kernel_names["name_id"], kernel_names["name"]),
+        "kernel_short": _by_id(kernel_names["name_id"], kernel_names["short_name"]),
+        "memop": memops.select(pl.when(pl.col("op") == "memcpy").then("[CUDA memcpy " + pl.col("copy_kind") + "]")
+                               .otherwise(pl.lit("[CUDA memset]"))).to_series(),
+    }
+    return frame, names
+
+
+def _by_id(ids: pl.Series, values: pl.Series) -> pl.Series:
+    """values placed at their ids (ids 0..n, a few gaps), for gathering by id."""
+    size = int(ids.max() or 0) + 1 if len(ids) else 0
+    return pl.Series(values.name, [None] * size, dtype=values.dtype).scatter(ids, values) if size else values
+
+
+def _api_names(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.Series:
+    """Every API name of the trace without its version suffix, by name id."""
+    frame = con.sql(f"SELECT name_id, regexp_replace(coalesce(name, ''), '_v[0-9]+$', '') AS name "
+                    f"FROM api_names WHERE trace_id = {int(trace_id)}").pl()
+    return _by_id(frame["name_id"], frame["name"])
+
+
+def _iterations(
+    con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFrame, calls: pl.DataFrame, iteration_regex: str
+) -> tuple[pl.Series, pl.Series]:
+    """The iteration of each operation of `ops` (see the module docstring): (names, codes), the
+    codes (UInt32, null outside every iteration) index `names`, one per iteration range name."""
+    ranges = con.sql(f"""
+        SELECT pid, name, start_ns, coalesce(end_ns, 9223372036854775807) AS end_ns FROM nvtx
+        WHERE trace_id = {int(trace_id)} AND kind IN ('pushpop', 'startend')
+          AND regexp_matches(coalesce(name, ''), ?)
+        ORDER BY pid, start_ns""", params=[iteration_regex]).pl()
+    names = ranges["name"].unique().sort()
+    ranges = ranges.with_columns(code=pl.col("name").replace_strict(
+        names, pl.int_range(0, len(names), eager=True), return_dtype=pl.UInt32))
+    if ranges.height == 0 or calls.height == 0:
+        return names, pl.repeat(None, ops.height, dtype=pl.UInt32, eager=True)
+    by_call = calls.select("pid", "correlation_id", "start_ns")
+    if calls["pid"].n_unique() > 1:
+        by_call = by_call.sort("pid", "correlation_id")
+        in_order = all(part["start_ns"].is_sorted() for part in by_call.partition_by("pid"))
+    else:
+        by_call = by_call if by_call["correlation_id"].is_sorted() else by_call.sort("correlation_id")
+        in_order = by_call["start_ns"].is_sorted()
+    if not in_order:  # ids do not follow the calls' starts: look each operation's call up
+        return names, _iterations_by_time(ops, calls, ranges)
+    # per range: the first call (in id order = start order) at or after its start and its end
+    first = last_at_or_before(by_call["pid"], by_call["start_ns"], ranges["pid"], ranges["start_ns"] - 1)
+    past = last_at_or_before(by_call["pid"], by_call["start_ns"], ranges["pid"], ranges["end_ns"] - 1)
+
+    def next_id(row: pl.Series) -> pl.Series:  # the id after call `row` of the range's process
+        following = pl.select(pl.when(row.is_null()).then(0).otherwise(row + 1)).to_series()
+        same = by_call["pid"].gather(following.clip(upper_bound=by_call.height - 1)) == ranges["pid"]
+        return pl.select(pl.when((following < by_call.height) & same)
+                         .then(by_call["correlation_id"].gather(following.clip(upper_bound=by_call.height - 1)))
+                         ).to_series()
+
+    # a range's operations have ids in [lo, hi): lo its first call's, hi the first after it
+    bounds = ranges.select("pid", "code", lo=next_id(first), hi=next_id(past).fill_null(9223372036854775807))
+    bounds = bounds.filter(pl.col("lo").is_not_null() & (pl.col("lo") < pl.col("hi")))
+    row = last_at_or_before(bounds["pid"], bounds["lo"], ops["pid"], ops["correlation_id"])
+    inside = pl.select(pl.when(ops["correlation_id"] < bounds["hi"].gather(row)).then(row)).to_series()
+    return names, bounds["code"].gather(inside)
+
+
+def _iterations_by_time(ops: pl.DataFrame, calls: pl.DataFrame, ranges: pl.DataFrame) -> pl.Series:
+    """`_iterations`' codes from each operation's issuing call (slower: a lookup per operation)."""
+    start = issuing_calls(calls, ops["pid"], ops["correlation_id"])["call_start_ns"]
+    row = last_at_or_before(ranges["pid"], ranges["start_ns"], ops["pid"], start)
+    inside = pl.select(pl.when(start < ranges["end_ns"].gather(row)).then(row)).to_series()
+    return ranges["code"].gather(inside)
+
+
+def _host_waits(gaps: pl.DataFrame, calls: pl.DataFrame, ops: pl.DataFrame, memops: pl.DataFrame,
+                api_names: pl.Series) -> tuple[pl.Series, pl.Series, pl.Series]:
+    """Per gap: the name id of a blocking call of the process that covered the gap's start
+    (sync_call), the name id of a host-to-device copy call of the issuing thread that took
+    H2D_SHARE of the gap, or that the covering blocking call waited for (h2d_call), and
+    whether that copy was from pageable memory."""
+    wanted = [i for i, n in enumerate(api_names.to_list()) if n and (SYNC_CALL.match(n) or COPY_CALL.match(n))]
+    candidates = calls.filter(pl.col("name_id").is_in(wanted))
+    copies = ops.filter(pl.col("kind") == 1).select("pid", "correlation_id", "item").unique(["pid", "correlation_id"])
+    copies = pl.concat([copies, memops.select("copy_kind", "src_kind", "dst_kind")[copies["item"]]], how="horizontal")
+    candidates = candidates.join(copies, on=["pid", "correlation_id"], how="left", maintain_order="left")
+    name = api_names.gather(candidates["name_id"])
+    copying = name.str.contains(COPY_CALL.pattern)
+    candidates = candidates.with_columns(
+        to_device=(pl.col("copy_kind") == "Host-to-Device").fill_null(False),
+        pageable=((pl.col("src_kind") == "Pageable") | (pl.col("dst_kind") == "Pageable")).fill_null(False))
+    blocks_host = ~copying | ~name.str.contains("Async") | candidates["pageable"]
+    # a synchronize that is the very next call after a pageable host-to-device copy waits for that
+    # copy (PyTorch synchronizes after each one): it counts as the copy
+    pageable_h2d = candidates.filter(pl.col("to_device") & pl.col("pageable"))
+    blocking = (candidates.filter(blocks_host & ~candidates["to_device"])
+                .join(pageable_h2d.select("pid", correlation_id=pl.col("correlation_id") + 1,
+                                          copy_name="name_id"), on=["pid", "correlation_id"], how="left"))
+    holder = _covering(gaps, blocking)
+    waited_copy = blocking["copy_name"].gather(holder)
+    sync_call = pl.select(pl.when(waited_copy.is_null()).then(blocking["name_id"].gather(holder))).to_series()
+    h2d = candidates.filter("to_device")
+    row = last_at_or_before(h2d["pid"] * (1 << 32) + h2d["tid"], h2d["start_ns"],
+                            gaps["pid"] * (1 << 32) + gaps["tid"], gaps["start_ns"] - 1)
+    inside = (pl.min_horizontal(h2d["end_ns"].gather(row), gaps["start_ns"])
+              - pl.max_horizontal(h2d["start_ns"].gather(row), gaps["gap_start"]))
+    took = pl.select(inside >= H2D_SHARE * (gaps["start_ns"] - gaps["gap_start"])).to_series().fill_null(False)
+    h2d_call = pl.select(pl.when(took).then(h2d["name_id"].gather(row))).to_series()
+    h2d_pageable = (h2d["src_kind"].gather(row) == "Pageable").fill_null(False)
+    # the copy a covering synchronize waited for comes first
+    h2d_pageable = pl.select(pl.when(waited_copy.is_not_null()).then(True).otherwise(h2d_pageable)).to_series()
+    h2d_call = pl.coalesce(waited_copy, h2d_call)
+    return sync_call, pl.select(h2d_call).to_series(), h2d_pageable
+
+
+def _covering(gaps: pl.DataFrame, blocking: pl.DataFrame) -> pl.Series:
+    """Per gap: the row of `blocking` (pid, start_ns, end_ns) of a call of the gap's process that
+    had begun by the gap's start and had not ended by then, or null. Of the calls begun by then,
+    the one reaching furthest is the one."""
+    order = blocking.select("pid", "start_ns", "end_ns").with_row_index("row").sort("pid", "start_ns")
+    reach = pl.col("end_ns").cum_max().over("pid")
+    order = order.with_columns(reach=reach).with_columns(
+        holder=pl.when(pl.col("end_ns") == pl.col("reach")).then(pl.col("row")).forward_fill().over("pid"))
+    at = last_at_or_before(order["pid"], order["start_ns"], gaps["pid"], gaps["gap_start"])
+    covered = order["reach"].gather(at) >= gaps["gap_start"]
+    return pl.select(pl.when(covered).then(order["holder"].gather(at))).to_series().cast(pl.Int64)
+
+
+def work_names(gaps: pl.DataFrame, names: dict[str, pl.Series], kernels: str = "kernel") -> pl.Series:
+    """The name of each gap's next operation (`gap_frame`'s codes): the kernel's name
+    (`kernels`: 'kernel' or 'kernel_short'), or the copy's as `nsys stats` names it."""
+    kernel_names = names[kernels]
+    every = pl.concat([kernel_names, names["memop"].alias(kernel_names.name)])
+    work = pl.when(pl.col("next_kind") == 0).then(pl.col("next_item")).otherwise(pl.col("next_item") + len(kernel_names))
+    return every.gather(gaps.select(work.cast(pl.Int64)).to_series()).alias("next_name")
+
+
+def _named(gaps: pl.DataFrame, names: dict[str, pl.Series]) -> pl.DataFrame:
+    """The codes of `gap_frame` as strings."""
+    return gaps.select(
+        "device_id", "start_ns", "end_ns", "dur_ns",
+        cause=pl.Series(CAUSES).gather(gaps["cause"]),
+        iteration=names["iteration"].gather(gaps["iteration"]),
+        stream_id="stream_id", pid="pid", tid="tid",
+        next_kind=pl.Series(KINDS).gather(gaps["next_kind"]),
+        next_name=work_names(gaps, names),
+        call=names["api"].gather(gaps["call"]))

@@ -1,0 +1,128 @@
+"""GPU idle time by cause: the `traceq idle` tables, sums over the gaps of `analysis.gaps`.
+
+`idle_causes` gives one row per cause (time, share, the calls and work behind it);
+`idle_split` the time of each cause per iteration and device, per stream, or per layer (the
+layer of the work the GPU waited for). Times are integer ns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+import polars as pl
+
+from traceq.analysis.attribution import ITERATION_REGEX
+from traceq.analysis.choices import IdleBy
+from traceq.analysis.gaps import CAUSES, gap_frame, work_names
+
+
+@dataclass(frozen=True)
+class IdleTotals:
+    """The totals `traceq idle` states in its title."""
+
+    span_ns: int  # per device, first work start to last work end, summed over devices
+    idle_ns: int  # all gaps
+    iterations: int  # iteration ranges the gaps' work belongs to
+    devices: int
+
+
+def _top_shares(frame: pl.DataFrame, keys: list[str], column: str, label: str, top: int = 3) -> pl.DataFrame:
+    """Per group of `keys`: the values of `column` with most dur_ns, with their share:
+    'cudaStreamSynchronize 92%, cudaFree 8%' (the `top` largest, then '…')."""
+    parts = (frame.drop_nulls(column).group_by([*keys, column]).agg(pl.col("dur_ns").sum())
+             .with_columns(share=pl.col("dur_ns") / pl.col("dur_ns").sum().over(keys))
+             .sort([*keys, "dur_ns", column], descending=[False] * len(keys) + [True, False])
+             .with_columns(text=pl.col(column) + " " + (100 * pl.col("share")).round(0).cast(pl.Int64).cast(pl.String)
+                           + "%"))
+    return parts.group_by(keys, maintain_order=True).agg(
+        pl.when(pl.len() > top).then(pl.col("text").head(top).str.join(", ") + ", …")
+        .otherwise(pl.col("text").str.join(", ")).alias(label))
+
+
+def idle_causes(
+    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
+) -> tuple[pl.DataFrame, IdleTotals]:
+    """GPU idle time per cause (`gaps.CAUSES`, every one, in that order), and the totals.
+
+    Columns: cause, gaps, total_ns, pct (share of all idle time, %), span_pct (share of the
+    devices' span, %), per_iteration_ns (total_ns over the iterations; null without iteration
+    ranges), longest_ns (the longest gap), calls (for sync and h2d gaps the blocking or copy
+    calls, else the calls that issued the work, with their share of the cause's time), waiting
+    (the work the GPU waited for, by short kernel name or copy kind, with its share).
+    """
+    gaps, names = gap_frame(con, trace_id, iteration_regex)
+    totals = _totals(con, trace_id, gaps)
+    grand = max(totals.idle_ns, 1)
+    detail = gaps.select("cause", "dur_ns", call=names["api"].gather(gaps["call"]),
+                         waiting=work_names(gaps, names, "kernel_short"))
+    per_cause = (gaps.group_by("cause").agg(gaps=pl.len().cast(pl.Int64), total_ns=pl.col("dur_ns").sum(),
+                                            longest_ns=pl.col("dur_ns").max()))
+    frame = (pl.DataFrame({"cause": pl.int_range(0, len(CAUSES), dtype=pl.UInt8, eager=True)})
+             .join(per_cause, on="cause", how="left")
+             .join(_top_shares(detail, ["cause"], "call", "calls"), on="cause", how="left")
+             .join(_top_shares(detail, ["cause"], "waiting", "waiting"), on="cause", how="left")
+             .with_columns(pl.col("gaps", "total_ns").fill_null(0))
+             .with_columns(pct=100.0 * pl.col("total_ns") / grand,
+                           span_pct=100.0 * pl.col("total_ns") / max(totals.span_ns, 1),
+                           per_iteration_ns=(pl.col("total_ns") // totals.iterations) if totals.iterations
+                           else pl.lit(None, pl.Int64))
+             .sort("cause"))
+    return (frame.select(pl.Series(CAUSES).gather(frame["cause"]).alias("cause"), "gaps", "total_ns", "pct",
+                         "span_pct", "per_iteration_ns", "longest_ns", "calls", "waiting"), totals)
+
+
+def _totals(con: duckdb.DuckDBPyConnection, trace_id: int, gaps: pl.DataFrame) -> IdleTotals:
+    t = int(trace_id)
+    span = con.execute(f"""
+        SELECT coalesce(sum(hi - lo), 0), count(*) FROM (
+            SELECT device_id, min(start_ns) AS lo, max(end_ns) AS hi FROM (
+                SELECT q.device_id, e.start_ns, e.end_ns FROM kernel_events e
+                JOIN kernel_queues q ON q.trace_id = e.trace_id AND q.queue_id = e.queue_id WHERE e.trace_id = {t}
+                UNION ALL SELECT device_id, start_ns, end_ns FROM memops WHERE trace_id = {t})
+            GROUP BY device_id)""").fetchall()[0]
+    return IdleTotals(span_ns=int(span[0]), idle_ns=int(gaps["dur_ns"].sum()),
+                      iterations=gaps["iteration"].drop_nulls().n_unique(), devices=int(span[1]))
+
+
+def idle_split(
+    con: duckdb.DuckDBPyConnection, trace_id: int, by: IdleBy | str, iteration_regex: str = ITERATION_REGEX
+) -> pl.DataFrame:
+    """GPU idle time per cause, split by iteration (and device), stream or layer.
+
+    Columns: the keys (iteration, device_id | device_id, stream_id | layer, pass: those of the
+    work that ended each gap), gaps, idle_ns, then one `<cause>_ns` column per cause. Iterations
+    in time order (gaps outside every iteration last), streams by device and stream, layers
+    most idle first. The layer needs each gap's work attributed to NVTX ranges
+    (`attribution.point_contexts`), which costs about a second per million gaps.
+    """
+    by = IdleBy(by)
+    gaps, names = gap_frame(con, trace_id, iteration_regex)
+    if by is IdleBy.iteration:
+        keys = ["iteration", "device_id"]
+        frame = gaps.with_columns(iteration=names["iteration"].gather(gaps["iteration"]))
+    elif by is IdleBy.stream:
+        keys, frame = ["device_id", "stream_id"], gaps
+    else:
+        keys, frame = ["layer", "pass"], _with_layers(con, trace_id, gaps, iteration_regex)
+    sums = [pl.col("dur_ns").filter(pl.col("cause") == i).sum().alias(f"{c}_ns") for i, c in enumerate(CAUSES)]
+    table = frame.group_by(keys).agg(gaps=pl.len().cast(pl.Int64), idle_ns=pl.col("dur_ns").sum(),
+                                     first_ns=pl.col("start_ns").min(), *sums)
+    if by is IdleBy.iteration:
+        table = (table.with_columns(order=pl.col("first_ns").min().over("iteration"))
+                 .sort(pl.col("iteration").is_null(), "order", "device_id"))
+    elif by is IdleBy.stream:
+        table = table.sort(keys)
+    else:
+        table = table.sort(["idle_ns", *keys], descending=[True, False, False], nulls_last=True)
+    return table.select(*keys, "gaps", "idle_ns", *[f"{c}_ns" for c in CAUSES])
+
+
+def _with_layers(con: duckdb.DuckDBPyConnection, trace_id: int, gaps: pl.DataFrame,
+                 iteration_regex: str) -> pl.DataFrame:
+    """gaps with layer and pass: the NVTX context of the call that issued each gap's work."""
+    from traceq.analysis.attribution import point_contexts
+
+    points = gaps.select("pid", "tid", t="call_start_ns")
+    index, contexts = point_contexts(con, trace_id, points, iteration_regex, paths=False)
+    return gaps.with_columns(contexts["layer"].gather(index), contexts["pass"].gather(index))

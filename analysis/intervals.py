@@ -1,0 +1,52 @@
+"""As-of lookups by binary search: for many points, the last of a few sorted events of the same
+group (process, thread) at or before each point, without sorting the points.
+
+Polars' `join_asof` wants both sides sorted; the points here are millions of gaps or
+operations and the events a few thousand calls or ranges, so sorting the events and searching
+each point costs a fraction of sorting the points. Group and time are packed into one int64 key:
+group number x 2^b + (time - the earliest time), b the bits the times' span needs.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+def last_at_or_before(
+    event_group: pl.Series, event_time: pl.Series, group: pl.Series, time: pl.Series
+) -> pl.Series:
+    """For each (group, time) point, the row of the event with the same group and the latest
+    time <= the point's time (ties: the last such row in the events' order), or null.
+
+    Groups are any integer ids (several columns: pass a struct's hash, or pack them first);
+    null groups or times find nothing.
+    """
+    if len(event_time) == 0:
+        return pl.repeat(None, len(time), dtype=pl.Int64, eager=True)
+    groups = pl.concat([event_group.unique(), group.unique()]).drop_nulls().unique().sort()
+    if len(groups) <= 1:  # one group: search the times themselves
+        event_keys, point_keys, scale = event_time, time, 0
+    else:
+        origin = min(v for v in (event_time.min(), time.min()) if v is not None)  # type: ignore[type-var]
+        top = max(v for v in (event_time.max(), time.max()) if v is not None)  # type: ignore[type-var]
+        bits = max(int(top - origin).bit_length(), 1)
+        if bits + len(groups).bit_length() > 62:
+            raise ValueError("times span too long or too many groups to pack into one key")
+        scale = 1 << bits
+
+        def keys(g: pl.Series, t: pl.Series) -> pl.Series:
+            return groups.search_sorted(g.fill_null(groups[0])).cast(pl.Int64) * scale + (t - origin)
+
+        event_keys, point_keys = keys(event_group, event_time), keys(group, time)
+    events = pl.DataFrame({"key": event_keys}).with_row_index("row")
+    if not events["key"].is_sorted():
+        events = events.sort("key", maintain_order=True)
+    order, event_keys = events["row"], events["key"]
+    at = event_keys.search_sorted(point_keys, side="right").cast(pl.Int64) - 1
+    valid = at >= 0
+    if point_keys.null_count() or group.null_count():
+        valid = valid & point_keys.is_not_null() & group.is_not_null()
+    hit = pl.select(pl.when(valid).then(at)).to_series()
+    if scale:
+        same = (event_keys.gather(hit) // scale) == (point_keys // scale)
+        hit = pl.select(pl.when(same).then(hit)).to_series()
+    return order.cast(pl.Int64).gather(hit)

@@ -1,0 +1,105 @@
+"""GPU work and the host calls that issued it: every kernel, memcpy and memset of a trace with
+its device, stream and times, and the CUDA API call (thread, start, end, name) that launched it.
+
+A GPU operation names its call by correlation id, unique within a process. Ten million kernels
+joined to fifteen million calls by hash cost seconds; CUPTI numbers calls in the order they are
+made, so the calls are (nearly always) stored in key order already, and each operation finds
+its call by one binary search over the calls' (process, correlation id) keys instead
+(`issuing_calls`). Times are integer ns on the trace's timeline.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+
+KINDS = ("kernel", "memcpy", "memset")
+"""`kind` codes of `gpu_work`: 0 kernel, 1 memcpy, 2 memset."""
+
+_KEY_BITS = 32  # CUPTI correlation ids are 32-bit: (process number << 32) | correlation id is unique
+
+
+def gpu_work(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Every kernel, memcpy and memset of the trace, and the copies' details apart.
+
+    Returns (ops, memops). ops, in no particular order: kind (UInt8, index into KINDS), item
+    (kernel_events.name_id for a kernel, the row of `memops` for a copy or set), device_id,
+    stream_id, pid, correlation_id, start_ns, end_ns. memops: op, copy_kind, src_kind,
+    dst_kind, bytes (one row per memcpy/memset, `item` of ops points here).
+    """
+    t = int(trace_id)
+    kernels = con.sql(f"""
+        SELECT 0::UTINYINT AS kind, e.name_id::UINTEGER AS item, q.device_id, q.stream_id, q.pid,
+               e.correlation_id, e.start_ns, e.end_ns
+        FROM kernel_events e JOIN kernel_queues q ON q.trace_id = e.trace_id AND q.queue_id = e.queue_id
+        WHERE e.trace_id = {t}""").pl()
+    memops = con.sql(f"""
+        SELECT CASE op WHEN 'memcpy' THEN 1 ELSE 2 END::UTINYINT AS kind, device_id, stream_id, pid,
+               correlation_id, start_ns, end_ns, op, copy_kind, src_kind, dst_kind, bytes
+        FROM memops WHERE trace_id = {t}""").pl().with_row_index("item")
+    ops = pl.concat([kernels, memops.select(kernels.columns).cast(kernels.schema)])
+    return ops, memops.select("op", "copy_kind", "src_kind", "dst_kind", "bytes")
+
+
+def api_calls(con: duckdb.DuckDBPyConnection, trace_id: int, names: list[int] | None = None) -> pl.DataFrame:
+    """The trace's runtime and driver API calls (those that can launch GPU work), or only those
+    whose api_names.name_id is in `names`: pid, tid, correlation_id, start_ns, end_ns, name_id;
+    in table order."""
+    t = int(trace_id)
+    launching = [r[0] for r in con.execute(
+        "SELECT name_id FROM api_names WHERE trace_id = ? AND api IN ('runtime', 'driver')", [t]).fetchall()]
+    wanted = [n for n in launching if names is None or n in set(names)]
+    threads = con.sql(f"SELECT thread_id, pid, tid FROM api_threads WHERE trace_id = {t} ORDER BY thread_id").pl()
+    calls = con.sql(f"""
+        SELECT thread_id, correlation_id, start_ns, end_ns, name_id FROM api_events
+        WHERE trace_id = {t} AND name_id IN ({', '.join(str(int(n)) for n in wanted) or 'NULL'})""").pl()
+    if not threads["thread_id"].equals(pl.int_range(0, threads.height, dtype=threads["thread_id"].dtype, eager=True)):
+        rows = pl.int_range(0, threads.height, dtype=pl.UInt32, eager=True)
+        calls = calls.with_columns(pl.col("thread_id").replace_strict(threads["thread_id"], rows))
+    at = calls["thread_id"]
+    return calls.select(pid=threads["pid"].gather(at), tid=threads["tid"].gather(at), correlation_id="correlation_id",
+                        start_ns="start_ns", end_ns="end_ns", name_id="name_id")
+
+
+def issuing_calls(calls: pl.DataFrame, pid: pl.Series, correlation_id: pl.Series,
+                  columns: tuple[str, ...] = ("tid", "start_ns", "end_ns", "name_id")) -> pl.DataFrame:
+    """For each (pid, correlation_id) pair, the call of `calls` (`api_calls`' columns) with that
+    key: `columns` of it, named tid, call_start_ns, call_end_ns, call_name_id, in the order of
+    the pairs (nulls where no call has the key, as for work launched before the capture began)."""
+    top = max(calls["correlation_id"].max() or 0, correlation_id.max() or 0)  # type: ignore[type-var]
+    if top >= 1 << _KEY_BITS:
+        return _joined(calls, pid, correlation_id).select(_renamed(columns))
+    pids = pl.concat([calls["pid"].unique(), pid.unique()]).drop_nulls().unique().sort()
+    if len(pids) <= 1:
+        call_keys, wanted = calls["correlation_id"], correlation_id
+    else:
+        call_keys = pids.search_sorted(calls["pid"]).cast(pl.Int64) * (1 << _KEY_BITS) + calls["correlation_id"]
+        wanted = pids.search_sorted(pid.fill_null(pids[0])).cast(pl.Int64) * (1 << _KEY_BITS) + correlation_id
+    # a merge of the two key lists (sorted: nearly always already), then back to the pairs' order
+    known = pl.DataFrame({"key": call_keys}).with_row_index("call")
+    if not call_keys.is_sorted():
+        known = known.sort("key")
+    wanted_rows = pl.DataFrame({"key": wanted.fill_null(-1)}).with_row_index("pair")
+    in_order = wanted_rows["key"].is_sorted()
+    if not in_order:
+        wanted_rows = wanted_rows.sort("key")
+    found = wanted_rows.join_asof(known.rename({"key": "call_key"}), left_on="key", right_on="call_key",
+                                  strategy="backward", check_sortedness=False)
+    matched = found["call_key"] == found["key"]
+    if pid.null_count():
+        matched = matched & pid.gather(found["pair"]).is_not_null()
+    rows = pl.select(pl.when(matched).then(found["call"])).to_series()
+    if not in_order:
+        rows = pl.repeat(None, len(rows), dtype=rows.dtype, eager=True).scatter(found["pair"], rows)
+    return calls.select(pl.col(columns).gather(rows)).select(_renamed(columns))
+
+
+def _renamed(columns: tuple[str, ...]) -> list[pl.Expr]:
+    return [pl.col(c).alias(c if c == "tid" else f"call_{c}") for c in columns]
+
+
+def _joined(calls: pl.DataFrame, pid: pl.Series, correlation_id: pl.Series) -> pl.DataFrame:
+    """`issuing_calls` by a join, for ids that do not fit the packed key."""
+    wanted = pl.DataFrame({"pid": pid, "correlation_id": correlation_id})
+    return (wanted.join(calls, on=["pid", "correlation_id"], how="left", maintain_order="left")
+            .select("tid", "start_ns", "end_ns", "name_id"))

@@ -1,0 +1,86 @@
+"""`traceq idle`: the gaps of every device, checked against the source files read with sqlite3,
+and their causes on traces recorded to show each."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import defaultdict
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from conftest import sample, trace_id
+from traceq.analysis.gaps import CAUSES, idle_gaps
+from traceq.analysis.idle import idle_causes, idle_split
+from traceq.cli import app
+
+
+def source_gaps(path: Path) -> dict[int, list[tuple[int, int]]]:
+    """Per device, every gap between the busy spells of its kernels, memcpys and memsets,
+    computed from the export itself (a loop over its rows: the reference, not traceq's way)."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    rows = []
+    for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
+        rows += con.execute(f'SELECT deviceId, start, "end" FROM {table}').fetchall()
+    con.close()
+    by_device: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for device, start, end in sorted(rows, key=lambda r: (r[0], r[1])):
+        by_device[device].append((start, end))
+    gaps: dict[int, list[tuple[int, int]]] = {}
+    for device, spells in by_device.items():
+        reach, found = spells[0][1], []
+        for start, end in spells[1:]:
+            if start > reach:
+                found.append((reach, start))
+            reach = max(reach, end)
+        gaps[device] = found
+    return gaps
+
+
+@pytest.mark.parametrize("name", ["alexnet_b256_cudnn", "ddp_resnet18_2gpu"])
+def test_gaps_equal_the_source_files(sample_store, name: str) -> None:
+    gaps = idle_gaps(sample_store, trace_id(sample_store, name))
+    want = source_gaps(sample(f"{name}.sqlite"))
+    assert sorted(gaps["device_id"].unique()) == sorted(want)
+    for device, expected in want.items():
+        got = gaps.filter(pl.col("device_id") == device).sort("start_ns")
+        assert list(zip(got["start_ns"], got["end_ns"])) == expected
+    assert (gaps["dur_ns"] == gaps["end_ns"] - gaps["start_ns"]).all()
+    assert set(gaps["cause"]) <= set(CAUSES)
+
+
+def test_causes_sum_to_the_idle_time(sample_store) -> None:
+    tid = trace_id(sample_store, "ddp_resnet18_2gpu")
+    frame, totals = idle_causes(sample_store, tid)
+    assert frame["cause"].to_list() == list(CAUSES)
+    assert frame["total_ns"].sum() == totals.idle_ns == idle_gaps(sample_store, tid)["dur_ns"].sum()
+    assert frame["pct"].sum() == pytest.approx(100.0)
+    assert totals.devices == 2 and totals.iterations == 5
+    by_iteration = idle_split(sample_store, tid, "iteration")
+    causes = [f"{c}_ns" for c in CAUSES]
+    assert (by_iteration.select(pl.sum_horizontal(causes)).to_series() == by_iteration["idle_ns"]).all()
+    assert by_iteration["idle_ns"].sum() == totals.idle_ns
+
+
+def test_queued_work_is_not_the_host(sample_store) -> None:
+    """AlexNet with cuDNN is GPU-bound: the host ran ahead, every launch was queued before the GPU
+    reached it, so no gap is the host's doing (not even under the capture's final
+    cudaDeviceSynchronize, which covers the whole last iteration)."""
+    gaps = idle_gaps(sample_store, trace_id(sample_store, "alexnet_b256_cudnn"))
+    assert set(gaps["cause"]) == {"other"}
+
+
+def test_idle_cli(tmp_path) -> None:
+    db = tmp_path / "s.duckdb"
+    runner = CliRunner()
+    assert runner.invoke(app, ["load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db)]).exit_code == 0
+    table = runner.invoke(app, ["idle", "--db", str(db)], env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    assert "GPU idle" in table.stdout and "launch_bound" in table.stdout
+    rows = json.loads(runner.invoke(app, ["idle", "--by", "stream", "--db", str(db), "-f", "json"]).stdout)
+    assert rows and {"device_id", "stream_id", "idle_ns", "sync_ns"} <= set(rows[0])
+    bad = runner.invoke(app, ["idle", "--by", "nothing", "--db", str(db)])
+    assert bad.exit_code == 2
