@@ -21,7 +21,7 @@ import typer
 from typer.core import TyperCommand
 
 from traceq import __version__
-from traceq.analysis.choices import CompareBy, GroupBy, IdleBy, MemoryBy, NameBy, Precision, TrafficBy
+from traceq.analysis.choices import CompareBy, GroupBy, IdleBy, MemoryBy, NameBy, Precision, StatsReport, TrafficBy
 from traceq.errors import TraceqError
 from traceq.render import Format, format_for, render
 from traceq.store import default_store_path, delete_trace, first_row, open_store, resolve_trace
@@ -431,6 +431,55 @@ def idle(
         if by is not None:
             return idle_split(con, trace_id, by, regex), f"{title}; by cause and {by.value}"
         return frame, f"{title}; by cause"
+
+    _show_trace_table(trace, db, fmt, out, build)
+
+
+@app.command()
+def launches(
+    k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k rows with most launch time")] = None,
+    trace: TraceOpt = None,
+    db: DbOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Launch overhead per kernel: launch call time, queue delay and kernel time, and the tiny kernels."""
+    from traceq.analysis.launches import launch_table
+    from traceq.render.table import format_duration
+
+    def build(con, trace_id: int, trace_name: str):
+        frame, totals = launch_table(con, trace_id)
+        if k is not None:
+            frame = frame.head(k)
+        title = (f"{trace_name}: {totals['launches']:,} launches, {format_duration(totals['api_ns'])} in launch calls "
+                 f"for {format_duration(totals['kernel_ns'])} of kernels; {totals['tiny']:,} tiny "
+                 f"({totals['tiny_pct']:.1f} %: the kernel ran shorter than its launch call)")
+        return frame, title
+
+    _show_trace_table(trace, db, fmt, out, build)
+
+
+_WIDE_STATISTICS = ("min", "max", "stddev")
+
+
+@app.command()
+def stats(
+    report: Annotated[StatsReport, typer.Option("--report", "-r", help="Which `nsys stats` report",
+                                                show_default=False)],
+    trace: TraceOpt = None,
+    db: DbOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """An `nsys stats` report from the store: the same rows and numbers (docs/stats.md)."""
+    from traceq.analysis.stats import stats_report
+
+    def build(con, trace_id: int, trace_name: str):
+        frame = stats_report(con, trace_id, report.value)
+        if format_for(fmt, out) is Format.table and _terminal_width() < 170:  # csv/json keep every column
+            frame = frame.drop([c for c in frame.columns if any(f"{s}_" in c for s in _WIDE_STATISTICS)
+                                or (report is StatsReport.cuda_kern_exec_sum and "median" in c)])
+        return frame, f"{trace_name}: {report.value} (as `nsys stats --report {report.value}`)"
 
     _show_trace_table(trace, db, fmt, out, build)
 

@@ -70,3 +70,15 @@ class IdleBy(str, Enum):
     iteration = "iteration"
     stream = "stream"
     layer = "layer"
+
+
+class StatsReport(str, Enum):
+    """The `nsys stats` reports `traceq stats` reproduces."""
+
+    cuda_api_sum = "cuda_api_sum"
+    cuda_gpu_kern_sum = "cuda_gpu_kern_sum"
+    cuda_gpu_mem_time_sum = "cuda_gpu_mem_time_sum"
+    cuda_gpu_mem_size_sum = "cuda_gpu_mem_size_sum"
+    nvtx_sum = "nvtx_sum"
+    nvtx_gpu_proj_sum = "nvtx_gpu_proj_sum"
+    cuda_kern_exec_sum = "cuda_kern_exec_sum"

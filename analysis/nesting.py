@@ -103,3 +103,23 @@ def count_at_most(values: pl.Series, queries: pl.Series) -> pl.Series:
 def null_if_negative(values: pl.Series) -> pl.Series:
     """-1 (no such row) as null."""
     return pl.select(pl.when(values >= 0).then(values)).to_series()
+
+
+def range_tree(starts: pl.Series, ends: pl.Series, times: pl.Series) -> tuple[pl.Series, pl.Series, pl.Series]:
+    """One thread's ranges (rows, in start order, as `thread_chains` takes them) as a tree of rows:
+    (the depth of each range, 1 at the roots; its parent row, null at the roots; the innermost
+    range row open at each of `times`, null outside every range), by the same counts and
+    searches as `thread_chains`."""
+    n = len(starts)
+    ended = ends.sort()
+    row = pl.int_range(0, n, dtype=pl.Int64, eager=True)
+    depth = row + 1 - count_at_most(ended, starts)
+    levels = pl.DataFrame({"depth": depth, "row": row}).group_by("depth").agg("row").sort("depth")
+    keys = pl.concat([rows + d * (n + 1) for d, rows in zip(levels["depth"], levels["row"], strict=True)])
+    parent = pl.repeat(None, n, dtype=pl.Int64, eager=True)
+    above = None
+    for rows in levels["row"]:
+        if above is not None:  # the last row one level up before the row
+            parent.scatter(rows, above.gather(count_at_most(above, rows - 1) - 1))
+        above = rows
+    return depth, parent, _last_of_depth(keys, n, starts, ended, times)

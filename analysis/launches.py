@@ -1,0 +1,100 @@
+"""Launch overhead: how long each kernel's launch call took on the CPU, how long the kernel then
+queued, and how long it ran (the `traceq launches` analysis and `nsys stats`'
+cuda_kern_exec_sum).
+
+As NVIDIA's report defines them, per kernel joined to the API call that launched it: API time =
+the call's duration; queue time = kernel start - call end, counted only where positive (the
+kernel may start before the call returns); kernel time = the kernel's duration; total = from
+the call's start to the later of the call's and the kernel's ends. A kernel is *tiny* when it
+ran shorter than its launch call took: the CPU cannot keep the GPU busy with such kernels.
+Kernels replayed from a CUDA graph share the one `cudaGraphLaunch` call and are never tiny.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+
+from traceq.analysis.operations import api_calls, issuing_calls
+
+
+def _launched(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(kernels, api_names): every kernel that has its launch call in the trace with pid, tid,
+    device_id, name_id, graph (launched from a graph), api_ns, queue_ns (null unless > 0),
+    kernel_ns, total_ns, call_name_id; the API names by name_id."""
+    t = int(trace_id)
+    kernels = con.sql(f"""
+        SELECT q.pid, q.device_id, e.name_id, e.correlation_id, e.start_ns, e.end_ns, e.graph_node_id IS NOT NULL AS graph
+        FROM kernel_events e JOIN kernel_queues q ON q.trace_id = e.trace_id AND q.queue_id = e.queue_id
+        WHERE e.trace_id = {t}""").pl()
+    calls = issuing_calls(api_calls(con, t), kernels["pid"], kernels["correlation_id"])
+    kernels = pl.concat([kernels, calls], how="horizontal").filter(pl.col("call_start_ns").is_not_null())
+    queue = pl.col("start_ns") - pl.col("call_end_ns")
+    kernels = kernels.select(
+        "pid", "tid", "device_id", "name_id", "graph", "call_name_id",
+        api_ns=pl.col("call_end_ns") - pl.col("call_start_ns"),
+        queue_ns=pl.when(queue >= 0).then(queue),
+        kernel_ns=pl.col("end_ns") - pl.col("start_ns"),
+        total_ns=pl.max_horizontal("call_end_ns", "end_ns") - pl.col("call_start_ns"))
+    names = con.sql(f"SELECT name_id, name FROM api_names WHERE trace_id = {t}").pl()
+    return kernels, names
+
+
+def _stats(column: str, prefix: str) -> list[pl.Expr]:
+    c = pl.col(column)
+    return [c.mean().alias(f"{prefix}_avg_ns"), c.median().alias(f"{prefix}_median_ns"),
+            c.min().alias(f"{prefix}_min_ns"), c.max().alias(f"{prefix}_max_ns"),
+            c.std().fill_null(0.0).alias(f"{prefix}_stddev_ns")]  # 0 for none, as nsys
+
+
+def kern_exec_sum(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
+    """`nsys stats --report cuda_kern_exec_sum`: one row per launching process and thread,
+    device, API and kernel name, by mean total time.
+
+    Columns: pid, tid, device_id, count, queued (launches with a positive queue time, those the
+    queue statistics cover), then avg, median, min, max and stddev (sample) of total, API, queue
+    and kernel time (`total_avg_ns` ... `kernel_stddev_ns`), api_name (nsys's spelling, see
+    `stats.api_name`), kernel_name.
+    """
+    from traceq.analysis.stats import api_name
+
+    kernels, names = _launched(con, trace_id)
+    keys = ["pid", "tid", "device_id", "call_name_id", "name_id"]
+    table = kernels.group_by(keys).agg(
+        pl.len().cast(pl.Int64).alias("count"), pl.col("queue_ns").count().cast(pl.Int64).alias("queued"),
+        *_stats("total_ns", "total"), *_stats("api_ns", "api"), *_stats("queue_ns", "queue"),
+        *_stats("kernel_ns", "kernel"))
+    t = int(trace_id)
+    api = con.sql(f"SELECT name_id AS call_name_id, {api_name('name')} AS api_name FROM api_names "
+                  f"WHERE trace_id = {t}").pl()
+    kernel = con.sql(f"SELECT name_id, name AS kernel_name FROM kernel_names WHERE trace_id = {t}").pl()
+    table = table.join(api, on="call_name_id", how="left").join(kernel, on="name_id", how="left")
+    return table.sort(["total_avg_ns", "kernel_name"], descending=[True, False]).drop("call_name_id", "name_id")
+
+
+def launch_table(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFrame, dict[str, float]]:
+    """Launch cost per kernel name, most API time first, and the trace's totals.
+
+    Columns: launches, api_ns (total time in launch calls), api_avg_ns, queue_avg_ns (over
+    launches that queued), kernel_ns (total kernel time), kernel_avg_ns, tiny (launches whose
+    kernel ran shorter than its launch call), tiny_pct (% of the name's launches), name.
+    Totals: launches, api_ns, kernel_ns, tiny (tiny launches), tiny_pct (% of launches),
+    tiny_kernel_ns (their kernel time), graph (kernels replayed from CUDA graphs).
+    """
+    kernels, _ = _launched(con, trace_id)
+    kernels = kernels.with_columns(tiny=~pl.col("graph") & (pl.col("kernel_ns") < pl.col("api_ns")))
+    table = (kernels.group_by("name_id")
+             .agg(pl.len().cast(pl.Int64).alias("launches"), pl.col("api_ns").sum().alias("api_ns"),
+                  pl.col("api_ns").mean().alias("api_avg_ns"), pl.col("queue_ns").mean().alias("queue_avg_ns"),
+                  pl.col("kernel_ns").sum().alias("kernel_ns"), pl.col("kernel_ns").mean().alias("kernel_avg_ns"),
+                  pl.col("tiny").sum().cast(pl.Int64).alias("tiny"))
+             .with_columns(tiny_pct=100.0 * pl.col("tiny") / pl.col("launches")))
+    names = con.sql(f"SELECT name_id, name FROM kernel_names WHERE trace_id = {int(trace_id)}").pl()
+    table = (table.join(names, on="name_id", how="left")
+             .sort(["api_ns", "name"], descending=[True, False]).drop("name_id"))
+    n = kernels.height
+    tiny = int(kernels["tiny"].sum())
+    totals = {"launches": n, "api_ns": int(kernels["api_ns"].sum()), "kernel_ns": int(kernels["kernel_ns"].sum()),
+              "tiny": tiny, "tiny_pct": 100.0 * tiny / n if n else 0.0,
+              "tiny_kernel_ns": int(kernels.filter("tiny")["kernel_ns"].sum()), "graph": int(kernels["graph"].sum())}
+    return table, totals
