@@ -296,6 +296,16 @@ CREATE TABLE process_groups (
     ranks BIGINT[]                         -- global ranks in the group
 );
 
+-- table graph_nodes: CUDA graph node events (nsys CUDA_GRAPH_NODE_EVENTS, with --cuda-graph-trace=node): a node created when a graph was built or captured, or cloned from one when it was instantiated; a replayed kernel's graph_node_id leads through them to the capture (analysis.graphs).
+CREATE TABLE graph_nodes (
+    trace_id INTEGER NOT NULL,
+    graph_node_id BIGINT NOT NULL,         -- the node: kernel_events.graph_node_id of the kernels it runs
+    original_graph_node_id BIGINT,         -- the node it was cloned from; NULL for a node created, not cloned
+    created_ns BIGINT NOT NULL,            -- when the event happened (for a captured node: during the call that was captured)
+    pid BIGINT,                            -- process and thread that created or cloned it
+    tid BIGINT
+);
+
 -- table processes: processes the trace names.
 CREATE TABLE processes (
     trace_id INTEGER NOT NULL,

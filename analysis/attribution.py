@@ -1,7 +1,8 @@
 """Which NVTX ranges each kernel (and memcpy/memset) belongs to: layer, pass, iteration, stage.
 
 A GPU operation belongs to the ranges that enclose the CPU call that launched it
-(`kernel_launches.launch_start_ns`). Two kinds of enclosing are used, because of how our traces
+(`kernel_launches.launch_start_ns`); a kernel replayed from a CUDA graph, to its thread's ranges
+as they were when the graph was captured (`analysis.graphs`). Two kinds of enclosing are used, because of how our traces
 are recorded (see the reference traces' README):
 
 - **by thread**: the `pushpop` ranges open on the launching thread (same pid and tid) at the
@@ -52,6 +53,7 @@ from contextlib import contextmanager
 import duckdb
 import polars as pl
 
+from traceq.analysis.graphs import kernel_points_sql, replay_iterations
 from traceq.analysis.inference import infer_layers
 from traceq.analysis.nesting import in_start_order, null_if_negative, thread_chains
 
@@ -93,8 +95,8 @@ def kernel_attribution(
     nvtx_path and nvtx_innermost are null and the work lighter (analyses that group by layer,
     pass, iteration or stage do not need them).
     """
-    points = con.sql(f"SELECT kernel_id AS id, pid, launch_tid AS tid, launch_start_ns AS t "
-                     f"FROM kernel_launches WHERE trace_id = {int(trace_id)} ORDER BY kernel_id").pl()
+    points = con.sql(f"SELECT kernel_id AS id, pid, point_tid AS tid, point_ns AS t, time_ns AS time "
+                     f"FROM ({kernel_points_sql(con, trace_id)}) ORDER BY kernel_id").pl()
     return attribute_points(con, trace_id, points, iteration_regex, paths=paths, infer=infer).rename(
         {"id": "kernel_id"})
 
@@ -130,7 +132,7 @@ def gpu_operations(
         f"FROM memops m LEFT JOIN api_calls a ON a.trace_id = m.trace_id AND a.pid = m.pid "
         f"AND a.correlation_id = m.correlation_id AND a.api IN ('runtime', 'driver') "
         f"WHERE m.trace_id = {t}").pl()
-    points = pl.concat([kernels.select("pid", "tid", "t"), memops.select("pid", "tid", "t")])
+    points = pl.concat([kernels.select("pid", "tid", "t", "time"), memops.select("pid", "tid", "t", time="t")])
     index, contexts = point_contexts(con, t, points, iteration_regex, paths=False)
     contexts = contexts.select("layer", "pass", "iteration", "stage")
     # the contexts again for copies to the device: outside every stage range, they are data_copy
@@ -175,9 +177,9 @@ def kernel_launches(
         hashes = "name AS name_h, short_name AS short_h"
     else:
         hashes = "hash(name) AS name_h, hash(short_name) AS short_h"
-    kernels = con.sql(f"SELECT kernel_id AS id, pid, launch_tid AS tid, launch_start_ns AS t"
-                      f"{''.join(', ' + c for c in columns)}, {hashes} FROM kernel_launches "
-                      f"WHERE trace_id = {t}{' ORDER BY kernel_id' if ordered else ''}").pl()
+    kernels = con.sql(f"SELECT kernel_id AS id, pid, point_tid AS tid, point_ns AS t, time_ns AS time"
+                      f"{''.join(', ' + c for c in columns)}, {hashes} FROM ({kernel_points_sql(con, t)})"
+                      f"{' ORDER BY kernel_id' if ordered else ''}").pl()
     key = pl.struct("name_h", "short_h")  # a lookup, not a join: joins copy every column
     rows = pl.int_range(0, names.height, dtype=pl.UInt32, eager=True)
     # (polars gives an empty lookup the key's type, so a trace without kernels gets its own)
@@ -191,7 +193,10 @@ def attribute_points(
     iteration_regex: str = ITERATION_REGEX, *, paths: bool = True, infer: bool = True,
 ) -> pl.DataFrame:
     """The NVTX context of each point of `points` (columns id, pid, tid, t: the launching
-    call's process, thread and start in ns, t null when there is none), in the same order.
+    call's process, thread and start in ns, t null when there is none; optionally time: where
+    it differs from t, the iteration is the one open at time, not at t, as for a kernel replayed
+    from a CUDA graph, whose t is where it was captured: see `analysis.graphs`), in the same
+    order.
 
     Columns: id and those of `kernel_attribution` after kernel_id (stage 'other' where no range
     says otherwise). With `paths=False`, nvtx_path and nvtx_innermost are null; `infer` as for
@@ -216,6 +221,7 @@ def point_contexts(
     ranges = _ranges(con, t, names)
     threads, by_time_ranges, forward_names = _split_ranges(ranges, names)
     del ranges
+    replay = points["time"] if "time" in points.columns else None
     points = points.select("pid", "tid", "t").with_row_index("pos")
     chains, located, segments = _locate(threads, points.drop_nulls("t"), by_time_ranges, names)
     by_time, by_time_of_segment = _by_time(con, segments, by_time_ranges)
@@ -230,6 +236,8 @@ def point_contexts(
     index = (pl.repeat(0, points.height, dtype=pl.UInt32, eager=True)
              .scatter(located["pos"], pairs.search_sorted(pair)))
     contexts = _contexts(con, names, chains, by_time, combos, forward_names, paths)
+    if replay is not None:  # kernels replayed from CUDA graphs: the iteration of the replay
+        index, contexts = replay_iterations(by_time_ranges, points, replay, index, contexts)
     if not infer:
         return index, contexts.with_columns(attribution=pl.lit(None, pl.String))
 

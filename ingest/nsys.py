@@ -53,7 +53,8 @@ MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
 MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
 NVTX = "NVTX_EVENTS"
 MEMORY = "CUDA_GPU_MEMORY_USAGE_EVENTS"
-EVENT_TABLES = (KERNEL, RUNTIME, MEMCPY, MEMSET, NVTX, MEMORY)
+GRAPH_NODES = "CUDA_GRAPH_NODE_EVENTS"
+EVENT_TABLES = (KERNEL, RUNTIME, MEMCPY, MEMSET, NVTX, MEMORY, GRAPH_NODES)
 
 PID = "{col} / 16777216 % 16777216"  # globalPid / globalTid -> process id (notes §4.1)
 TID = "{col} % 16777216"
@@ -117,6 +118,8 @@ class NsysReader(SqliteReader):
             sink.append("nvtx_attributes", nvtx_attributes(attributes.keys), source_rows=0)
         if MEMORY in tables:
             sink.append_all("memory_events", _memory_events(src))
+        if GRAPH_NODES in tables:
+            sink.append_all("graph_nodes", _graph_nodes(src))
         return _source_info(src, tables)
 
 
@@ -329,6 +332,23 @@ def _memory_events(src: sqlite3.Connection) -> Iterator[pa.Table]:
         return pa.table(cols)
 
     yield from scan_table(src, MEMORY, select_columns(have, wanted), schema, transform=columns)
+
+
+def _graph_nodes(src: sqlite3.Connection) -> Iterator[pa.Table]:
+    have = column_names(src, GRAPH_NODES)
+    wanted = [
+        ("graph_node_id", "graphNodeId", ["graphNodeId"]),
+        ("original_graph_node_id", "originalGraphNodeId", ["originalGraphNodeId"]),
+        ("created_ns", "start", ["start"]),
+        ("global_tid", "globalTid", ["globalTid"]),
+    ]
+    schema = _schema(*[(w[0], I64) for w in wanted])
+
+    def columns(batch: pa.Table) -> pa.Table:
+        gtid = batch["global_tid"]
+        return batch.drop_columns(["global_tid"]).append_column("pid", _pid(gtid)).append_column("tid", _tid(gtid))
+
+    yield from scan_table(src, GRAPH_NODES, select_columns(have, wanted), schema, transform=columns)
 
 
 def _read_gpus(src: sqlite3.Connection, tables: set[str], sink: Sink) -> None:

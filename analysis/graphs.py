@@ -1,0 +1,102 @@
+"""CUDA graphs: where the work a graph replays was defined.
+
+A kernel replayed from a CUDA graph is launched by `cudaGraphLaunch`, so the call that its
+correlation id names is the replay, inside whatever NVTX range is open around the replay
+(`iteration N`), not the layer that defined the work. With `nsys profile
+--cuda-graph-trace=node` the kernel also names its graph node, and the export records every
+node as it is made (CUDA_GRAPH_NODE_EVENTS, the store's `graph_nodes`): captured nodes are
+created inside the captured launch call, on the capturing thread, while that layer's ranges are
+open; `cudaGraphInstantiate` then clones each into the executable graph, recording the node it
+was cloned from. The node a kernel names is such a clone, so following the clones back to the
+node first created gives where and when the kernel was defined: its *capture point* (process,
+thread, time), which attribution uses in place of the replay's launch call: the layer, pass and
+stage are those open at the capture. The iteration is the one open at the replay, when the work
+ran (`replay_iterations`).
+
+Per trace, one recursive query over the graph nodes (thousands, not the kernels); kernels join
+the result by (process, node). Traces without graph nodes skip it.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+
+from traceq.analysis.intervals import last_at_or_before
+
+MAX_CLONES = 64
+"""Clone chains are followed this deep at most (a graph cloned from a clone, ...)."""
+
+
+def has_graph_nodes(con: duckdb.DuckDBPyConnection, trace_id: int) -> bool:
+    """Whether the trace recorded CUDA graph nodes (nsys --cuda-graph-trace=node)."""
+    return bool(con.execute("SELECT EXISTS (SELECT 1 FROM graph_nodes WHERE trace_id = ?)", [trace_id]).fetchall()[0][0])
+
+
+def node_origins_sql(trace_id: int) -> str:
+    """SQL of one row per graph node of the trace: pid, graph_node_id, origin_tid, origin_ns (the
+    thread and time at which the node it was cloned from, back to the first, was created)."""
+    t = int(trace_id)
+    return f"""
+        WITH RECURSIVE nodes AS (
+            SELECT pid, graph_node_id, max(original_graph_node_id) AS original,
+                   arg_min(tid, created_ns) FILTER (WHERE original_graph_node_id IS NULL) AS tid,
+                   min(created_ns) FILTER (WHERE original_graph_node_id IS NULL) AS created_ns
+            FROM graph_nodes WHERE trace_id = {t} GROUP BY pid, graph_node_id
+        ),
+        back (pid, graph_node_id, node, depth) AS (
+            SELECT pid, graph_node_id, graph_node_id, 0 FROM nodes
+            UNION ALL
+            SELECT b.pid, b.graph_node_id, n.original, b.depth + 1
+            FROM back b JOIN nodes n ON n.pid = b.pid AND n.graph_node_id = b.node
+            WHERE n.original IS NOT NULL AND b.depth < {MAX_CLONES}
+        )
+        SELECT b.pid, b.graph_node_id, arg_max(n.tid, b.depth) AS origin_tid, arg_max(n.created_ns, b.depth) AS origin_ns
+        FROM back b JOIN nodes n ON n.pid = b.pid AND n.graph_node_id = b.node
+        GROUP BY b.pid, b.graph_node_id"""
+
+
+def kernel_points_sql(con: duckdb.DuckDBPyConnection, trace_id: int, columns: str = "k.*") -> str:
+    """SQL of the trace's `kernel_launches` rows (`columns` of them, the view aliased `k`) with
+    the point attribution places each at: point_tid and point_ns, the capture point for a kernel
+    replayed from a graph, else the launch call's thread and start; and time_ns, the launch
+    call's start (for ranges found by time)."""
+    t = int(trace_id)
+    if not has_graph_nodes(con, t):
+        return (f"SELECT {columns}, k.launch_tid AS point_tid, k.launch_start_ns AS point_ns, "
+                f"k.launch_start_ns AS time_ns FROM kernel_launches k WHERE k.trace_id = {t}")
+    return f"""
+        SELECT {columns}, coalesce(o.origin_tid, k.launch_tid) AS point_tid,
+               CASE WHEN o.origin_tid IS NULL THEN k.launch_start_ns ELSE o.origin_ns END AS point_ns,
+               k.launch_start_ns AS time_ns
+        FROM kernel_launches k
+        LEFT JOIN ({node_origins_sql(t)}) o ON o.pid = k.pid AND o.graph_node_id = k.graph_node_id
+        WHERE k.trace_id = {t}"""
+
+
+def replay_iterations(
+    by_time_ranges: pl.DataFrame, points: pl.DataFrame, replay: pl.Series, index: pl.Series, contexts: pl.DataFrame
+) -> tuple[pl.Series, pl.DataFrame]:
+    """`attribution.point_contexts`' (index, contexts) with, for the points whose `replay` time
+    differs from their t (kernels replayed from a graph, placed where they were captured), the
+    iteration range open at the replay instead: the capture gives the layer, pass and stage, the
+    replay the iteration it ran in. `by_time_ranges` and `points` as `point_contexts` has them
+    (points: pos, pid, tid, t), the iteration ranges being the `is_iter` rows; an iteration is
+    the one of the process begun last at or before the time, if still open (as attribution finds
+    it)."""
+    moved = points["t"].is_not_null() & replay.is_not_null() & (points["t"] != replay)
+    if not moved.any():
+        return index, contexts
+    iterations = by_time_ranges.filter(pl.col("is_iter")).drop_nulls("pid").sort("start_ns")
+    names = pl.concat([contexts["iteration"].drop_nulls(), iterations["nm"]]).unique().sort()
+    row = last_at_or_before(iterations["pid"], iterations["start_ns"], points["pid"], replay)
+    open_at = pl.select(pl.when(replay < iterations["end_ns"].gather(row)).then(row)).to_series()
+    code = (names.search_sorted(iterations["nm"]).cast(pl.Int64) + 1).gather(open_at).fill_null(0)
+    current = names.search_sorted(contexts["iteration"]).cast(pl.Int64) + 1
+    current = pl.select(pl.when(contexts["iteration"].is_null()).then(0).otherwise(current)).to_series()
+    code = pl.select(pl.when(moved).then(code).otherwise(current.gather(index))).to_series()
+    key = index.cast(pl.Int64) * (len(names) + 1) + code
+    keys = key.unique().sort()
+    table = contexts.gather(keys // (len(names) + 1)).with_columns(
+        iteration=pl.concat([pl.Series([None], dtype=pl.String), names]).gather(keys % (len(names) + 1)))
+    return keys.search_sorted(key).cast(pl.UInt32), table

@@ -1,0 +1,88 @@
+"""CUDA graphs: kernels replayed from a graph take the NVTX ranges open when it was captured.
+
+alexnet_b64_graph.sqlite captures AlexNet's whole training step once into a graph, with the
+layer ranges open during the capture (backward layers on the autograd thread), and replays it
+once per iteration. The reference below follows the export's own CUDA_GRAPH_NODE_EVENTS from
+each kernel's node back to the node's creation and finds, with a plain loop over that thread's
+ranges, the innermost one open then."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections import Counter
+
+import polars as pl
+
+from conftest import sample, trace_id
+from traceq.analysis.attribution import ITERATION_REGEX, STAGES, kernel_attribution
+from traceq.analysis.layers import stage_times
+
+GRAPH = "alexnet_b64_graph"
+
+
+def _expected() -> dict[int, tuple[str | None, str | None]]:
+    """kernel row (0-based, table order) -> (layer at capture, iteration at replay)."""
+    con = sqlite3.connect(f"file:{sample(GRAPH + '.sqlite')}?mode=ro", uri=True)
+    events = con.execute("SELECT graphNodeId, originalGraphNodeId, globalTid, start FROM CUDA_GRAPH_NODE_EVENTS").fetchall()
+    ranges = con.execute("SELECT start, \"end\", globalTid, text FROM NVTX_EVENTS WHERE eventType = 59").fetchall()
+    kernels = con.execute("""SELECT k.graphNodeId, r.start FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                             LEFT JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId
+                             ORDER BY k.rowid""").fetchall()
+    con.close()
+    original = {node: orig for node, orig, _, _ in events if orig is not None}
+    created = {node: (tid, start) for node, orig, tid, start in events if orig is None}
+    iteration = re.compile(ITERATION_REGEX)
+
+    def innermost(tid: int, t: int, layers: bool) -> str | None:
+        open_ = [(s, -e, name) for s, e, g, name in ranges if g == tid and s <= t < e
+                 and (not layers or (not iteration.match(name) and name.lower() not in STAGES))]
+        return max(open_)[2] if open_ else None
+
+    out = {}
+    for row, (node, launched) in enumerate(kernels):
+        if not node:
+            continue
+        while node in original:
+            node = original[node]
+        tid, t = created[node]
+        iterations = [name for s, e, _, name in ranges if s <= launched < e and iteration.match(name)]
+        out[row] = (innermost(tid, t, layers=True), iterations[0] if iterations else None)
+    return out
+
+
+def test_replayed_kernels_take_the_capture_layers(sample_store) -> None:
+    expected = _expected()
+    assert len(expected) == 676
+    got = kernel_attribution(sample_store, trace_id(sample_store, GRAPH)).filter(
+        pl.col("kernel_id").is_in(list(expected)))
+    assert {r["kernel_id"]: (r["layer"], r["iteration"]) for r in got.iter_rows(named=True)} == expected
+    layers = Counter(layer for layer, _ in expected.values())
+    assert {"conv1", "fc6", "bconv1", "bfc8"} <= set(layers)  # forward and (autograd thread) backward layers
+    assert got.filter(pl.col("layer").is_in(["conv1", "conv2"]))["pass"].unique().to_list() == ["forward"]
+    assert got.filter(pl.col("layer").is_in(["bconv1", "bfc6"]))["pass"].unique().to_list() == ["backward"]
+
+
+def test_replays_fill_their_iterations_stages(sample_store) -> None:
+    """Each replay's kernels land in its iteration, split into the stages open at the capture:
+    the graph runs the same step four times, so the four iterations have the same stages."""
+    stages = stage_times(sample_store, trace_id(sample_store, GRAPH)).filter(pl.col("iteration").is_not_null())
+    assert stages.height == 4
+    for stage in ("forward_ns", "backward_ns", "weight_update_ns", "data_copy_ns"):
+        values = stages[stage]
+        assert values.min() > 0 and values.max() < 1.05 * values.min(), (stage, values.to_list())
+    assert (stages["backward_ns"] > stages["forward_ns"]).all()
+
+
+def test_graph_nodes_are_loaded(sample_store) -> None:
+    from conftest import source_count
+
+    tid = trace_id(sample_store, GRAPH)
+    rows = sample_store.execute("SELECT count(*), count(original_graph_node_id), count(DISTINCT graph_node_id) "
+                                "FROM graph_nodes WHERE trace_id = ?", [tid]).fetchall()[0]
+    path = sample(GRAPH + ".sqlite")
+    assert rows == (source_count(path, "CUDA_GRAPH_NODE_EVENTS"),
+                    source_count(path, "CUDA_GRAPH_NODE_EVENTS", "WHERE originalGraphNodeId IS NOT NULL"), 379)
+    none = sample_store.execute("SELECT count(*) FROM graph_nodes WHERE trace_id = ?",
+                                [trace_id(sample_store, "alexnet_b256_cudnn")]).fetchall()[0][0]
+    assert none == 0
