@@ -19,7 +19,7 @@ import duckdb
 
 from traceq.errors import NotFoundError, StoreError, TraceqError
 
-SCHEMA_VERSION = "6"
+SCHEMA_VERSION = "7"
 DEFAULT_STORE = "traceq.duckdb"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 
