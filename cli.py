@@ -485,6 +485,31 @@ def stats(
 
 
 @app.command()
+def advise(
+    trace: TraceOpt = None,
+    db: DbOpt = None,
+    iteration_regex: IterOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """What to change first: findings ranked by GPU time at stake, with evidence and the usual fix."""
+    from traceq.analysis.advise import advise as findings
+    from traceq.render.findings import render_findings
+    from traceq.render.table import format_duration
+
+    with user_errors():
+        con = _store(db, read_only=True)
+        trace_id, trace_name = resolve_trace(con, trace)
+        frame, totals = findings(con, trace_id, _iteration_regex(iteration_regex))
+        title = (f"{trace_name}: {len(frame)} finding(s), by GPU time at stake (of "
+                 f"{format_duration(totals.span_ns)} on {totals.devices} device(s))")
+        fmt = format_for(fmt, out)
+        text = (render_findings(frame, title=title, width=_terminal_width()) if fmt is Format.table
+                else render(frame, fmt, title=title))
+        _emit(text, out)
+
+
+@app.command()
 def rm(
     trace: Annotated[str, typer.Argument(help="Trace name or id", metavar="TRACE", show_default=False)],
     db: DbOpt = None,

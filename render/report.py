@@ -23,6 +23,7 @@ import plotly.offline
 import polars as pl
 
 from traceq import __version__
+from traceq.analysis.advise import advise
 from traceq.analysis.attribution import ITERATION_REGEX
 from traceq.analysis.layers import attributed_kernels, layer_times, library_times, stage_times
 from traceq.analysis.memory import CAPTURE_HINT, memory_by_layer, memory_summary, memory_timeline
@@ -54,6 +55,7 @@ class _Trace:
     iterations: int = 0
     span: tuple[int, int] = (0, 0)
     device_memory: int | None = None
+    findings: pl.DataFrame | None = None
 
 
 def _try(trace: _Trace, key: str, build: Callable[[], pl.DataFrame]) -> None:
@@ -96,6 +98,7 @@ def _gather(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str,
     _memory(con, trace, iteration_regex, order)
     if spec is not None:
         _activations(con, trace, attributed, spec, batch)
+    trace.findings = advise(con, trace_id, iteration_regex)[0]
     busy = stages.filter(pl.col("iteration").is_not_null())
     spans = busy["span_ns"].cast(pl.Float64)
     trace.facts = {
@@ -301,6 +304,8 @@ table.facts th { background: #f3f3f3; }
 nav { font-size: 13px; margin: 8px 0; } nav a { margin-right: 14px; }
 p.caption { font-size: 14px; color: #333; margin: 2px 0 8px; max-width: 1100px; }
 section.note p { font-size: 14px; color: #8a5a00; }
+section.findings li, p.intro { font-size: 14px; margin: 0 0 8px; max-width: 1100px; }
+h3 { font-size: 15px; margin: 14px 0 4px; }
 #script-errors { display: none; background: #fee; color: #900; padding: 8px; font-family: monospace; }
 """
 
@@ -335,13 +340,37 @@ def _facts_table(traces: list[_Trace]) -> str:
     return f'<table class="facts"><tr><th>trace</th>{head}</tr>{rows}</table>'
 
 
+_FINDINGS_TITLE = "What to change first"
+
+
+def _findings_section(traces: list[_Trace]) -> str:
+    """The report's first section: each trace's `traceq advise` findings, ranked."""
+    parts = [f'<section id="sec-advise" class="findings"><h2>{_FINDINGS_TITLE}</h2>',
+             '<p class="intro">Findings ranked by the GPU time at stake (an upper bound of what the fix could '
+             'save; docs/advise.md has the rules and thresholds), with the evidence and the usual fix.</p>']
+    for trace in traces:
+        frame = trace.findings
+        parts.append(f"<h3>{html.escape(trace.name)}</h3>")
+        if frame is None or frame.is_empty():
+            parts.append('<p class="panel-note">No finding reached its threshold.</p>')
+            continue
+        items = "".join(
+            f"<li><b>{html.escape(r['title'])}</b>: {html.escape(format_duration(r['time_ns']))} at stake "
+            f"({r['pct']:.1f} %)<br>Evidence: {html.escape(r['evidence'])}<br>Fix: {html.escape(r['fix'])}</li>"
+            for r in frame.iter_rows(named=True))
+        parts.append(f"<ol>{items}</ol>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
 def build_report(
     con: duckdb.DuckDBPyConnection, trace_ids: list[int], *, iteration_regex: str = ITERATION_REGEX,
     top_k: int = 15, title: str | None = None, spec: Path | None = None, batch: int | None = None,
 ) -> str:
     """The HTML text of a report on `trace_ids` (side by side, in the order given).
 
-    Figures: stage breakdown per iteration, forward/backward time per layer, CE and RU per
+    First each trace's `traceq advise` findings (`analysis.advise`), then the figures: stage
+    breakdown per iteration, forward/backward time per layer, CE and RU per
     layer, the longest launches with their layer, memory per layer and over time, time per
     library, and a GPU timeline of one iteration (see `FIGURE_KEYS`). `spec` and `batch` give
     CE its FLOPs where the traces hold no shapes (see `efficiency.ce_table`).
@@ -363,7 +392,9 @@ def build_report(
         f"<h1>{html.escape(heading)}</h1>",
         f'<p class="meta">traceq {__version__}; {len(charts)} figures</p>',
         _facts_table(traces),
-        "<nav>" + "".join(f'<a href="#sec-{c.key}">{html.escape(c.title)}</a>' for c in charts) + "</nav>",
+        "<nav>" + f'<a href="#sec-advise">{_FINDINGS_TITLE}</a>'
+        + "".join(f'<a href="#sec-{c.key}">{html.escape(c.title)}</a>' for c in charts) + "</nav>",
+        _findings_section(traces),
     ]
     for chart in charts:
         height = int(chart.figure.layout.height or 450)

@@ -287,3 +287,11 @@ def test_ce_figure_reads_fp32_tf32_and_fp16_on_one_axis(sample_store) -> None:
     assert values and max(values) <= 100 and min(values) > 0
     assert all("precision: %{customdata[2]}" in trace.hovertemplate for trace in bars)
     assert {row[2] for trace in bars for row in trace.customdata} >= {"tf32", "fp32", "fp16"}
+
+
+def test_findings_come_first(pair_html: str) -> None:
+    """`traceq advise`'s findings open the report, for each trace."""
+    section = _section(pair_html, "advise")
+    assert pair_html.index('id="sec-advise"') < pair_html.index('id="sec-stages"')
+    assert all(f"<h3>{name}</h3>" in section for name in PAIR)
+    assert "FP32 matrix math where tensor cores were available" in section  # AlexNet's FP32 FC GEMMs

@@ -1,0 +1,296 @@
+"""What to change first: ranked findings, each with the GPU time at stake, the evidence and the
+usual fix (the `traceq advise` analysis, and the first section of `traceq report`).
+
+Each rule reads other analyses (`idle`, `launches`, `classify`, `efficiency`) and reports a
+finding when its time at stake reaches MIN_SHARE of the devices' span and its own condition
+holds (docs/advise.md gives every rule, threshold and estimate). Times at stake are upper
+bounds of what the fix could save, each estimated its own way, so findings can overlap (a
+launch-bound step and its tiny kernels are two views of one cost); they rank the findings, they
+do not add up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import duckdb
+import polars as pl
+
+from traceq.analysis.attribution import ITERATION_REGEX
+from traceq.analysis.idle import IdleTotals, idle_causes
+from traceq.errors import TraceqError
+
+MIN_SHARE = 0.01
+"""A finding is reported when its time at stake is at least this share of the devices' span."""
+
+TINY_SHARE = 0.5
+"""Tiny-kernel storm: at least this share of the launches ran shorter than their launch call."""
+
+TRANSPOSED_RATIO = 1.5
+"""Transposed GEMM: at least this many times slower per launch than the layer's `nn` GEMM."""
+
+LOW_RU = 0.5
+"""Low RU: a kernel's time-weighted resource utilization below this."""
+
+TF32_CC = (8, 0)
+"""TF32 tensor cores from this compute capability on (FP16 ones from 7.0)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    title: str
+    time_ns: float
+    evidence: str
+    fix: str
+
+
+@dataclass
+class _Facts:
+    """What several rules read, computed once."""
+
+    con: duckdb.DuckDBPyConnection
+    trace_id: int
+    iteration_regex: str
+    idle: pl.DataFrame
+    totals: IdleTotals
+
+
+def advise(con: duckdb.DuckDBPyConnection, trace_id: int,
+           iteration_regex: str = ITERATION_REGEX) -> tuple[pl.DataFrame, IdleTotals]:
+    """The trace's findings, most time at stake first, and its idle totals.
+
+    Columns: rank, title, time_ns (GPU time at stake: what the fix could save at most), pct
+    (time_ns as a share of the devices' span, %), evidence, fix, rule (the rule's id, one of
+    RULES).
+    """
+    idle, totals = idle_causes(con, trace_id, iteration_regex)
+    facts = _Facts(con, trace_id, iteration_regex, idle, totals)
+    found = [f for rule in RULES.values() for f in rule(facts)
+             if f.time_ns >= MIN_SHARE * max(totals.span_ns, 1)]
+    found.sort(key=lambda f: (-f.time_ns, f.rule))
+    frame = pl.DataFrame({"title": [f.title for f in found], "time_ns": [int(f.time_ns) for f in found],
+                          "evidence": [f.evidence for f in found], "fix": [f.fix for f in found],
+                          "rule": [f.rule for f in found]},
+                         schema={"title": pl.String, "time_ns": pl.Int64, "evidence": pl.String, "fix": pl.String,
+                                 "rule": pl.String})
+    return (frame.with_row_index("rank", offset=1).with_columns(pl.col("rank").cast(pl.Int64),
+                                                               pct=100.0 * pl.col("time_ns") / max(totals.span_ns, 1))
+            .select("rank", "title", "time_ns", "pct", "evidence", "fix", "rule"), totals)
+
+
+def _ms(ns: float) -> str:
+    from traceq.render.table import format_duration
+
+    return format_duration(ns)
+
+
+def _per_iteration(facts: _Facts, value: float) -> str:
+    n = facts.totals.iterations
+    return f" ({_ms(value / n)} per iteration)" if n else ""
+
+
+def _cause(facts: _Facts, cause: str) -> dict[str, object]:
+    return facts.idle.filter(pl.col("cause") == cause).row(0, named=True)
+
+
+def _idle_rule(cause: str, title: str, fix: str) -> Callable[[_Facts], list[Finding]]:
+    """A finding of the GPU's idle time of one cause (`analysis.gaps.CAUSES`)."""
+    def rule(facts: _Facts) -> list[Finding]:
+        row = _cause(facts, cause)
+        if not row["gaps"]:
+            return []
+        spread = (f", the longest {_ms(row['longest_ns'])}" if cause == "iteration_start"
+                  else _per_iteration(facts, row["total_ns"]))
+        evidence = (f"{row['gaps']:,} GPU gaps, {_ms(row['total_ns'])} idle{spread}; "
+                    f"calls: {row['calls']}; the work that waited: {row['waiting']}")
+        return [Finding(cause, title, row["total_ns"], evidence, fix)]
+    return rule
+
+
+def _pageable(facts: _Facts) -> list[Finding]:
+    """Copies from pageable memory: the idle they caused (`h2d_pageable`), with every pageable
+    copy of the trace as evidence."""
+    row = _cause(facts, "h2d_pageable")
+    copies = facts.con.execute(
+        "SELECT count(*), coalesce(sum(bytes), 0), coalesce(sum(dur_ns), 0) FROM memops WHERE trace_id = ? "
+        "AND op = 'memcpy' AND (src_kind = 'Pageable' OR dst_kind = 'Pageable')", [facts.trace_id]).fetchall()[0]
+    if not row["gaps"] or not copies[0]:
+        return []
+    from traceq.render.table import format_bytes
+
+    evidence = (f"{copies[0]:,} copies to or from pageable host memory ({format_bytes(copies[1])}, "
+                f"{_ms(copies[2])} of copying); the GPU waited {_ms(row['total_ns'])} for them in "
+                f"{row['gaps']:,} gaps{_per_iteration(facts, row['total_ns'])}; calls: {row['calls']}")
+    fix = ("Pin the host buffers (DataLoader(pin_memory=True), tensor.pin_memory()) and copy with "
+           ".to(device, non_blocking=True): pinned copies run on the copy engine without blocking the host")
+    return [Finding("pageable_copies", "Copies from pageable memory", row["total_ns"], evidence, fix)]
+
+
+def _tiny_kernels(facts: _Facts) -> list[Finding]:
+    """A storm of tiny kernels: the launch-call time the tiny launches cost beyond their kernels."""
+    from traceq.analysis.launches import launch_table
+
+    table, totals = launch_table(facts.con, facts.trace_id)
+    if not totals["launches"] or totals["tiny_pct"] < 100 * TINY_SHARE:
+        return []
+    tiny = table.filter(pl.col("tiny") > 0).join(_classified(facts).select("name", "short"), on="name", how="left")
+    overhead = float((tiny["api_ns"] * tiny["tiny"] / tiny["launches"]).sum()) - totals["tiny_kernel_ns"]
+    n = max(facts.totals.iterations, 1)
+    top = ", ".join(f"{_label(r)} x{r['tiny'] // n:,}" for r in tiny.sort("tiny", descending=True).head(3)
+                    .iter_rows(named=True))
+    evidence = (f"{totals['tiny']:,} of {totals['launches']:,} launches ({totals['tiny_pct']:.0f} %) ran shorter than "
+                f"their launch call: {_ms(totals['tiny_kernel_ns'])} of kernels for "
+                f"{_ms(overhead + totals['tiny_kernel_ns'])} of launch calls; most"
+                f"{' per iteration' if facts.totals.iterations else ''}: {top}")
+    fix = ("Fuse the small operations (torch.compile, foreach/fused optimizers, vectorized code instead of "
+           "Python loops over tensors) or replay the step as a CUDA graph")
+    return [Finding("tiny_kernels", "A storm of tiny kernels", max(overhead, 0.0), evidence, fix)]
+
+
+def _classified(facts: _Facts) -> pl.DataFrame:
+    """Per kernel name: launches, time (total_ns), per-launch mean, short (the short name),
+    library, operation, gemm_variant, tensor_cores."""
+    from traceq.analysis.classify import classify_names
+
+    t = int(facts.trace_id)
+    names = facts.con.sql(f"SELECT s.name, s.instances AS launches, s.total_ns, s.avg_ns, n.short AS short "
+                          f"FROM kernel_summary s LEFT JOIN (SELECT name, any_value(short_name) AS short "
+                          f"FROM kernel_names WHERE trace_id = {t} GROUP BY name) n USING (name) "
+                          f"WHERE s.trace_id = {t} AND s.name_by = 'demangled'").pl()
+    classes = classify_names(names["name"]).select("name", "library", "operation", "gemm_variant", "tensor_cores")
+    return names.join(classes, on="name", how="left")
+
+
+def _label(row: dict[str, object]) -> str:
+    """A kernel as evidence names it: its short name (templates and arguments dropped), cut to 64
+    characters."""
+    name = str(row.get("short") or row["name"])
+    return name if len(name) <= 64 else name[:63] + "…"
+
+
+def _fp32_math(facts: _Facts) -> list[Finding]:
+    """Convolution and GEMM kernels without tensor cores on a GPU that has them for their type."""
+    from traceq.analysis.peaks import trace_peaks
+
+    peaks = trace_peaks(facts.con, facts.trace_id, "float32")
+    if peaks.is_empty():
+        return []
+    gpu = peaks.sort("sm_count", descending=True).row(0, named=True)
+    cc = tuple(int(part) for part in gpu["cc"].split("."))
+    if cc < (7, 0):
+        return []
+    kernels = _classified(facts).filter(pl.col("operation").is_in(["gemm", "convolution"])
+                                        & ~pl.col("tensor_cores").fill_null(False)
+                                        & ~pl.col("name").str.contains("(?i)reduce|init|workspace"))
+    if kernels.is_empty():
+        return []
+    tf32 = cc >= TF32_CC
+    ratio = gpu["tensor_peak_flops"] / gpu["fp32_peak_flops"] if tf32 and gpu["tensor_peak_flops"] else None
+    total = float(kernels["total_ns"].sum())
+    at_stake = total * (1 - 1 / ratio) if ratio else total / 2
+    top = ", ".join(f"{_label(r)} {_ms(r['total_ns'])}" for r in kernels.sort("total_ns", descending=True)
+                    .head(3).iter_rows(named=True))
+    evidence = (f"{kernels['launches'].sum():,} convolution/GEMM launches ran FP32 math without tensor cores: "
+                f"{_ms(total)} on {gpu['name']}"
+                + (f", whose TF32 tensor cores peak at {ratio:.1f}x its FP32 rate" if ratio else "")
+                + f"; heaviest: {top}")
+    fix = ("Let matrix math use tensor cores: torch.set_float32_matmul_precision('high') "
+           "(TF32 matmuls; torch.backends.cudnn.allow_tf32 for convolutions), or autocast to float16/bfloat16 (AMP)"
+           if tf32 else "Autocast to float16 (AMP): this GPU's tensor cores take FP16, not TF32")
+    return [Finding("fp32_math", "FP32 matrix math where tensor cores were available", at_stake, evidence, fix)]
+
+
+def _transposed_gemms(facts: _Facts) -> list[Finding]:
+    """GEMMs with a transposed operand slower than the `nn` GEMM of the same fully connected
+    layer. A linear layer's forward, data-gradient and weight-gradient products do the same
+    FLOPs, so the kernel time each operand layout (nn, nt, tn, tt) takes in the layer compares
+    directly; a layer with a convolution kernel is left out (its products differ)."""
+    from traceq.analysis.layers import attributed_kernels
+
+    kernels = attributed_kernels(facts.con, facts.trace_id, facts.iteration_regex).filter(pl.col("layer").is_not_null())
+    if kernels.is_empty():
+        return []
+    forward = kernels.filter(pl.col("pass") == "forward")["layer"].unique().to_list()
+    base = (pl.when((pl.col("pass") == "backward") & pl.col("layer").str.slice(1).is_in(forward))
+            .then(pl.col("layer").str.slice(1)).otherwise(pl.col("layer")))
+    classes = _classified(facts).select("name", "gemm_variant")
+    per_layer = kernels.join(classes, on="name", how="left").with_columns(base=base)
+    convolutions = per_layer.filter(pl.col("operation") == "convolution")["base"].unique().to_list()
+    gemms = (per_layer.filter(pl.col("gemm_variant").is_not_null() & ~pl.col("base").is_in(convolutions))
+             .group_by("base", "gemm_variant")
+             .agg(layers=pl.col("layer").unique().sort().str.join("/"), launches=pl.len(), total_ns=pl.col("dur_ns").sum()))
+    twins = gemms.filter(pl.col("gemm_variant") == "nn").select("base", nn_ns="total_ns")
+    slow = (gemms.filter(pl.col("gemm_variant") != "nn").join(twins, on="base")
+            .filter(pl.col("total_ns") >= TRANSPOSED_RATIO * pl.col("nn_ns"))
+            .with_columns(excess_ns=pl.col("total_ns") - pl.col("nn_ns"))
+            .sort("excess_ns", descending=True))
+    if slow.is_empty():
+        return []
+    evidence = "; ".join(f"{r['base']}: its {r['gemm_variant']} GEMM kernels took {_ms(r['total_ns'])} "
+                         f"({r['launches']} launches), its nn ones {_ms(r['nn_ns'])} for the same FLOPs "
+                         f"({r['total_ns'] / r['nn_ns']:.1f}x)" for r in slow.head(3).iter_rows(named=True))
+    fix = ("Give cuBLAS operands it reads without transposing: keep the weight in the layout the product wants "
+           "(store it pre-transposed, or make it .contiguous() once outside the step) instead of a .t() view per "
+           "call, or let a faster kernel take over (TF32/AMP, cuBLASLt heuristics)")
+    return [Finding("transposed_gemm", "GEMMs with a transposed operand slower than their twins",
+                    float(slow["excess_ns"].sum()), evidence, fix)]
+
+
+_LIMITER_FIX = {
+    "registers": "fewer registers per thread (__launch_bounds__, -maxrregcount) or a smaller tile",
+    "shared_mem": "less shared memory per block (a smaller tile, fewer pipeline stages)",
+    "warps": "smaller blocks, so more of them fit an SM",
+    "blocks": "larger blocks: the SM's block limit binds before its threads do",
+    "barriers": "fewer blocks with barriers per SM",
+}
+
+
+def _low_ru(facts: _Facts) -> list[Finding]:
+    """Kernels whose grids leave block slots empty (RU below LOW_RU), with their limiter."""
+    from traceq.analysis.efficiency import ru_table
+
+    try:
+        ru = ru_table(facts.con, facts.trace_id, "kernel", iteration_regex=facts.iteration_regex)
+    except TraceqError:  # no GPU description
+        return []
+    low = (ru.filter(pl.col("ru") < LOW_RU).with_columns(waste_ns=pl.col("total_ns") * (1 - pl.col("ru")))
+           .sort("waste_ns", descending=True).join(_classified(facts).select("name", "short"), on="name", how="left",
+                                                   maintain_order="left"))
+    if low.is_empty():
+        return []
+    lines = []
+    for r in low.head(3).iter_rows(named=True):
+        why = ("its grid fills less than one wave" if (r["waves"] or 0) < 1 else "its last wave is partly empty")
+        blocks = f"{r['grid_blocks']:,} block{'s' if r['grid_blocks'] != 1 else ''}"
+        lines.append(f"{_label(r)}: RU {100 * r['ru']:.0f} %, {why} ({blocks} of {r['block_threads']} threads, "
+                     f"{r['blocks_per_sm']} per SM, limiter {r['limiter']}), {_ms(r['total_ns'])}")
+    limiter = str(low.row(0, named=True)["limiter"] or "")
+    fix = ("Fill the GPU: a larger batch, or fusing or batching small kernels, for grids under one wave; "
+           "for the limiter, " + "; ".join(_LIMITER_FIX[part] for part in limiter.split("+") if part in _LIMITER_FIX)
+           if limiter else "Fill the GPU: a larger batch, or fusing or batching small kernels")
+    return [Finding("low_ru", "Kernels that leave GPU block slots empty (low RU)", float(low["waste_ns"].sum()),
+                    "; ".join(lines), fix)]
+
+
+RULES: dict[str, Callable[[_Facts], list[Finding]]] = {
+    "sync": _idle_rule("sync", "Synchronizations inside the iteration",
+                       "Keep results on the GPU: take loss.item(), .cpu(), print(tensor) and torch.cuda.synchronize() "
+                       "out of the step (or do them every N steps); each one drains the GPU's queue"),
+    "pageable_copies": _pageable,
+    "h2d_pinned": _idle_rule("h2d_pinned", "Waiting on host-to-device copies",
+                             "Overlap the copy with compute: copy the next batch early with non_blocking=True "
+                             "(on a side stream), from pinned memory"),
+    "iteration_start": _idle_rule("iteration_start", "GPU idle between iterations",
+                                  "Prepare the next batch while the GPU runs: DataLoader(num_workers>0, "
+                                  "prefetch_factor), preprocessing off the training thread"),
+    "launch_bound": _idle_rule("launch_bound", "Launch-bound: the host issues work slower than the GPU runs it",
+                               "Launch fewer, larger kernels: CUDA graphs (torch.cuda.graphs, "
+                               "torch.compile(mode='reduce-overhead')), fused or foreach optimizers, larger batches"),
+    "tiny_kernels": _tiny_kernels,
+    "fp32_math": _fp32_math,
+    "transposed_gemm": _transposed_gemms,
+    "low_ru": _low_ru,
+}
+"""Every rule, by id: each takes the shared facts and returns its findings (none or one)."""

@@ -1,0 +1,75 @@
+"""`traceq advise`: every rule fires on a trace recorded to show it and stays silent on one
+that does not (sample_traces/MANIFEST.md says how each was recorded)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import sample, trace_id
+from traceq.analysis.advise import MIN_SHARE, RULES, advise
+from traceq.cli import app
+
+# rule -> (a trace where it must fire, one where it must not); h2d_pinned fires on none of the
+# recorded traces (their pinned copies never held the host) and is only checked to stay silent
+CASES = {
+    "sync": ("badloop_mlp", "alexnet_b256_cudnn"),  # loss.item() and torch.cuda.synchronize() in each step
+    "pageable_copies": ("badloop_mlp", "alexnet_b256_amp"),  # batches copied from pageable memory
+    "launch_bound": ("badloop_mlp", "alexnet_b256_amp"),  # 400 tiny kernels per step
+    "tiny_kernels": ("badloop_mlp", "alexnet_b256_amp"),
+    "fp32_math": ("badloop_mlp", "alexnet_b256_amp"),  # TF32 off vs fp16 autocast
+    "transposed_gemm": ("alexnet_b64_graph", "alexnet_b256_cudnn"),  # fc6's tn GEMMs 1.9x its nn ones (batch 64)
+    "low_ru": ("alexnet_b256_cudnn", "alexnet_b256_amp"),  # FP32 FC GEMMs of 256 blocks on 528 slots
+    "iteration_start": ("alexnet_b64_graph", "alexnet_b256_cudnn"),  # 10 ms between capture and first replay
+    "h2d_pinned": (None, "alexnet_b256_amp"),
+}
+
+
+def test_every_rule_has_cases() -> None:
+    assert set(CASES) == set(RULES)
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_rule_fires_where_it_must(sample_store, rule: str) -> None:
+    fires, silent = CASES[rule]
+    if fires is not None:
+        frame, totals = advise(sample_store, trace_id(sample_store, fires))
+        row = frame.filter(frame["rule"] == rule)
+        assert row.height == 1, f"{rule} silent on {fires}: {frame['rule'].to_list()}"
+        assert row["time_ns"][0] >= MIN_SHARE * totals.span_ns and row["evidence"][0] and row["fix"][0]
+    frame, _ = advise(sample_store, trace_id(sample_store, silent))
+    assert rule not in frame["rule"].to_list(), f"{rule} fired on {silent}"
+
+
+def test_findings_are_ranked_by_time_at_stake(sample_store) -> None:
+    frame, totals = advise(sample_store, trace_id(sample_store, "badloop_mlp"))
+    assert frame["rank"].to_list() == list(range(1, frame.height + 1))
+    assert frame["time_ns"].to_list() == sorted(frame["time_ns"].to_list(), reverse=True)
+    assert (frame["pct"] - 100 * frame["time_ns"] / totals.span_ns).abs().max() < 1e-9
+    assert frame["rule"][0] == "launch_bound"  # the tiny-kernel storm dominates the step
+
+
+def test_pageable_evidence_counts_the_copies(sample_store) -> None:
+    """The finding's copies are the export's memcpy rows from or to pageable memory (kind 0)."""
+    con = sqlite3.connect(f"file:{sample('badloop_mlp.sqlite')}?mode=ro", uri=True)
+    count, size = con.execute("SELECT count(*), sum(bytes) FROM CUPTI_ACTIVITY_KIND_MEMCPY "
+                              "WHERE srcKind = 0 OR dstKind = 0").fetchone()
+    con.close()
+    assert count == 16 and size == 16 * 1050624  # 8 steps x (a 512x1024 fp32 batch + 512 int64 labels)
+    frame, _ = advise(sample_store, trace_id(sample_store, "badloop_mlp"))
+    evidence = frame.filter(frame["rule"] == "pageable_copies")["evidence"][0]
+    assert evidence.startswith(f"{count} copies to or from pageable host memory (16.0 MiB")
+
+
+def test_advise_cli(tmp_path) -> None:
+    db = tmp_path / "s.duckdb"
+    runner = CliRunner()
+    assert runner.invoke(app, ["load", str(sample("badloop_mlp.sqlite")), "--db", str(db)]).exit_code == 0
+    text = runner.invoke(app, ["advise", "--db", str(db)], env={"COLUMNS": "100"})
+    assert text.exit_code == 0 and "1. Launch-bound" in text.stdout and "Fix: " in text.stdout
+    assert all(len(line) <= 100 for line in text.stdout.splitlines())
+    rows = json.loads(runner.invoke(app, ["advise", "--db", str(db), "-f", "json"]).stdout)
+    assert rows[0]["rank"] == 1 and {"title", "time_ns", "pct", "evidence", "fix", "rule"} <= set(rows[0])
