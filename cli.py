@@ -1,8 +1,9 @@
 """The `traceq` command: a thin layer over traceq.store, traceq.ingest, traceq.analysis and
 traceq.render. Each command opens the store, calls one analysis, and renders its frame.
 
-Errors the user can fix (TraceqError) become one line `traceq: ...` on stderr and exit status 1;
-usage errors exit 2 (typer's convention). Anything else is a bug and shows a traceback.
+Errors the user can fix (TraceqError) become one line `traceq: ...` on stderr and exit status 1
+(3 for a regression `compare --gate` found); usage errors exit 2 (typer's convention). Anything
+else is a bug and shows a traceback.
 """
 
 from __future__ import annotations
@@ -90,12 +91,12 @@ def _err(message: str) -> None:
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn a TraceqError into one line on stderr and exit status 1."""
+    """Turn a TraceqError into one line on stderr and its exit status (1; 3 for a failed gate)."""
     try:
         yield
     except TraceqError as e:
         _err(str(e))
-        raise typer.Exit(code=1) from None
+        raise typer.Exit(code=e.exit_code) from None
     except KeyboardInterrupt:
         _err("interrupted")
         raise typer.Exit(code=130) from None
@@ -692,15 +693,19 @@ def compare(
     by: Annotated[CompareBy, typer.Option(help="Rows: layer and pass, kernel name, library or stage")] = CompareBy.layer,
     spec: SpecOpt = None,
     k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k heaviest rows")] = None,
+    gate: Annotated[Optional[str], typer.Option(
+        "--gate", help="Fail (exit 3) when b's iterations are slower than a's by more than this (5%) and "
+                       "beyond their noise (a rank test over iterations)", show_default=False)] = None,
     db: DbOpt = None,
     iteration_regex: IterOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
 ) -> None:
-    """Two runs side by side: GPU time (per iteration), difference, ratio, RU and CE."""
+    """Two runs side by side: GPU time (per iteration), difference, ratio, RU and CE; --gate for CI."""
     from traceq.analysis.compare import compare_runs
 
     with user_errors():
+        threshold = _percentage(gate) if gate is not None else None
         con = _store(db, read_only=True)
         (ta, na), (tb, nb) = resolve_trace(con, a), resolve_trace(con, b)
         frame, per_iteration = compare_runs(con, ta, tb, by, spec=spec,
@@ -710,6 +715,35 @@ def compare(
         unit = "GPU time per iteration" if per_iteration else "total GPU time"
         title = f"a = {na} vs b = {nb} by {by.value}: {unit}, b - a, b / a"
         _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
+        if threshold is not None:
+            _gate(con, ta, tb, threshold, _iteration_regex(iteration_regex))
+
+
+def _percentage(text: str) -> float:
+    """'5%' or '5' -> 0.05."""
+    try:
+        value = float(text.strip().removesuffix("%"))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a percentage like 5%", param_hint="--gate") from None
+    if not 0 <= value < 1000:
+        raise typer.BadParameter(f"{text!r}: give a percentage from 0 to 1000", param_hint="--gate")
+    return value / 100
+
+
+def _gate(con, a: int, b: int, threshold: float, iteration_regex: str) -> None:
+    """The regression gate's verdict: a line on stderr, RegressionError (exit 3) when b is slower."""
+    from traceq.analysis.gate import regression_gate
+    from traceq.errors import RegressionError
+    from traceq.render.table import format_duration
+
+    result = regression_gate(con, a, b, threshold, iteration_regex=iteration_regex)
+    verdict = (f"b's median iteration {format_duration(result.b_median_ns)} vs a's {format_duration(result.a_median_ns)} "
+               f"({100 * result.change:+.1f} %, gate {100 * threshold:g} %), {result.b_iterations} vs "
+               f"{result.a_iterations} iterations, one-sided Mann-Whitney p = {result.p_value:.3g} (alpha {result.alpha:g})")
+    if result.failed:
+        raise RegressionError(f"gate failed: b is slower: {verdict}")
+    note = "" if result.decidable else "; too few iterations for the test to reach alpha: the gate cannot fail"
+    _err(f"gate passed: {verdict}{note}")
 
 
 @app.command()

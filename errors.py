@@ -1,12 +1,15 @@
 """The one error hierarchy: a TraceqError is a problem the user can fix.
 
 `str(error)` is one line saying what happened and what to do. The CLI alone turns these into
-`traceq: <message>` on stderr and exit status 1; anything else is a bug and shows a traceback.
+`traceq: <message>` on stderr and exit status `exit_code` (1, but 3 for a failed regression
+gate); anything else is a bug and shows a traceback.
 """
 
 
 class TraceqError(Exception):
     """A problem the user can fix; str(e) says what happened and what to do."""
+
+    exit_code = 1
 
 
 class TraceFormatError(TraceqError):
@@ -23,3 +26,9 @@ class NotFoundError(TraceqError):
 
 class MissingDataError(TraceqError):
     """The trace lacks what an analysis needs (say, no NVTX ranges)."""
+
+
+class RegressionError(TraceqError):
+    """`traceq compare --gate`: the second run is slower beyond the threshold and the noise."""
+
+    exit_code = 3
