@@ -418,19 +418,21 @@ def idle(
     out: OutOpt = None,
 ) -> None:
     """Why the GPU was idle: every gap classified by what the host was doing (sync, copy, launch-bound, ...)."""
+    from traceq.analysis.gaps import gap_frame
     from traceq.analysis.idle import idle_causes, idle_split
     from traceq.render.table import format_duration
 
     def build(con, trace_id: int, trace_name: str):
         regex = _iteration_regex(iteration_regex)
-        frame, totals = idle_causes(con, trace_id, regex)
+        gaps = gap_frame(con, trace_id, regex)
+        frame, totals = idle_causes(con, trace_id, regex, gaps)
         share = f" ({100 * totals.idle_ns / totals.span_ns:.1f} %)" if totals.span_ns else ""
         title = (f"{trace_name}: GPU idle {format_duration(totals.idle_ns)} of {format_duration(totals.span_ns)}"
                  f"{share} on {totals.devices} device(s)")
         if totals.iterations:
             title += f", {format_duration(totals.idle_ns / totals.iterations)} per iteration ({totals.iterations})"
         if by is not None:
-            return idle_split(con, trace_id, by, regex), f"{title}; by cause and {by.value}"
+            return idle_split(con, trace_id, by, regex, gaps), f"{title}; by cause and {by.value}"
         return frame, f"{title}; by cause"
 
     _show_trace_table(trace, db, fmt, out, build)

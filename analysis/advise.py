@@ -207,16 +207,13 @@ def _transposed_gemms(facts: _Facts) -> list[Finding]:
     layer. A linear layer's forward, data-gradient and weight-gradient products do the same
     FLOPs, so the kernel time each operand layout (nn, nt, tn, tt) takes in the layer compares
     directly; a layer with a convolution kernel is left out (its products differ)."""
-    from traceq.analysis.layers import attributed_kernels
-
-    kernels = attributed_kernels(facts.con, facts.trace_id, facts.iteration_regex).filter(pl.col("layer").is_not_null())
+    kernels, scale = _gemm_layers(facts)
     if kernels.is_empty():
         return []
     forward = kernels.filter(pl.col("pass") == "forward")["layer"].unique().to_list()
     base = (pl.when((pl.col("pass") == "backward") & pl.col("layer").str.slice(1).is_in(forward))
             .then(pl.col("layer").str.slice(1)).otherwise(pl.col("layer")))
-    classes = _classified(facts).select("name", "gemm_variant")
-    per_layer = kernels.join(classes, on="name", how="left").with_columns(base=base)
+    per_layer = kernels.with_columns(base=base)
     convolutions = per_layer.filter(pl.col("operation") == "convolution")["base"].unique().to_list()
     gemms = (per_layer.filter(pl.col("gemm_variant").is_not_null() & ~pl.col("base").is_in(convolutions))
              .group_by("base", "gemm_variant")
@@ -224,18 +221,51 @@ def _transposed_gemms(facts: _Facts) -> list[Finding]:
     twins = gemms.filter(pl.col("gemm_variant") == "nn").select("base", nn_ns="total_ns")
     slow = (gemms.filter(pl.col("gemm_variant") != "nn").join(twins, on="base")
             .filter(pl.col("total_ns") >= TRANSPOSED_RATIO * pl.col("nn_ns"))
-            .with_columns(excess_ns=pl.col("total_ns") - pl.col("nn_ns"))
+            .with_columns(excess_ns=(pl.col("total_ns") - pl.col("nn_ns")) * scale)
             .sort("excess_ns", descending=True))
     if slow.is_empty():
         return []
-    evidence = "; ".join(f"{r['base']}: its {r['gemm_variant']} GEMM kernels took {_ms(r['total_ns'])} "
-                         f"({r['launches']} launches), its nn ones {_ms(r['nn_ns'])} for the same FLOPs "
-                         f"({r['total_ns'] / r['nn_ns']:.1f}x)" for r in slow.head(3).iter_rows(named=True))
+    where = "in one iteration (of " + str(scale) + ")" if scale > 1 else "in the trace"
+    evidence = f"{where}: " + "; ".join(
+        f"{r['base']}: its {r['gemm_variant']} GEMM kernels took {_ms(r['total_ns'])} ({r['launches']} launch"
+        f"{'es' if r['launches'] != 1 else ''}), "
+        f"its nn ones {_ms(r['nn_ns'])} for the same FLOPs ({r['total_ns'] / r['nn_ns']:.1f}x)"
+        for r in slow.head(3).iter_rows(named=True))
     fix = ("Give cuBLAS operands it reads without transposing: keep the weight in the layout the product wants "
            "(store it pre-transposed, or make it .contiguous() once outside the step) instead of a .t() view per "
            "call, or let a faster kernel take over (TF32/AMP, cuBLASLt heuristics)")
     return [Finding("transposed_gemm", "GEMMs with a transposed operand slower than their twins",
                     float(slow["excess_ns"].sum()), evidence, fix)]
+
+
+def _gemm_layers(facts: _Facts) -> tuple[pl.DataFrame, int]:
+    """The GEMM and convolution kernels of one iteration (the median one; the whole trace when it
+    marks none) with their layer: (name, operation, gemm_variant, dur_ns, layer, pass; how many
+    times the trace holds what they took). One iteration is enough to compare a layer's GEMMs,
+    and attributing every launch of a ten-million-kernel trace would take seconds."""
+    from traceq.analysis.attribution import attribute_points
+    from traceq.analysis.graphs import kernel_points_sql
+
+    t = int(facts.trace_id)
+    classes = _classified(facts).filter(pl.col("operation").is_in(["gemm", "convolution"]))
+    if classes.is_empty():
+        return pl.DataFrame(schema={"name": pl.String, "operation": pl.String, "gemm_variant": pl.String,
+                                    "dur_ns": pl.Int64, "layer": pl.String, "pass": pl.String}), 1
+    ranges = facts.con.sql(f"SELECT pid, start_ns, end_ns FROM nvtx WHERE trace_id = {t} AND end_ns IS NOT NULL "
+                           f"AND kind IN ('pushpop', 'startend') AND regexp_matches(coalesce(name, ''), ?) "
+                           f"ORDER BY start_ns", params=[facts.iteration_regex]).fetchall()
+    window = ""
+    if ranges:
+        pid, start, end = ranges[len(ranges) // 2]
+        window = f" AND pid = {int(pid)} AND time_ns >= {int(start)} AND time_ns < {int(end)}"
+    kernels = facts.con.sql(
+        f"SELECT * FROM ({kernel_points_sql(facts.con, t, 'k.kernel_id, k.name, k.dur_ns, k.pid')}) "
+        f"WHERE list_contains(?, name){window}", params=[classes["name"].to_list()]).pl()
+    points = kernels.select(id="kernel_id", pid="pid", tid="point_tid", t="point_ns", time="time_ns")
+    layers = attribute_points(facts.con, t, points, facts.iteration_regex, paths=False)
+    return (pl.concat([kernels.select("name", "dur_ns"), layers.select("layer", "pass")], how="horizontal")
+            .join(classes.select("name", "operation", "gemm_variant"), on="name", how="left")
+            .filter(pl.col("layer").is_not_null())), max(len(ranges), 1)
 
 
 _LIMITER_FIX = {

@@ -43,7 +43,7 @@ import polars as pl
 
 from traceq.analysis.attribution import ITERATION_REGEX
 from traceq.analysis.intervals import last_at_or_before
-from traceq.analysis.operations import KINDS, api_calls, gpu_work, issuing_calls
+from traceq.analysis.operations import KINDS, api_calls, calls_of, gpu_work, issuing_calls
 
 CAUSES = ("sync", "h2d_pageable", "h2d_pinned", "iteration_start", "launch_bound", "other")
 """Gap causes (the host-caused ones in the order they are tested)."""
@@ -81,49 +81,53 @@ def gap_frame(
     """`idle_gaps` with its strings as codes: (gaps, names). gaps has device_id, start_ns, end_ns,
     dur_ns, cause (UInt8 into CAUSES), iteration (UInt32 into names['iteration']), stream_id,
     pid, tid, call_start_ns (when the next operation's issuing call began), next_kind (UInt8 into
-    KINDS), next_item (kernel name id or memop row), call (api name id), op_row; in the next
+    KINDS), next_item (kernel name id or memop row), call (api name id); in the next
     operations' start order. names: 'iteration', 'api' (by api name id), 'kernel' and
     'kernel_short' (by name id), 'memop' (by memop row): the strings."""
     t = int(trace_id)
     ops, memops = gpu_work(con, t)
     calls = api_calls(con, t)
     api_names = _api_names(con, t)
-    iterations, ops_iteration = _iterations(con, t, ops, calls, iteration_regex)
-    ops = ops.with_columns(iteration=ops_iteration)
+    iterations, iteration = _iterations(con, t, ops, calls, iteration_regex)
+    blocking, h2d = _waiting_calls(calls, ops, memops, api_names)
     # the gaps: a running maximum of end times over each device's work in start order
     timeline = ops.select("device_id", "start_ns", "end_ns").with_row_index("op_row").sort("start_ns")
-    several = timeline["device_id"].n_unique() > 1
     reach = pl.col("end_ns").cum_max().shift(1)
-    timeline = timeline.with_columns(gap_start=reach.over("device_id") if several else reach)
+    timeline = timeline.with_columns(gap_start=reach.over("device_id") if ops["device_id"].n_unique() > 1 else reach)
     if iterations.len():  # whether each operation is its device's first of its iteration
-        code = (pl.col("device_id").rank("dense") * (len(iterations) + 1)).cast(pl.Int64) + pl.col("iteration")
-        timeline = timeline.with_columns(
-            first=ops["iteration"].gather(timeline["op_row"]).is_not_null()
-            & pl.Series(ops.select(code).to_series().gather(timeline["op_row"])).is_first_distinct())
+        code = (ops["device_id"].rank("dense").cast(pl.Int64) * (len(iterations) + 1) + iteration).gather(
+            timeline["op_row"])
+        timeline = timeline.with_columns(first=code.is_not_null() & code.is_first_distinct())
     else:
         timeline = timeline.with_columns(first=pl.lit(False))
-    gaps = timeline.filter(pl.col("start_ns") > pl.col("gap_start"))
+    gaps = timeline.filter(pl.col("start_ns") > pl.col("gap_start")).drop("end_ns")
     del timeline
-    gaps = pl.concat([gaps, ops.select("kind", "item", "stream_id", "pid", "correlation_id", "iteration")
-                      .gather(gaps["op_row"])], how="horizontal")
-    issued = issuing_calls(calls, gaps["pid"], gaps["correlation_id"], ("tid", "start_ns", "end_ns", "name_id"))
-    gaps = pl.concat([gaps, issued], how="horizontal").with_columns(
+    rows = gaps["op_row"]
+    gaps = pl.concat([gaps.drop("op_row"), ops.select("kind", "item", "stream_id", "pid", "correlation_id").gather(rows),
+                      iteration.gather(rows).to_frame("iteration")], how="horizontal")
+    del ops, iteration, rows
+    issued = calls_of(con, t, gaps["pid"], gaps["correlation_id"], ("tid", "start_ns", "end_ns", "name_id"), calls)
+    del calls
+    gaps = pl.concat([gaps.drop("correlation_id"), issued], how="horizontal").with_columns(
         late=(pl.col("call_end_ns") > pl.col("gap_start")).fill_null(False))
+    del issued
     # only where the host was late: what it was doing
     late = gaps.filter("late")
-    sync_call, h2d_call, h2d_pageable = _host_waits(late, calls, ops, memops, api_names)
+    sync_call, h2d_call, h2d_pageable = _host_waits(late, blocking, h2d)
     cause = (pl.when(sync_call.is_not_null()).then(0)
              .when(h2d_call.is_not_null() & h2d_pageable).then(1)
              .when(h2d_call.is_not_null()).then(2)
              .when(late["first"]).then(3)
              .otherwise(4))
     late_cause = late.select(cause=cause.cast(pl.UInt8), call=pl.coalesce(sync_call, h2d_call, late["call_name_id"]))
+    del late
     at = pl.select(pl.when(gaps["late"]).then(gaps["late"].cast(pl.Int64).cum_sum() - 1)).to_series()
     frame = gaps.select(
         "device_id", start_ns="gap_start", end_ns="start_ns", dur_ns=pl.col("start_ns") - pl.col("gap_start"),
         cause=late_cause["cause"].gather(at).fill_null(5), iteration="iteration", stream_id="stream_id",
         pid="pid", tid="tid", call_start_ns="call_start_ns", next_kind="kind", next_item="item",
-        call=pl.coalesce(late_cause["call"].gather(at), pl.col("call_name_id")).cast(pl.Int64), op_row="op_row")
+        call=pl.coalesce(late_cause["call"].gather(at), pl.col("call_name_id")).cast(pl.Int64))
+    del gaps
     kernel_names = con.sql(f"SELECT name_id, name, short_name FROM kernel_names WHERE trace_id = {t}").pl()
     names = {
         "iteration": iterations,
@@ -200,12 +204,12 @@ def _iterations_by_time(ops: pl.DataFrame, calls: pl.DataFrame, ranges: pl.DataF
     return ranges["code"].gather(inside)
 
 
-def _host_waits(gaps: pl.DataFrame, calls: pl.DataFrame, ops: pl.DataFrame, memops: pl.DataFrame,
-                api_names: pl.Series) -> tuple[pl.Series, pl.Series, pl.Series]:
-    """Per gap: the name id of a blocking call of the process that covered the gap's start
-    (sync_call), the name id of a host-to-device copy call of the issuing thread that took
-    H2D_SHARE of the gap, or that the covering blocking call waited for (h2d_call), and
-    whether that copy was from pageable memory."""
+def _waiting_calls(calls: pl.DataFrame, ops: pl.DataFrame, memops: pl.DataFrame,
+                   api_names: pl.Series) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The calls the host can wait in (`calls`' columns): (blocking: synchronizes, frees and
+    host-blocking copies other than to the device, with copy_name, the name id of the
+    pageable host-to-device copy a synchronize directly follows; h2d: host-to-device copy calls,
+    with h2d_pageable)."""
     wanted = [i for i, n in enumerate(api_names.to_list()) if n and (SYNC_CALL.match(n) or COPY_CALL.match(n))]
     candidates = calls.filter(pl.col("name_id").is_in(wanted))
     copies = ops.filter(pl.col("kind") == 1).select("pid", "correlation_id", "item").unique(["pid", "correlation_id"])
@@ -223,21 +227,29 @@ def _host_waits(gaps: pl.DataFrame, calls: pl.DataFrame, ops: pl.DataFrame, memo
     blocking = (candidates.filter(blocks_host & ~candidates["to_device"])
                 .join(pageable_h2d.select("pid", correlation_id=pl.col("correlation_id") + 1,
                                           copy_name="name_id"), on=["pid", "correlation_id"], how="left"))
+    h2d = candidates.filter("to_device").with_columns(h2d_pageable=pl.col("src_kind") == "Pageable")
+    return blocking, h2d
+
+
+def _host_waits(gaps: pl.DataFrame, blocking: pl.DataFrame, h2d: pl.DataFrame
+                ) -> tuple[pl.Series, pl.Series, pl.Series]:
+    """Per gap: the name id of a blocking call of the process that covered the gap's start
+    (sync_call), the name id of a host-to-device copy call of the issuing thread that took
+    H2D_SHARE of the gap, or that the covering blocking call waited for (h2d_call), and
+    whether that copy was from pageable memory (`_waiting_calls` gives the calls)."""
     holder = _covering(gaps, blocking)
     waited_copy = blocking["copy_name"].gather(holder)
     sync_call = pl.select(pl.when(waited_copy.is_null()).then(blocking["name_id"].gather(holder))).to_series()
-    h2d = candidates.filter("to_device")
     row = last_at_or_before(h2d["pid"] * (1 << 32) + h2d["tid"], h2d["start_ns"],
                             gaps["pid"] * (1 << 32) + gaps["tid"], gaps["start_ns"] - 1)
     inside = (pl.min_horizontal(h2d["end_ns"].gather(row), gaps["start_ns"])
               - pl.max_horizontal(h2d["start_ns"].gather(row), gaps["gap_start"]))
     took = pl.select(inside >= H2D_SHARE * (gaps["start_ns"] - gaps["gap_start"])).to_series().fill_null(False)
     h2d_call = pl.select(pl.when(took).then(h2d["name_id"].gather(row))).to_series()
-    h2d_pageable = (h2d["src_kind"].gather(row) == "Pageable").fill_null(False)
+    h2d_pageable = h2d["h2d_pageable"].gather(row).fill_null(False)
     # the copy a covering synchronize waited for comes first
     h2d_pageable = pl.select(pl.when(waited_copy.is_not_null()).then(True).otherwise(h2d_pageable)).to_series()
-    h2d_call = pl.coalesce(waited_copy, h2d_call)
-    return sync_call, pl.select(h2d_call).to_series(), h2d_pageable
+    return sync_call, pl.select(pl.coalesce(waited_copy, h2d_call)).to_series(), h2d_pageable
 
 
 def _covering(gaps: pl.DataFrame, blocking: pl.DataFrame) -> pl.Series:

@@ -41,7 +41,8 @@ def _top_shares(frame: pl.DataFrame, keys: list[str], column: str, label: str, t
 
 
 def idle_causes(
-    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
+    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX,
+    gaps: tuple[pl.DataFrame, dict[str, pl.Series]] | None = None,
 ) -> tuple[pl.DataFrame, IdleTotals]:
     """GPU idle time per cause (`gaps.CAUSES`, every one, in that order), and the totals.
 
@@ -49,19 +50,23 @@ def idle_causes(
     devices' span, %), per_iteration_ns (total_ns over the iterations; null without iteration
     ranges), longest_ns (the longest gap), calls (for sync and h2d gaps the blocking or copy
     calls, else the calls that issued the work, with their share of the cause's time), waiting
-    (the work the GPU waited for, by short kernel name or copy kind, with its share).
+    (the work the GPU waited for, by short kernel name or copy kind, with its share). `gaps`:
+    the trace's `gaps.gap_frame`, when the caller has it already.
     """
-    gaps, names = gap_frame(con, trace_id, iteration_regex)
+    gaps, names = gap_frame(con, trace_id, iteration_regex) if gaps is None else gaps
     totals = _totals(con, trace_id, gaps)
     grand = max(totals.idle_ns, 1)
-    detail = gaps.select("cause", "dur_ns", call=names["api"].gather(gaps["call"]),
-                         waiting=work_names(gaps, names, "kernel_short"))
+    # the gaps grouped by their codes first (millions of gaps, a few hundred groups), named after
+    by_call = gaps.group_by("cause", "call").agg(pl.col("dur_ns").sum())
+    by_work = gaps.group_by("cause", "next_kind", "next_item").agg(pl.col("dur_ns").sum())
+    detail_calls = by_call.with_columns(call=names["api"].gather(by_call["call"]))
+    detail_work = by_work.select("cause", "dur_ns", waiting=work_names(by_work, names, "kernel_short"))
     per_cause = (gaps.group_by("cause").agg(gaps=pl.len().cast(pl.Int64), total_ns=pl.col("dur_ns").sum(),
                                             longest_ns=pl.col("dur_ns").max()))
     frame = (pl.DataFrame({"cause": pl.int_range(0, len(CAUSES), dtype=pl.UInt8, eager=True)})
              .join(per_cause, on="cause", how="left")
-             .join(_top_shares(detail, ["cause"], "call", "calls"), on="cause", how="left")
-             .join(_top_shares(detail, ["cause"], "waiting", "waiting"), on="cause", how="left")
+             .join(_top_shares(detail_calls, ["cause"], "call", "calls"), on="cause", how="left")
+             .join(_top_shares(detail_work, ["cause"], "waiting", "waiting"), on="cause", how="left")
              .with_columns(pl.col("gaps", "total_ns").fill_null(0))
              .with_columns(pct=100.0 * pl.col("total_ns") / grand,
                            span_pct=100.0 * pl.col("total_ns") / max(totals.span_ns, 1),
@@ -86,7 +91,8 @@ def _totals(con: duckdb.DuckDBPyConnection, trace_id: int, gaps: pl.DataFrame) -
 
 
 def idle_split(
-    con: duckdb.DuckDBPyConnection, trace_id: int, by: IdleBy | str, iteration_regex: str = ITERATION_REGEX
+    con: duckdb.DuckDBPyConnection, trace_id: int, by: IdleBy | str, iteration_regex: str = ITERATION_REGEX,
+    gaps: tuple[pl.DataFrame, dict[str, pl.Series]] | None = None,
 ) -> pl.DataFrame:
     """GPU idle time per cause, split by iteration (and device), stream or layer.
 
@@ -94,10 +100,11 @@ def idle_split(
     work that ended each gap), gaps, idle_ns, then one `<cause>_ns` column per cause. Iterations
     in time order (gaps outside every iteration last), streams by device and stream, layers
     most idle first. The layer needs each gap's work attributed to NVTX ranges
-    (`attribution.point_contexts`), which costs about a second per million gaps.
+    (`attribution.point_contexts`), which costs about a second per million gaps. `gaps` as for
+    `idle_causes`.
     """
     by = IdleBy(by)
-    gaps, names = gap_frame(con, trace_id, iteration_regex)
+    gaps, names = gap_frame(con, trace_id, iteration_regex) if gaps is None else gaps
     if by is IdleBy.iteration:
         keys = ["iteration", "device_id"]
         frame = gaps.with_columns(iteration=names["iteration"].gather(gaps["iteration"]))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from traceq.analysis.operations import api_calls, issuing_calls
+from traceq.analysis.operations import calls_of
 
 
 def _launched(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -27,7 +27,7 @@ def _launched(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFra
         SELECT q.pid, q.device_id, e.name_id, e.correlation_id, e.start_ns, e.end_ns, e.graph_node_id IS NOT NULL AS graph
         FROM kernel_events e JOIN kernel_queues q ON q.trace_id = e.trace_id AND q.queue_id = e.queue_id
         WHERE e.trace_id = {t}""").pl()
-    calls = issuing_calls(api_calls(con, t), kernels["pid"], kernels["correlation_id"])
+    calls = calls_of(con, t, kernels["pid"], kernels["correlation_id"])
     kernels = pl.concat([kernels, calls], how="horizontal").filter(pl.col("call_start_ns").is_not_null())
     queue = pl.col("start_ns") - pl.col("call_end_ns")
     kernels = kernels.select(

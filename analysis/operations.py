@@ -10,6 +10,8 @@ its call by one binary search over the calls' (process, correlation id) keys ins
 
 from __future__ import annotations
 
+import re
+
 import duckdb
 import polars as pl
 
@@ -41,14 +43,19 @@ def gpu_work(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFram
     return ops, memops.select("op", "copy_kind", "src_kind", "dst_kind", "bytes")
 
 
-def api_calls(con: duckdb.DuckDBPyConnection, trace_id: int, names: list[int] | None = None) -> pl.DataFrame:
-    """The trace's runtime and driver API calls (those that can launch GPU work), or only those
-    whose api_names.name_id is in `names`: pid, tid, correlation_id, start_ns, end_ns, name_id;
-    in table order."""
+ISSUING_CALLS = re.compile(r"(?i)launch|memcpy|memset|prefetch|synchroni|free")
+"""API calls that can issue GPU work, or wait for it (the rest, such as cuKernelGetName, never
+does): `api_calls` reads only these unless asked for all."""
+
+
+def api_calls(con: duckdb.DuckDBPyConnection, trace_id: int, pattern: re.Pattern[str] | None = ISSUING_CALLS
+              ) -> pl.DataFrame:
+    """The trace's runtime and driver API calls whose names match `pattern` (None: all): pid,
+    tid, correlation_id, start_ns, end_ns, name_id; in table order."""
     t = int(trace_id)
-    launching = [r[0] for r in con.execute(
-        "SELECT name_id FROM api_names WHERE trace_id = ? AND api IN ('runtime', 'driver')", [t]).fetchall()]
-    wanted = [n for n in launching if names is None or n in set(names)]
+    wanted = [i for i, name in con.execute(
+        "SELECT name_id, name FROM api_names WHERE trace_id = ? AND api IN ('runtime', 'driver')", [t]).fetchall()
+        if pattern is None or pattern.search(name or "")]
     threads = con.sql(f"SELECT thread_id, pid, tid FROM api_threads WHERE trace_id = {t} ORDER BY thread_id").pl()
     calls = con.sql(f"""
         SELECT thread_id, correlation_id, start_ns, end_ns, name_id FROM api_events
@@ -59,6 +66,20 @@ def api_calls(con: duckdb.DuckDBPyConnection, trace_id: int, names: list[int] | 
     at = calls["thread_id"]
     return calls.select(pid=threads["pid"].gather(at), tid=threads["tid"].gather(at), correlation_id="correlation_id",
                         start_ns="start_ns", end_ns="end_ns", name_id="name_id")
+
+
+def calls_of(con: duckdb.DuckDBPyConnection, trace_id: int, pid: pl.Series, correlation_id: pl.Series,
+             columns: tuple[str, ...] = ("tid", "start_ns", "end_ns", "name_id"),
+             calls: pl.DataFrame | None = None) -> pl.DataFrame:
+    """`issuing_calls` of the work (pid, correlation_id) among `calls` (default: the trace's
+    ISSUING_CALLS), or among all its calls should some work's call be named otherwise."""
+    found = issuing_calls(api_calls(con, trace_id) if calls is None else calls, pid, correlation_id, columns)
+    key = found.columns[-1]
+    if found[key].null_count() > correlation_id.null_count():
+        everything = issuing_calls(api_calls(con, trace_id, None), pid, correlation_id, columns)
+        if everything[key].null_count() < found[key].null_count():
+            return everything
+    return found
 
 
 def issuing_calls(calls: pl.DataFrame, pid: pl.Series, correlation_id: pl.Series,
