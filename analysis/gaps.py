@@ -81,8 +81,8 @@ def gap_frame(
     """`idle_gaps` with its strings as codes: (gaps, names). gaps has device_id, start_ns, end_ns,
     dur_ns, cause (UInt8 into CAUSES), iteration (UInt32 into names['iteration']), stream_id,
     pid, tid, call_start_ns (when the next operation's issuing call began), next_kind (UInt8 into
-    KINDS), next_item (kernel name id or memop row), call (api name id); in the next
-    operations' start order. names: 'iteration', 'api' (by api name id), 'kernel' and
+    KINDS), next_item (kernel name id or memop row), graph_node_id (of a kernel replayed from a
+    CUDA graph), call (api name id); in the next operations' start order. names: 'iteration', 'api' (by api name id), 'kernel' and
     'kernel_short' (by name id), 'memop' (by memop row): the strings."""
     t = int(trace_id)
     ops, memops = gpu_work(con, t)
@@ -103,7 +103,8 @@ def gap_frame(
     gaps = timeline.filter(pl.col("start_ns") > pl.col("gap_start")).drop("end_ns")
     del timeline
     rows = gaps["op_row"]
-    gaps = pl.concat([gaps.drop("op_row"), ops.select("kind", "item", "stream_id", "pid", "correlation_id").gather(rows),
+    gaps = pl.concat([gaps.drop("op_row"), ops.select("kind", "item", "stream_id", "pid", "correlation_id",
+                                                      "graph_node_id").gather(rows),
                       iteration.gather(rows).to_frame("iteration")], how="horizontal")
     del ops, iteration, rows
     issued = calls_of(con, t, gaps["pid"], gaps["correlation_id"], ("tid", "start_ns", "end_ns", "name_id"), calls)
@@ -126,7 +127,7 @@ def gap_frame(
         "device_id", start_ns="gap_start", end_ns="start_ns", dur_ns=pl.col("start_ns") - pl.col("gap_start"),
         cause=late_cause["cause"].gather(at).fill_null(5), iteration="iteration", stream_id="stream_id",
         pid="pid", tid="tid", call_start_ns="call_start_ns", next_kind="kind", next_item="item",
-        call=pl.coalesce(late_cause["call"].gather(at), pl.col("call_name_id")).cast(pl.Int64))
+        graph_node_id="graph_node_id", call=pl.coalesce(late_cause["call"].gather(at), pl.col("call_name_id")).cast(pl.Int64))
     del gaps
     kernel_names = con.sql(f"SELECT name_id, name, short_name FROM kernel_names WHERE trace_id = {t}").pl()
     names = {

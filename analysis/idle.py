@@ -127,9 +127,17 @@ def idle_split(
 
 def _with_layers(con: duckdb.DuckDBPyConnection, trace_id: int, gaps: pl.DataFrame,
                  iteration_regex: str) -> pl.DataFrame:
-    """gaps with layer and pass: the NVTX context of the call that issued each gap's work."""
+    """gaps with layer and pass: the NVTX context of the call that issued each gap's work (for a
+    kernel replayed from a CUDA graph, of its capture: `analysis.graphs`)."""
     from traceq.analysis.attribution import point_contexts
+    from traceq.analysis.graphs import node_origins_sql
 
-    points = gaps.select("pid", "tid", t="call_start_ns")
+    points = gaps.select("pid", "tid", t="call_start_ns", time="call_start_ns")
+    if gaps["graph_node_id"].null_count() < gaps.height:
+        origins = con.sql(node_origins_sql(trace_id)).pl()
+        found = (gaps.select("pid", "graph_node_id").with_row_index("row")
+                 .join(origins, on=["pid", "graph_node_id"], how="inner"))
+        points = points.with_columns(tid=points["tid"].scatter(found["row"], found["origin_tid"]),
+                                     t=points["t"].scatter(found["row"], found["origin_ns"]))
     index, contexts = point_contexts(con, trace_id, points, iteration_regex, paths=False)
     return gaps.with_columns(contexts["layer"].gather(index), contexts["pass"].gather(index))

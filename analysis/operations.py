@@ -26,18 +26,23 @@ def gpu_work(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFram
 
     Returns (ops, memops). ops, in no particular order: kind (UInt8, index into KINDS), item
     (kernel_events.name_id for a kernel, the row of `memops` for a copy or set), device_id,
-    stream_id, pid, correlation_id, start_ns, end_ns. memops: op, copy_kind, src_kind,
+    stream_id, pid, correlation_id, start_ns, end_ns, graph_node_id (a kernel's CUDA graph node;
+    null for the rest, and for every row of a trace without graph nodes). memops: op, copy_kind, src_kind,
     dst_kind, bytes (one row per memcpy/memset, `item` of ops points here).
     """
+    from traceq.analysis.graphs import has_graph_nodes
+
     t = int(trace_id)
+    node = "e.graph_node_id" if has_graph_nodes(con, t) else "NULL::BIGINT"  # only graph traces pay for it
     kernels = con.sql(f"""
         SELECT 0::UTINYINT AS kind, e.name_id::UINTEGER AS item, q.device_id, q.stream_id, q.pid,
-               e.correlation_id, e.start_ns, e.end_ns
+               e.correlation_id, e.start_ns, e.end_ns, {node} AS graph_node_id
         FROM kernel_events e JOIN kernel_queues q ON q.trace_id = e.trace_id AND q.queue_id = e.queue_id
         WHERE e.trace_id = {t}""").pl()
     memops = con.sql(f"""
         SELECT CASE op WHEN 'memcpy' THEN 1 ELSE 2 END::UTINYINT AS kind, device_id, stream_id, pid,
-               correlation_id, start_ns, end_ns, op, copy_kind, src_kind, dst_kind, bytes
+               correlation_id, start_ns, end_ns, NULL::BIGINT AS graph_node_id, op, copy_kind, src_kind, dst_kind,
+               bytes
         FROM memops WHERE trace_id = {t}""").pl().with_row_index("item")
     ops = pl.concat([kernels, memops.select(kernels.columns).cast(kernels.schema)])
     return ops, memops.select("op", "copy_kind", "src_kind", "dst_kind", "bytes")

@@ -44,7 +44,7 @@ def projected_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFr
             .drop_nulls("call_start_ns"))
     parts = []
     for (pid, tid), mine in ranges.partition_by("pid", "tid", as_dict=True, maintain_order=True).items():
-        theirs = work.filter((pl.col("pid") == pid) & (pl.col("tid") == tid))
+        theirs = work.filter(pl.col("pid").eq_missing(pid) & pl.col("tid").eq_missing(tid))
         if not theirs.is_empty():
             parts.append(_thread_projection(mine, theirs))
     if not parts:

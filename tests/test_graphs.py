@@ -86,3 +86,11 @@ def test_graph_nodes_are_loaded(sample_store) -> None:
     none = sample_store.execute("SELECT count(*) FROM graph_nodes WHERE trace_id = ?",
                                 [trace_id(sample_store, "alexnet_b256_cudnn")]).fetchall()[0][0]
     assert none == 0
+
+
+def test_idle_gaps_take_the_capture_layers(sample_store) -> None:
+    """`traceq idle --by layer` puts a gap before a replayed kernel in the layer it was captured in."""
+    from traceq.analysis.idle import idle_split
+
+    frame = idle_split(sample_store, trace_id(sample_store, GRAPH), "layer")
+    assert {"conv1", "fc6", "bconv1", "bfc8"} <= set(frame["layer"].drop_nulls())
