@@ -45,16 +45,25 @@ def thread_chains(
     the chain at each time, null outside every range).
     """
     n = len(starts)
-    ended = ends.sort()
-    row = pl.int_range(0, n, dtype=pl.Int64, eager=True)
-    depth = row + 1 - count_at_most(ended, starts)
-    levels = pl.DataFrame({"depth": depth, "row": row}).group_by("depth").agg("row").sort("depth")
-    del depth, row
-    keys = pl.concat([rows + d * (n + 1) for d, rows in zip(levels["depth"], levels["row"], strict=True)])
+    ended, depth, levels, keys = _levels(starts, ends)
+    del depth
     innermost = _last_of_depth(keys, n, starts, ended, times)
     del keys, ended
     chains, chain_of_row = _chains(levels["row"], name_id, n_names)
     return chains, chain_of_row.gather(innermost)
+
+
+def _levels(starts: pl.Series, ends: pl.Series) -> tuple[pl.Series, pl.Series, pl.DataFrame, pl.Series]:
+    """The counts `thread_chains` and `range_tree` start from: (the end times sorted; each row's
+    depth; the rows of each depth, depth 1 first, each in start order; their keys depth * (n + 1)
+    + row, ascending)."""
+    n = len(starts)
+    ended = ends.sort()
+    row = pl.int_range(0, n, dtype=pl.Int64, eager=True)
+    depth = row + 1 - count_at_most(ended, starts)
+    levels = pl.DataFrame({"depth": depth, "row": row}).group_by("depth").agg("row").sort("depth")
+    keys = pl.concat([rows + d * (n + 1) for d, rows in zip(levels["depth"], levels["row"], strict=True)])
+    return ended, depth, levels, keys
 
 
 def _last_of_depth(keys: pl.Series, n: int, starts: pl.Series, ended: pl.Series, times: pl.Series) -> pl.Series:
@@ -111,11 +120,7 @@ def range_tree(starts: pl.Series, ends: pl.Series, times: pl.Series) -> tuple[pl
     range row open at each of `times`, null outside every range), by the same counts and
     searches as `thread_chains`."""
     n = len(starts)
-    ended = ends.sort()
-    row = pl.int_range(0, n, dtype=pl.Int64, eager=True)
-    depth = row + 1 - count_at_most(ended, starts)
-    levels = pl.DataFrame({"depth": depth, "row": row}).group_by("depth").agg("row").sort("depth")
-    keys = pl.concat([rows + d * (n + 1) for d, rows in zip(levels["depth"], levels["row"], strict=True)])
+    ended, depth, levels, keys = _levels(starts, ends)
     parent = pl.repeat(None, n, dtype=pl.Int64, eager=True)
     above = None
     for rows in levels["row"]:
