@@ -95,9 +95,9 @@ def gap_frame(
     reach = pl.col("end_ns").cum_max().shift(1)
     timeline = timeline.with_columns(gap_start=reach.over("device_id") if ops["device_id"].n_unique() > 1 else reach)
     if iterations.len():  # whether each operation is its device's first of its iteration
-        code = (ops["device_id"].rank("dense").cast(pl.Int64) * (len(iterations) + 1) + iteration).gather(
-            timeline["op_row"])
-        timeline = timeline.with_columns(first=code.is_not_null() & code.is_first_distinct())
+        device = ops["device_id"].cast(pl.Int64) - (ops["device_id"].min() or 0)
+        timeline = timeline.with_columns(first=_firsts((device * (len(iterations) + 1) + iteration)
+                                                       .gather(timeline["op_row"])))
     else:
         timeline = timeline.with_columns(first=pl.lit(False))
     gaps = timeline.filter(pl.col("start_ns") > pl.col("gap_start")).drop("end_ns")
@@ -141,6 +141,15 @@ def gap_frame(
     return frame, names
 
 
+def _firsts(code: pl.Series) -> pl.Series:
+    """Whether each value of `code` (nulls never) is its value's first: only where the value
+    changes from the row before can it be, so the (few) changes are searched, not every row."""
+    changes = (code != code.shift(1)).fill_null(True) & code.is_not_null()
+    rows = changes.arg_true()
+    first = code.gather(rows).is_first_distinct()
+    return pl.repeat(False, len(code), eager=True).scatter(rows.filter(first), True)
+
+
 def _by_id(ids: pl.Series, values: pl.Series) -> pl.Series:
     """values placed at their ids (ids 0..n, a few gaps), for gathering by id."""
     size = int(ids.max() or 0) + 1 if len(ids) else 0
@@ -170,7 +179,7 @@ def _iterations(
     if ranges.height == 0 or calls.height == 0:
         return names, pl.repeat(None, ops.height, dtype=pl.UInt32, eager=True)
     by_call = calls.select("pid", "correlation_id", "start_ns")
-    if calls["pid"].n_unique() > 1:
+    if calls["pid"].min() != calls["pid"].max():
         by_call = by_call.sort("pid", "correlation_id")
         in_order = all(part["start_ns"].is_sorted() for part in by_call.partition_by("pid"))
     else:
@@ -179,8 +188,9 @@ def _iterations(
     if not in_order:  # ids do not follow the calls' starts: look each operation's call up
         return names, _iterations_by_time(ops, calls, ranges)
     # per range: the first call (in id order = start order) at or after its start and its end
-    first = last_at_or_before(by_call["pid"], by_call["start_ns"], ranges["pid"], ranges["start_ns"] - 1)
-    past = last_at_or_before(by_call["pid"], by_call["start_ns"], ranges["pid"], ranges["end_ns"] - 1)
+    both = last_at_or_before(by_call["pid"], by_call["start_ns"], pl.concat([ranges["pid"], ranges["pid"]]),
+                             pl.concat([ranges["start_ns"], ranges["end_ns"]]) - 1)
+    first, past = both.head(ranges.height), both.tail(ranges.height)
 
     def next_id(row: pl.Series) -> pl.Series:  # the id after call `row` of the range's process
         following = pl.select(pl.when(row.is_null()).then(0).otherwise(row + 1)).to_series()

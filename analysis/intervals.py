@@ -22,10 +22,11 @@ def last_at_or_before(
     """
     if len(event_time) == 0:
         return pl.repeat(None, len(time), dtype=pl.Int64, eager=True)
-    groups = pl.concat([event_group.unique(), group.unique()]).drop_nulls().unique().sort()
-    if len(groups) <= 1:  # one group: search the times themselves
+    bounds = [v for v in (event_group.min(), event_group.max(), group.min(), group.max()) if v is not None]
+    if len(set(bounds)) <= 1:  # one group: search the times themselves
         event_keys, point_keys, scale = event_time, time, 0
     else:
+        groups = pl.concat([event_group.unique(), group.unique()]).drop_nulls().unique().sort()
         origin = min(v for v in (event_time.min(), time.min()) if v is not None)  # type: ignore[type-var]
         top = max(v for v in (event_time.max(), time.max()) if v is not None)  # type: ignore[type-var]
         bits = max(int(top - origin).bit_length(), 1)
