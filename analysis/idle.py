@@ -57,8 +57,9 @@ def idle_causes(
     totals = _totals(con, trace_id, gaps)
     grand = max(totals.idle_ns, 1)
     # the gaps grouped by their codes first (millions of gaps, a few hundred groups), named after
-    by_call = gaps.group_by("cause", "call").agg(pl.col("dur_ns").sum())
-    by_work = gaps.group_by("cause", "next_kind", "next_item").agg(pl.col("dur_ns").sum())
+    groups = gaps.group_by("cause", "call", "next_kind", "next_item").agg(pl.col("dur_ns").sum())
+    by_call = groups.group_by("cause", "call").agg(pl.col("dur_ns").sum())
+    by_work = groups.group_by("cause", "next_kind", "next_item").agg(pl.col("dur_ns").sum())
     detail_calls = by_call.with_columns(call=names["api"].gather(by_call["call"]))
     detail_work = by_work.select("cause", "dur_ns", waiting=work_names(by_work, names, "kernel_short"))
     per_cause = (gaps.group_by("cause").agg(gaps=pl.len().cast(pl.Int64), total_ns=pl.col("dur_ns").sum(),
@@ -81,9 +82,11 @@ def _totals(con: duckdb.DuckDBPyConnection, trace_id: int, gaps: pl.DataFrame) -
     t = int(trace_id)
     span = con.execute(f"""
         SELECT coalesce(sum(hi - lo), 0), count(*) FROM (
-            SELECT device_id, min(start_ns) AS lo, max(end_ns) AS hi FROM (
-                SELECT q.device_id, e.start_ns, e.end_ns FROM kernel_events e
-                JOIN kernel_queues q ON q.trace_id = e.trace_id AND q.queue_id = e.queue_id WHERE e.trace_id = {t}
+            SELECT device_id, min(lo) AS lo, max(hi) AS hi FROM (
+                SELECT q.device_id, e.lo, e.hi FROM (  -- per queue first: a few rows to join, not every kernel
+                    SELECT queue_id, min(start_ns) AS lo, max(end_ns) AS hi FROM kernel_events
+                    WHERE trace_id = {t} GROUP BY queue_id) e
+                JOIN kernel_queues q ON q.trace_id = {t} AND q.queue_id = e.queue_id
                 UNION ALL SELECT device_id, start_ns, end_ns FROM memops WHERE trace_id = {t})
             GROUP BY device_id)""").fetchall()[0]
     return IdleTotals(span_ns=int(span[0]), idle_ns=int(gaps["dur_ns"].sum()),

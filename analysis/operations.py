@@ -34,11 +34,20 @@ def gpu_work(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFram
 
     t = int(trace_id)
     node = "e.graph_node_id" if has_graph_nodes(con, t) else "NULL::BIGINT"  # only graph traces pay for it
+    # the queue (device, stream, process) of each kernel by row number into the few queues, not a join
+    queues = con.sql(f"SELECT queue_id, device_id, stream_id, pid FROM kernel_queues WHERE trace_id = {t} "
+                     f"ORDER BY queue_id").pl()
     kernels = con.sql(f"""
-        SELECT 0::UTINYINT AS kind, e.name_id::UINTEGER AS item, q.device_id, q.stream_id, q.pid,
-               e.correlation_id, e.start_ns, e.end_ns, {node} AS graph_node_id
-        FROM kernel_events e JOIN kernel_queues q ON q.trace_id = e.trace_id AND q.queue_id = e.queue_id
-        WHERE e.trace_id = {t}""").pl()
+        SELECT 0::UTINYINT AS kind, name_id::UINTEGER AS item, queue_id, correlation_id, start_ns, end_ns,
+               {node.removeprefix("e.")} AS graph_node_id
+        FROM kernel_events WHERE trace_id = {t}""").pl()
+    at = kernels["queue_id"]
+    if not queues["queue_id"].equals(pl.int_range(0, queues.height, dtype=queues["queue_id"].dtype, eager=True)):
+        at = at.replace_strict(queues["queue_id"], pl.int_range(0, queues.height, dtype=pl.UInt32, eager=True))
+    kernels = kernels.select("kind", "item", device_id=queues["device_id"].gather(at),
+                             stream_id=queues["stream_id"].gather(at), pid=queues["pid"].gather(at),
+                             correlation_id="correlation_id", start_ns="start_ns", end_ns="end_ns",
+                             graph_node_id="graph_node_id")
     memops = con.sql(f"""
         SELECT CASE op WHEN 'memcpy' THEN 1 ELSE 2 END::UTINYINT AS kind, device_id, stream_id, pid,
                correlation_id, start_ns, end_ns, NULL::BIGINT AS graph_node_id, op, copy_kind, src_kind, dst_kind,
