@@ -420,7 +420,7 @@ def idle(
     """Why the GPU was idle: every gap classified by what the host was doing (sync, copy, launch-bound, ...)."""
     from traceq.analysis.gaps import gap_frame
     from traceq.analysis.idle import idle_causes, idle_split
-    from traceq.render.table import format_duration
+    from traceq.render.columns import format_duration
 
     def build(con, trace_id: int, trace_name: str):
         regex = _iteration_regex(iteration_regex)
@@ -448,7 +448,7 @@ def launches(
 ) -> None:
     """Launch overhead per kernel: launch call time, queue delay and kernel time, and the tiny kernels."""
     from traceq.analysis.launches import launch_table
-    from traceq.render.table import format_duration
+    from traceq.render.columns import format_duration
 
     def build(con, trace_id: int, trace_name: str):
         frame, totals = launch_table(con, trace_id)
@@ -460,9 +460,6 @@ def launches(
         return frame, title
 
     _show_trace_table(trace, db, fmt, out, build)
-
-
-_WIDE_STATISTICS = ("min", "max", "stddev")
 
 
 @app.command()
@@ -478,11 +475,8 @@ def stats(
     from traceq.analysis.stats import stats_report
 
     def build(con, trace_id: int, trace_name: str):
-        frame = stats_report(con, trace_id, report.value)
-        if format_for(fmt, out) is Format.table and _terminal_width() < 170:  # csv/json keep every column
-            frame = frame.drop([c for c in frame.columns if any(f"{s}_" in c for s in _WIDE_STATISTICS)
-                                or (report is StatsReport.cuda_kern_exec_sum and "median" in c)])
-        return frame, f"{trace_name}: {report.value} (as `nsys stats --report {report.value}`)"
+        return (stats_report(con, trace_id, report.value),
+                f"{trace_name}: {report.value} (as `nsys stats --report {report.value}`)")
 
     _show_trace_table(trace, db, fmt, out, build)
 
@@ -498,7 +492,7 @@ def advise(
     """What to change first: findings ranked by GPU time at stake, with evidence and the usual fix."""
     from traceq.analysis.advise import advise as findings
     from traceq.render.findings import render_findings
-    from traceq.render.table import format_duration
+    from traceq.render.columns import format_duration
 
     with user_errors():
         con = _store(db, read_only=True)
@@ -736,7 +730,7 @@ def _gate(con, a: int, b: int, threshold: float, iteration_regex: str) -> None:
     """The regression gate's verdict: a line on stderr, RegressionError (exit 3) when b is slower."""
     from traceq.analysis.gate import regression_gate
     from traceq.errors import RegressionError
-    from traceq.render.table import format_duration
+    from traceq.render.columns import format_duration
 
     result = regression_gate(con, a, b, threshold, iteration_regex=iteration_regex)
     verdict = (f"b's median iteration {format_duration(result.b_median_ns)} vs a's {format_duration(result.a_median_ns)} "

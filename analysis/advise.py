@@ -81,7 +81,7 @@ def advise(con: duckdb.DuckDBPyConnection, trace_id: int,
 
 
 def _ms(ns: float) -> str:
-    from traceq.render.table import format_duration
+    from traceq.render.columns import format_duration
 
     return format_duration(ns)
 
@@ -104,7 +104,7 @@ def _idle_rule(cause: str, title: str, fix: str) -> Callable[[_Facts], list[Find
         spread = (f", the longest {_ms(row['longest_ns'])}" if cause == "iteration_start"
                   else _per_iteration(facts, row["total_ns"]))
         evidence = (f"{row['gaps']:,} GPU gaps, {_ms(row['total_ns'])} idle{spread}; "
-                    f"calls: {row['calls']}; the work that waited: {row['waiting']}")
+                    f"calls: {row['call_shares']}; the work that waited: {row['work_shares']}")
         return [Finding(cause, title, row["total_ns"], evidence, fix)]
     return rule
 
@@ -118,11 +118,11 @@ def _pageable(facts: _Facts) -> list[Finding]:
         "AND op = 'memcpy' AND (src_kind = 'Pageable' OR dst_kind = 'Pageable')", [facts.trace_id]).fetchall()[0]
     if not row["gaps"] or not copies[0]:
         return []
-    from traceq.render.table import format_bytes
+    from traceq.render.columns import format_bytes
 
     evidence = (f"{copies[0]:,} copies to or from pageable host memory ({format_bytes(copies[1])}, "
                 f"{_ms(copies[2])} of copying); the GPU waited {_ms(row['total_ns'])} for them in "
-                f"{row['gaps']:,} gaps{_per_iteration(facts, row['total_ns'])}; calls: {row['calls']}")
+                f"{row['gaps']:,} gaps{_per_iteration(facts, row['total_ns'])}; calls: {row['call_shares']}")
     fix = ("Pin the host buffers (DataLoader(pin_memory=True), tensor.pin_memory()) and copy with "
            ".to(device, non_blocking=True): pinned copies run on the copy engine without blocking the host")
     return [Finding("pageable_copies", "Copies from pageable memory", row["total_ns"], evidence, fix)]

@@ -29,14 +29,15 @@ class IdleTotals:
 
 def _top_shares(frame: pl.DataFrame, keys: list[str], column: str, label: str, top: int = 3) -> pl.DataFrame:
     """Per group of `keys`: the values of `column` with most dur_ns, with their share:
-    'cudaStreamSynchronize 92%, cudaFree 8%' (the `top` largest, then '…')."""
+    'cudaStreamSynchronize 92%, cudaFree 8%' (the `top` largest, then '+2 more' for the rest)."""
     parts = (frame.drop_nulls(column).group_by([*keys, column]).agg(pl.col("dur_ns").sum())
              .with_columns(share=pl.col("dur_ns") / pl.col("dur_ns").sum().over(keys))
              .sort([*keys, "dur_ns", column], descending=[False] * len(keys) + [True, False])
              .with_columns(text=pl.col(column) + " " + (100 * pl.col("share")).round(0).cast(pl.Int64).cast(pl.String)
                            + "%"))
     return parts.group_by(keys, maintain_order=True).agg(
-        pl.when(pl.len() > top).then(pl.col("text").head(top).str.join(", ") + ", …")
+        pl.when(pl.len() > top).then(pl.col("text").head(top).str.join(", ") + ", +"
+                                     + (pl.len() - top).cast(pl.String) + " more")
         .otherwise(pl.col("text").str.join(", ")).alias(label))
 
 
@@ -48,9 +49,9 @@ def idle_causes(
 
     Columns: cause, gaps, total_ns, pct (share of all idle time, %), span_pct (share of the
     devices' span, %), per_iteration_ns (total_ns over the iterations; null without iteration
-    ranges), longest_ns (the longest gap), calls (for sync and h2d gaps the blocking or copy
-    calls, else the calls that issued the work, with their share of the cause's time), waiting
-    (the work the GPU waited for, by short kernel name or copy kind, with its share). `gaps`:
+    ranges), longest_ns (the longest gap), call_shares (for sync and h2d gaps the blocking or
+    copy calls, else the calls that issued the work, with their share of the cause's time),
+    work_shares (the work the GPU waited for, by short kernel name or copy kind, with its share). `gaps`:
     the trace's `gaps.gap_frame`, when the caller has it already.
     """
     gaps, names = gap_frame(con, trace_id, iteration_regex) if gaps is None else gaps
@@ -66,8 +67,8 @@ def idle_causes(
                                             longest_ns=pl.col("dur_ns").max()))
     frame = (pl.DataFrame({"cause": pl.int_range(0, len(CAUSES), dtype=pl.UInt8, eager=True)})
              .join(per_cause, on="cause", how="left")
-             .join(_top_shares(detail_calls, ["cause"], "call", "calls"), on="cause", how="left")
-             .join(_top_shares(detail_work, ["cause"], "waiting", "waiting"), on="cause", how="left")
+             .join(_top_shares(detail_calls, ["cause"], "call", "call_shares"), on="cause", how="left")
+             .join(_top_shares(detail_work, ["cause"], "waiting", "work_shares"), on="cause", how="left")
              .with_columns(pl.col("gaps", "total_ns").fill_null(0))
              .with_columns(pct=100.0 * pl.col("total_ns") / grand,
                            span_pct=100.0 * pl.col("total_ns") / max(totals.span_ns, 1),
@@ -75,7 +76,7 @@ def idle_causes(
                            else pl.lit(None, pl.Int64))
              .sort("cause"))
     return (frame.select(pl.Series(CAUSES).gather(frame["cause"]).alias("cause"), "gaps", "total_ns", "pct",
-                         "span_pct", "per_iteration_ns", "longest_ns", "calls", "waiting"), totals)
+                         "span_pct", "per_iteration_ns", "longest_ns", "call_shares", "work_shares"), totals)
 
 
 def _totals(con: duckdb.DuckDBPyConnection, trace_id: int, gaps: pl.DataFrame) -> IdleTotals:

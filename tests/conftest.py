@@ -152,6 +152,14 @@ TABLE_COMMANDS = {
     "ru layer kineto": ["ru", "--by", "layer", "-t", "alexnet_b256_kineto"],
     "traffic layer": ["traffic", "--spec", _SPEC, "-t", "alexnet_b256_cudnn"],
     "traffic kernel": ["traffic", "--by", "kernel", "--spec", _SPEC, "-t", "alexnet_b256_cudnn"],
+    "idle": ["idle", "-t", "ddp_resnet18_2gpu"],
+    "idle iteration": ["idle", "--by", "iteration", "-t", "ddp_resnet18_2gpu"],
+    "idle stream": ["idle", "--by", "stream", "-t", "ddp_resnet18_2gpu"],
+    "idle layer": ["idle", "--by", "layer", "-t", "alexnet_b256_cudnn"],
+    "launches": ["launches", "-t", "alexnet_b256_cudnn"],
+    **{f"stats {r}": ["stats", "--report", r, "-t", "ddp_resnet18_2gpu"]
+       for r in ("cuda_api_sum", "cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "cuda_gpu_mem_size_sum", "nvtx_sum",
+                 "nvtx_gpu_proj_sum", "cuda_kern_exec_sum")},
 }
 """Every tabular command (and grouping), as run against `cli_store`."""
 

@@ -115,7 +115,10 @@ def test_stats_cli(tmp_path) -> None:
     rows = json.loads(runner.invoke(app, ["stats", "--report", "cuda_api_sum", "--db", str(db), "-f", "json"]).stdout)
     assert rows[0]["name"] and {"pct", "total_ns", "calls", "median_ns", "stddev_ns"} <= set(rows[0])
     narrow = runner.invoke(app, ["stats", "-r", "cuda_kern_exec_sum", "--db", str(db)], env={"COLUMNS": "120"})
-    assert narrow.exit_code == 0 and "Kernel name" in narrow.stdout
+    headers = [h.strip() for h in next(line for line in narrow.stdout.splitlines() if line.startswith("┃"))
+               .split("┃")[1:-1]]
+    assert narrow.exit_code == 0 and {"Kernel", "API", "Total avg", "Kernel avg"} <= set(headers), headers
+    assert not {"Kernel StdDev", "Total max", "API min"} & set(headers), headers
     assert all(len(line) <= 120 for line in narrow.stdout.splitlines())
     wrong = runner.invoke(app, ["stats", "-r", "cuda_gpu_sum", "--db", str(db)])
     assert wrong.exit_code == 2

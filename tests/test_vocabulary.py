@@ -102,9 +102,12 @@ def test_occupancy_speaks_like_ru(outputs: dict[str, tuple[list[dict], str]]) ->
 
 def test_stage_names_are_the_same_everywhere(outputs: dict[str, tuple[list[dict], str]]) -> None:
     """The stages read 'data copy' and 'weight update' in every table, as headers (stages) and
-    as values (compare --by stage); csv and json keep the snake_case keys."""
+    as values (compare --by stage); csv and json keep the snake_case keys. The nsys reports of
+    `stats` print NVTX range names as the trace wrote them (':data_copy'), so there only the
+    headers are checked."""
     for name, (_, table) in outputs.items():
-        assert "data_copy" not in table and "weight_update" not in table, name
+        text = " ".join(_headers(table)) if name.startswith("stats nvtx") else table
+        assert "data_copy" not in text and "weight_update" not in text, name
     stage_headers = [h.lower() for h in _headers(outputs["stages"][1])]
     compare_rows = [line.split("│")[1].strip() for line in outputs["compare stage"][1].splitlines()
                     if line.startswith("│")]
