@@ -95,6 +95,12 @@ def _cause(facts: _Facts, cause: str) -> dict[str, object]:
     return facts.idle.filter(pl.col("cause") == cause).row(0, named=True)
 
 
+def _first(shares: str | None, n: int = 3) -> str:
+    """The first `n` items of an idle shares list, then '+N' for the rest (as tables cut lists)."""
+    items = (shares or "").split(", ")
+    return ", ".join(items[:n]) + (f" +{len(items) - n}" if len(items) > n else "")
+
+
 def _idle_rule(cause: str, title: str, fix: str) -> Callable[[_Facts], list[Finding]]:
     """A finding of the GPU's idle time of one cause (`analysis.gaps.CAUSES`)."""
     def rule(facts: _Facts) -> list[Finding]:
@@ -104,7 +110,7 @@ def _idle_rule(cause: str, title: str, fix: str) -> Callable[[_Facts], list[Find
         spread = (f", the longest {_ms(row['longest_ns'])}" if cause == "iteration_start"
                   else _per_iteration(facts, row["total_ns"]))
         evidence = (f"{row['gaps']:,} GPU gaps, {_ms(row['total_ns'])} idle{spread}; "
-                    f"calls: {row['call_shares']}; the work that waited: {row['work_shares']}")
+                    f"calls: {_first(row['call_shares'])}; the work that waited: {_first(row['work_shares'])}")
         return [Finding(cause, title, row["total_ns"], evidence, fix)]
     return rule
 
@@ -122,7 +128,7 @@ def _pageable(facts: _Facts) -> list[Finding]:
 
     evidence = (f"{copies[0]:,} copies to or from pageable host memory ({format_bytes(copies[1])}, "
                 f"{_ms(copies[2])} of copying); the GPU waited {_ms(row['total_ns'])} for them in "
-                f"{row['gaps']:,} gaps{_per_iteration(facts, row['total_ns'])}; calls: {row['call_shares']}")
+                f"{row['gaps']:,} gaps{_per_iteration(facts, row['total_ns'])}; calls: {_first(row['call_shares'])}")
     fix = ("Pin the host buffers (DataLoader(pin_memory=True), tensor.pin_memory()) and copy with "
            ".to(device, non_blocking=True): pinned copies run on the copy engine without blocking the host")
     return [Finding("pageable_copies", "Copies from pageable memory", row["total_ns"], evidence, fix)]
@@ -151,7 +157,7 @@ def _tiny_kernels(facts: _Facts) -> list[Finding]:
 
 def _classified(facts: _Facts) -> pl.DataFrame:
     """Per kernel name: launches, time (total_ns), per-launch mean, short (the short name),
-    library, operation, gemm_variant, tensor_cores."""
+    library, operation, gemm_variant, tensor_cores, precision (what the name says, else null)."""
     from traceq.analysis.classify import classify_names
 
     t = int(facts.trace_id)
@@ -159,7 +165,8 @@ def _classified(facts: _Facts) -> pl.DataFrame:
                           f"FROM kernel_summary s LEFT JOIN (SELECT name, any_value(short_name) AS short "
                           f"FROM kernel_names WHERE trace_id = {t} GROUP BY name) n USING (name) "
                           f"WHERE s.trace_id = {t} AND s.name_by = 'demangled'").pl()
-    classes = classify_names(names["name"]).select("name", "library", "operation", "gemm_variant", "tensor_cores")
+    classes = classify_names(names["name"]).select("name", "library", "operation", "gemm_variant", "tensor_cores",
+                                                  "precision")
     return names.join(classes, on="name", how="left")
 
 
@@ -171,10 +178,11 @@ def _label(row: dict[str, object]) -> str:
 
 
 def _fp32_math(facts: _Facts) -> list[Finding]:
-    """Convolution and GEMM kernels without tensor cores on a GPU that has them for their type."""
+    """Convolution and GEMM kernels in FP32 (by name, or a name that says no precision) without
+    tensor cores, on a GPU that has them."""
     from traceq.analysis.peaks import trace_peaks
 
-    peaks = trace_peaks(facts.con, facts.trace_id, "float32")
+    peaks = trace_peaks(facts.con, facts.trace_id)
     if peaks.is_empty():
         return []
     gpu = peaks.sort("sm_count", descending=True).row(0, named=True)
@@ -183,11 +191,12 @@ def _fp32_math(facts: _Facts) -> list[Finding]:
         return []
     kernels = _classified(facts).filter(pl.col("operation").is_in(["gemm", "convolution"])
                                         & ~pl.col("tensor_cores").fill_null(False)
+                                        & pl.col("precision").fill_null("fp32").eq("fp32")
                                         & ~pl.col("name").str.contains("(?i)reduce|init|workspace"))
     if kernels.is_empty():
         return []
     tf32 = cc >= TF32_CC
-    ratio = gpu["tensor_peak_flops"] / gpu["fp32_peak_flops"] if tf32 and gpu["tensor_peak_flops"] else None
+    ratio = gpu["peak_tf32"] / gpu["peak_fp32"] if tf32 and gpu["peak_tf32"] and gpu["peak_fp32"] else None
     total = float(kernels["total_ns"].sum())
     at_stake = total * (1 - 1 / ratio) if ratio else total / 2
     top = ", ".join(f"{_label(r)} {_ms(r['total_ns'])}" for r in kernels.sort("total_ns", descending=True)

@@ -27,18 +27,16 @@ class IdleTotals:
     devices: int
 
 
-def _top_shares(frame: pl.DataFrame, keys: list[str], column: str, label: str, top: int = 3) -> pl.DataFrame:
-    """Per group of `keys`: the values of `column` with most dur_ns, with their share:
-    'cudaStreamSynchronize 92%, cudaFree 8%' (the `top` largest, then '+2 more' for the rest)."""
+def _shares(frame: pl.DataFrame, keys: list[str], column: str, label: str) -> pl.DataFrame:
+    """Per group of `keys`: every value of `column`, by dur_ns, with its share:
+    'cudaStreamSynchronize 92%, cudaFree 8%, cudaMemcpy <1%' (a table cuts the list: 'a, b +1')."""
+    percent = (100 * pl.col("share")).round(0).cast(pl.Int64)
     parts = (frame.drop_nulls(column).group_by([*keys, column]).agg(pl.col("dur_ns").sum())
              .with_columns(share=pl.col("dur_ns") / pl.col("dur_ns").sum().over(keys))
              .sort([*keys, "dur_ns", column], descending=[False] * len(keys) + [True, False])
-             .with_columns(text=pl.col(column) + " " + (100 * pl.col("share")).round(0).cast(pl.Int64).cast(pl.String)
-                           + "%"))
-    return parts.group_by(keys, maintain_order=True).agg(
-        pl.when(pl.len() > top).then(pl.col("text").head(top).str.join(", ") + ", +"
-                                     + (pl.len() - top).cast(pl.String) + " more")
-        .otherwise(pl.col("text").str.join(", ")).alias(label))
+             .with_columns(text=pl.col(column) + " " + pl.when(percent < 1).then(pl.lit("<1"))
+                           .otherwise(percent.cast(pl.String)) + "%"))
+    return parts.group_by(keys, maintain_order=True).agg(pl.col("text").str.join(", ").alias(label))
 
 
 def idle_causes(
@@ -67,8 +65,8 @@ def idle_causes(
                                             longest_ns=pl.col("dur_ns").max()))
     frame = (pl.DataFrame({"cause": pl.int_range(0, len(CAUSES), dtype=pl.UInt8, eager=True)})
              .join(per_cause, on="cause", how="left")
-             .join(_top_shares(detail_calls, ["cause"], "call", "call_shares"), on="cause", how="left")
-             .join(_top_shares(detail_work, ["cause"], "waiting", "work_shares"), on="cause", how="left")
+             .join(_shares(detail_calls, ["cause"], "call", "call_shares"), on="cause", how="left")
+             .join(_shares(detail_work, ["cause"], "waiting", "work_shares"), on="cause", how="left")
              .with_columns(pl.col("gaps", "total_ns").fill_null(0))
              .with_columns(pct=100.0 * pl.col("total_ns") / grand,
                            span_pct=100.0 * pl.col("total_ns") / max(totals.span_ns, 1),
