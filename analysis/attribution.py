@@ -2,8 +2,8 @@
 
 A GPU operation belongs to the ranges that enclose the CPU call that launched it
 (`kernel_launches.launch_start_ns`); a kernel replayed from a CUDA graph, to its thread's ranges
-as they were when the graph was captured (`analysis.graphs`). Two kinds of enclosing are used, because of how our traces
-are recorded (see the reference traces' README):
+as they were when the graph was captured (`analysis.graphs`). Two kinds of enclosing are used,
+because of how our traces are recorded (see the reference traces' README):
 
 - **by thread**: the `pushpop` ranges open on the launching thread (same pid and tid) at the
   launch time. These give the layer (the innermost range that is not an iteration or stage

@@ -10,6 +10,7 @@ import pytest
 from conftest import SAMPLES, trace_id
 
 from traceq.analysis.attribution import attribute_points, kernel_attribution
+from traceq.analysis.graphs import kernel_points_sql
 from traceq.analysis.layers import layer_times
 
 WITH_LAYER_RANGES = [p.stem for p in sorted(SAMPLES.glob("*.sqlite")) if not p.stem.startswith("ddp")]
@@ -17,29 +18,32 @@ HOOKED = [name for name in WITH_LAYER_RANGES if name.startswith(("alexnet", "len
 
 
 def _launches(con, tid: int, where: str) -> set[int]:
-    """kernel_ids whose launch call satisfies `where` (SQL over k: kernel_launches, s: the stage
-    range enclosing the launch, by time on any thread of the process)."""
+    """kernel_ids whose launch point satisfies `where` (SQL over k: kernel_launches with the
+    point attribution takes, point_tid and point_ns: the launch call, or for a kernel replayed
+    from a CUDA graph where it was captured (tests/test_graphs.py checks those); s: the stage
+    range enclosing the point, by time on any thread of the process)."""
+    points = kernel_points_sql(con, tid, "k.kernel_id, k.trace_id, k.pid")
     return {r[0] for r in con.execute(f"""
-        SELECT k.kernel_id FROM kernel_launches k JOIN nvtx s
+        SELECT k.kernel_id FROM ({points}) k JOIN nvtx s
           ON s.trace_id = k.trace_id AND s.pid = k.pid AND s.kind = 'pushpop'
          AND s.name IN ('forward', 'backward', 'weight_update')
-         AND s.start_ns <= k.launch_start_ns AND k.launch_start_ns < s.end_ns
-        WHERE k.trace_id = ? AND ({where})""", [tid]).fetchall()}
+         AND s.start_ns <= k.point_ns AND k.point_ns < s.end_ns
+        WHERE ({where})""").fetchall()}
 
 
 def _outside_layers() -> str:
     """SQL: no layer range (not an iteration or stage range) encloses the launch on its thread."""
     return """NOT EXISTS (SELECT 1 FROM nvtx r WHERE r.trace_id = k.trace_id AND r.pid = k.pid
-              AND r.tid = k.launch_tid AND r.kind = 'pushpop' AND r.domain IS NULL
+              AND r.tid = k.point_tid AND r.kind = 'pushpop' AND r.domain IS NULL
               AND r.name NOT IN ('forward', 'backward', 'weight_update', 'data_copy')
               AND r.name NOT LIKE 'iteration %'
-              AND r.start_ns <= k.launch_start_ns AND k.launch_start_ns < r.end_ns)"""
+              AND r.start_ns <= k.point_ns AND k.point_ns < r.end_ns)"""
 
 
 def _layer_ranges(stage_side: str) -> str:
     """SQL: layer ranges of the launch's stage instance s, on any thread of the process, that
     ended before the launch ('before') or start after it ('after')."""
-    when = "r.end_ns <= k.launch_start_ns" if stage_side == "before" else "r.start_ns > k.launch_start_ns"
+    when = "r.end_ns <= k.point_ns" if stage_side == "before" else "r.start_ns > k.point_ns"
     return f"""(SELECT r.name FROM nvtx r WHERE r.trace_id = k.trace_id AND r.pid = k.pid AND r.kind = 'pushpop'
                AND r.domain IS NULL AND r.name NOT IN ('forward', 'backward', 'weight_update', 'data_copy')
                AND r.name NOT LIKE 'iteration %' AND r.start_ns >= s.start_ns AND r.end_ns <= s.end_ns
@@ -65,10 +69,11 @@ def test_kernels_outside_layer_ranges_follow_the_rules(sample_store, name: str) 
     assert placed["rule: loss"] == loss and loss
     by_id = frame.filter(pl.col("kernel_id").is_in(list(after))).select("kernel_id", "layer")
     last_closed = dict(sample_store.execute(f"""
-        SELECT k.kernel_id, {_layer_ranges('before')} FROM kernel_launches k JOIN nvtx s
+        SELECT k.kernel_id, {_layer_ranges('before')}
+        FROM ({kernel_points_sql(sample_store, t, "k.kernel_id, k.trace_id, k.pid")}) k JOIN nvtx s
           ON s.trace_id = k.trace_id AND s.pid = k.pid AND s.kind = 'pushpop' AND s.name = 'backward'
-         AND s.start_ns <= k.launch_start_ns AND k.launch_start_ns < s.end_ns
-        WHERE k.trace_id = ? AND {outside}""", [t]).fetchall())
+         AND s.start_ns <= k.point_ns AND k.point_ns < s.end_ns
+        WHERE {outside}""").fetchall())
     assert all(layer == last_closed[kernel] for kernel, layer in by_id.iter_rows())
     assert set(frame.filter(pl.col("attribution") == "rule: weight update")["layer"]) <= {"optimizer"}
 
