@@ -11,6 +11,7 @@ do not add up.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -141,7 +142,7 @@ def _tiny_kernels(facts: _Facts) -> list[Finding]:
     table, totals = launch_table(facts.con, facts.trace_id)
     if not totals["launches"] or totals["tiny_pct"] < 100 * TINY_SHARE:
         return []
-    tiny = table.filter(pl.col("tiny") > 0).join(_classified(facts).select("name", "short"), on="name", how="left")
+    tiny = table.filter(pl.col("tiny") > 0).join(_classified(facts).select("name", "label"), on="name", how="left")
     overhead = float((tiny["api_ns"] * tiny["tiny"] / tiny["launches"]).sum()) - totals["tiny_kernel_ns"]
     n = max(facts.totals.iterations, 1)
     top = ", ".join(f"{_label(r)} x{r['tiny'] // n:,}" for r in tiny.sort("tiny", descending=True).head(3)
@@ -157,7 +158,8 @@ def _tiny_kernels(facts: _Facts) -> list[Finding]:
 
 def _classified(facts: _Facts) -> pl.DataFrame:
     """Per kernel name: launches, time (total_ns), per-launch mean, short (the short name),
-    library, operation, gemm_variant, tensor_cores, precision (what the name says, else null)."""
+    library, operation, gemm_variant, tensor_cores, precision (what the name says, else null),
+    label (how evidence names it: the short name, or `_telling_name` where names share it)."""
     from traceq.analysis.classify import classify_names
 
     t = int(facts.trace_id)
@@ -167,13 +169,48 @@ def _classified(facts: _Facts) -> pl.DataFrame:
                           f"WHERE s.trace_id = {t} AND s.name_by = 'demangled'").pl()
     classes = classify_names(names["name"]).select("name", "library", "operation", "gemm_variant", "tensor_cores",
                                                   "precision")
-    return names.join(classes, on="name", how="left")
+    telling = pl.Series([_telling_name(n) for n in names["name"]], dtype=pl.String)  # one per kernel name
+    shared = pl.col("short").is_null() | (pl.len().over("short") > 1)
+    return names.join(classes, on="name", how="left").with_columns(
+        label=pl.when(shared).then(telling).otherwise(pl.col("short")))
+
+
+def _telling_name(name: str) -> str:
+    """A kernel name that tells apart kernels of one short name (`vectorized_elementwise_kernel`,
+    `Kernel2`): the function's unqualified name with its first template argument that is not a
+    number, itself unqualified and without its parameter list:
+    'vectorized_elementwise_kernel<CUDAFunctor_add<float>>',
+    'Kernel2<cutlass_80_simt_sgemm_32x128_8x5_tn_align1>'; the name itself without templates."""
+    name = re.sub(r"<unnamed>::|\(anonymous namespace\)::", "", name)
+    depth, cut, args, start = 0, -1, [], 0
+    for i, c in enumerate(name):  # the top-level template argument list: a few hundred characters
+        if c in "<([":
+            depth += 1
+            if c == "<" and depth == 1:
+                cut, start = i, i + 1
+        elif c in ">)]":
+            depth -= 1
+            if c == ">" and depth == 0 and cut >= 0:
+                args.append(name[start:i])
+                break
+        elif c == "," and depth == 1 and cut >= 0:
+            args.append(name[start:i])
+            start = i + 1
+    if cut < 0:
+        return name
+    function = re.sub(r"^.*\s", "", name[:cut]).rsplit("::", 1)[-1]
+    for arg in (a.strip() for a in args):
+        if arg and not re.fullmatch(r"(\([a-z ]+\))?-?\d+[a-zA-Z]*", arg):
+            arg = re.sub(r"(::\[|::\{|(?<=[\w>])\().*$", "", arg)  # a lambda's or function's parameters
+            arg = re.sub(r"\b[A-Za-z_]\w*::|^void ", "", arg)
+            return f"{function}<{arg}>"
+    return function
 
 
 def _label(row: dict[str, object]) -> str:
-    """A kernel as evidence names it: its short name (templates and arguments dropped), cut to 64
-    characters."""
-    name = str(row.get("short") or row["name"])
+    """A kernel as evidence names it: its short name (templates and arguments dropped), or where
+    kernels share that, `_telling_name`; cut to 64 characters."""
+    name = str(row.get("label") or row.get("short") or row["name"])
     return name if len(name) <= 64 else name[:63] + "…"
 
 
@@ -295,7 +332,7 @@ def _low_ru(facts: _Facts) -> list[Finding]:
     except TraceqError:  # no GPU description
         return []
     low = (ru.filter(pl.col("ru") < LOW_RU).with_columns(waste_ns=pl.col("total_ns") * (1 - pl.col("ru")))
-           .sort("waste_ns", descending=True).join(_classified(facts).select("name", "short"), on="name", how="left",
+           .sort("waste_ns", descending=True).join(_classified(facts).select("name", "label"), on="name", how="left",
                                                    maintain_order="left"))
     if low.is_empty():
         return []

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import sample, trace_id
-from traceq.analysis.advise import MIN_SHARE, RULES, advise
+from traceq.analysis.advise import MIN_SHARE, RULES, _telling_name, advise
 from traceq.cli import app
 
 # rule -> (a trace where it must fire, one where it must not); h2d_pinned fires on none of the
@@ -73,3 +73,22 @@ def test_advise_cli(tmp_path) -> None:
     assert all(len(line) <= 100 for line in text.stdout.splitlines())
     rows = json.loads(runner.invoke(app, ["advise", "--db", str(db), "-f", "json"]).stdout)
     assert rows[0]["rank"] == 1 and {"title", "time_ns", "pct", "evidence", "fix", "rule"} <= set(rows[0])
+
+
+def test_evidence_tells_kernels_of_one_short_name_apart(sample_store) -> None:
+    """badloop_mlp's storm is several elementwise kernels, all `vectorized_elementwise_kernel`
+    by short name: the evidence names them by their functor (the export's demangled names)."""
+    con = sqlite3.connect(f"file:{sample('badloop_mlp.sqlite')}?mode=ro", uri=True)
+    names = [n for (n,) in con.execute("SELECT DISTINCT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                                       "JOIN StringIds s ON s.id = k.demangledName")]
+    con.close()
+    assert sum("vectorized_elementwise_kernel<" in n for n in names) >= 3
+    assert {_telling_name(n) for n in names} >= {
+        "vectorized_elementwise_kernel<FillFunctor<float>>",
+        "vectorized_elementwise_kernel<CUDAFunctorOnSelf_add<float>>",
+        "Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nt_align1>"}
+    frame, _ = advise(sample_store, trace_id(sample_store, "badloop_mlp"))
+    storm = frame.filter(frame["rule"] == "tiny_kernels")["evidence"][0].split("most per iteration: ")[1]
+    kernels = [part.rsplit(" x", 1)[0] for part in storm.split(", vectorized")]
+    assert len(kernels) == 3 and len(set(kernels)) == 3, storm
+    assert "FillFunctor<float>>" in storm
