@@ -1,8 +1,39 @@
-"""traceq: GPU trace analysis from Nsight Systems and nvprof exports.
+"""traceq: GPU trace analysis from Nsight Systems, nvprof and PyTorch profiler traces.
 
-Library use mirrors the CLI: `traceq.store.open_store()` gives a DuckDB connection,
-`traceq.ingest.load_trace()` loads a file into it, and the functions in `traceq.analysis`
-turn the store into Polars DataFrames.
+    import traceq
+    t = traceq.open("traceq.duckdb").trace("alexnet_b256_cudnn")
+    t.layers()            # a polars DataFrame: GPU time per layer and pass
+
+`traceq.open` and `traceq.load` give a Store; its Traces have one method per `traceq` command,
+each returning a polars DataFrame (docs/api.md). The modules behind them stay importable:
+`traceq.store`, `traceq.ingest`, `traceq.analysis`, `traceq.render`. Names here are imported on
+first use, so `import traceq` (and the `traceq` command) stays fast.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from traceq.errors import (MissingDataError, NotFoundError, StoreError, TraceFormatError, TraceqError,
+                           TraceqWarning)
+
 __version__ = "0.1.0"
+
+_API = ("Store", "Trace", "load", "occupancy", "open", "use_rules")
+_MODULES = ("analysis", "api", "cli", "errors", "ingest", "render", "store")
+
+__all__ = [*_API, "MissingDataError", "NotFoundError", "StoreError", "TraceFormatError", "TraceqError",
+           "TraceqWarning", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        return getattr(importlib.import_module("traceq.api"), name)
+    if name in _MODULES:
+        return importlib.import_module(f"traceq.{name}")
+    raise AttributeError(f"module 'traceq' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -12,6 +12,7 @@ import re
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
@@ -23,12 +24,14 @@ from typer.core import TyperCommand
 
 from traceq import __version__
 from traceq.analysis.choices import CompareBy, GroupBy, IdleBy, MemoryBy, NameBy, Precision, StatsReport, TrafficBy
-from traceq.errors import TraceqError
+from traceq.api import Store, Trace
+from traceq.errors import TraceqError, TraceqWarning
 from traceq.render import Format, format_for, render
-from traceq.store import default_store_path, delete_trace, first_row, open_store, resolve_trace
+from traceq.store import default_store_path
 
-# Commands import their analyses when they run: importing them all (and polars with them) would
-# take longer than a whole `traceq top`. Option types come from the light analysis.choices.
+# Each command calls one method of traceq.api (a Store's or a Trace's) and renders what it
+# returns; the API imports the analyses (and polars with them) only when a method runs, so a
+# quick `traceq top` never imports them. Option types come from the light analysis.choices.
 
 
 class _Command(TyperCommand):
@@ -91,9 +94,19 @@ def _err(message: str) -> None:
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn a TraceqError into one line on stderr and its exit status (1; 3 for a failed gate)."""
+    """Turn a TraceqError into one line on stderr and its exit status (1; 3 for a failed gate), and
+    each TraceqWarning the API gives into a `traceq: note: ...` line."""
     try:
-        yield
+        with warnings.catch_warnings(record=True) as notes:
+            warnings.simplefilter("always", TraceqWarning)
+            try:
+                yield
+            finally:
+                for note in notes:
+                    if issubclass(note.category, TraceqWarning):
+                        _err(f"note: {note.message}")
+                    else:
+                        warnings.showwarning(note.message, note.category, note.filename, note.lineno)
     except TraceqError as e:
         _err(str(e))
         raise typer.Exit(code=e.exit_code) from None
@@ -102,8 +115,8 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(code=130) from None
 
 
-def _store(db: Path | None, **kwargs: bool):  # -> duckdb.DuckDBPyConnection
-    return open_store(db or default_store_path(), on_wait=_err, **kwargs)
+def _store(db: Path | None, **kwargs: bool) -> Store:
+    return Store(db or default_store_path(), on_wait=_err, **kwargs)
 
 
 def _emit(text: str, out: Path | None) -> None:
@@ -119,14 +132,12 @@ def _emit(text: str, out: Path | None) -> None:
 
 def _show_trace_table(
     trace: str | None, db: Path | None, fmt: Format | None, out: Path | None,
-    build: Callable[[object, int, str], tuple[object, str]],
+    build: Callable[[Trace], tuple[object, str]],
 ) -> None:
-    """The body every per-trace command shares: open the store read-only, resolve the trace,
-    `build(con, trace_id, trace_name) -> (frame, title)`, render and write it."""
+    """The body every per-trace command shares: open the store read-only, find the trace,
+    `build(trace) -> (frame, title)`, render and write it."""
     with user_errors():
-        con = _store(db, read_only=True)
-        trace_id, trace_name = resolve_trace(con, trace)
-        frame, title = build(con, trace_id, trace_name)
+        frame, title = build(_store(db).trace(trace))
         _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
 
 
@@ -210,35 +221,30 @@ def load(
     export: Annotated[bool, typer.Option(help="Run `nsys export` first on .nsys-rep/.qdrep files")] = False,
     python_functions: Annotated[bool, typer.Option(
         "--python-functions", help="Kineto traces: keep the python_function events (with_stack=True) as ranges")] = False,
+    attribute: Annotated[Optional[bool], typer.Option(
+        "--attribute/--no-attribute", show_default=False,
+        help="Keep each launch's layer, pass, library, ... in the store [default: for traces of up to 1M kernels; "
+             "above, `traceq attribute` does]")] = None,
 ) -> None:
     """Load trace files into the store (one transaction each: all or nothing)."""
-    from traceq.ingest import READERS, export_report, load_trace, reader_for
+    from traceq.ingest import export_report
     from traceq.ingest.detect import NSYS_REPORT_MAGIC, check_file
 
     with user_errors():
         if name is not None and len(paths) > 1:
             raise typer.BadParameter("--name needs exactly one file", param_hint="--name")
-        store_path = db or default_store_path()
+        store = _store(db, lazy=True)
         for path in paths:
             if export:
                 check_file(path)
                 if path.open("rb").read(len(NSYS_REPORT_MAGIC)) == NSYS_REPORT_MAGIC:
                     path = export_report(path)
-            reader_for(path, READERS)  # reject bad input before the store is touched
-            existed = store_path.exists()
-            con = _store(store_path, create=True)
             progress = _LazyProgress(f"loading {path.name}")
             try:
-                result = load_trace(con, path, name=name, replace=replace, progress=progress,
-                                    python_functions=python_functions)
-            except BaseException:
+                result = store.load(path, name=name, replace=replace, progress=progress,
+                                    python_functions=python_functions, attribute=attribute).load_result
+            finally:
                 progress.close()
-                con.close()
-                if not existed:
-                    _remove_store(store_path)
-                raise
-            progress.close()
-            con.close()
             if result.status == "already_loaded":
                 typer.echo(f"{path} is already loaded as {result.name!r} (trace {result.trace_id}); "
                            "nothing changed (use --replace to load it again)")
@@ -252,27 +258,16 @@ def load(
             )
 
 
-def _remove_store(path: Path) -> None:
-    for p in (path, path.with_name(path.name + ".wal")):
-        try:
-            p.unlink()
-        except FileNotFoundError:
-            pass
-
-
 @app.command()
 def traces(db: DbOpt = None, fmt: FormatOpt = None, out: OutOpt = None) -> None:
     """List the traces in the store."""
-    from traceq.analysis.traces import list_traces
-
     with user_errors():
-        con = _store(db, read_only=True)
-        frame = list_traces(con)
+        store = _store(db)
+        frame = store.traces()
         fmt = format_for(fmt, out)
         if fmt is Format.table:
             frame = frame.drop("sha256", "source_path", "loaded_at")
-        _emit(render(frame, fmt, title=f"{len(frame)} trace(s) in {db or default_store_path()}",
-                     width=_terminal_width()), out)
+        _emit(render(frame, fmt, title=f"{len(frame)} trace(s) in {store.path}", width=_terminal_width()), out)
 
 
 @app.command()
@@ -289,70 +284,25 @@ def top(
     out: OutOpt = None,
 ) -> None:
     """The heaviest kernels of a trace by total GPU time (like `nsys stats` cuda_gpu_kern_sum)."""
-    from traceq.analysis.kernels import kernel_time_total, top_instances_relation, top_kernels_relation
     from traceq.render.columns import format_duration
 
-    # Rankings stay DuckDB relations unless NVTX context is joined: without polars, `traceq top`
-    # on a big trace (library column only) runs in a fraction of a second.
-    def build(con, trace_id: int, trace_name: str):
-        attribute = context
-        if context is None:  # NVTX attribution costs about a second per million kernels; names cost nothing
-            kernels = first_row(con, "SELECT kernel_count FROM traces WHERE trace_id = ?", [trace_id])[0] or 0
-            attribute = kernels <= AUTO_CONTEXT_MAX_KERNELS
-            if not attribute:
-                _err(f"note: {kernels:,} kernels: layer and pass columns left out "
-                     "(NVTX attribution takes a while at this size); --context adds them")
+    # a DuckDB relation: without polars, `traceq top` on a big trace (library column only) runs
+    # in a fraction of a second
+    def build(t: Trace):
+        ranking = t.top_relation(k, by, instances=instances, context=context)
         if instances:
-            launches = top_instances_relation(con, trace_id, k)
-            title = f"{trace_name}: the {len(launches)} longest kernel launches"
-            if attribute:
-                return _with_instance_context(con, trace_id, launches.pl()), title
-            return (launches if context is False else _with_library(con, launches)), title
-        ranking = top_kernels_relation(con, trace_id, k, by)
-        total = kernel_time_total(con, trace_id)
-        title = (f"{trace_name}: top {len(ranking)} kernels by total time "
-                 f"(all kernels: {format_duration(total)} of GPU time)")
-        if context is not False:
-            ranking = (_with_kernel_context(con, trace_id, ranking.pl(), by) if attribute
-                       else _with_library(con, ranking))
-        return ranking, title
+            return ranking, f"{t.name}: the {len(ranking)} longest kernel launches"
+        return ranking, (f"{t.name}: top {len(ranking)} kernels by total time "
+                         f"(all kernels: {format_duration(t.kernel_time_ns())} of GPU time)")
 
     _show_trace_table(trace, db, fmt, out, build)
 
 
-AUTO_CONTEXT_MAX_KERNELS = 1_000_000
-"""Above this many kernels `traceq top` shows the library alone unless --context is given."""
+def _iteration_regex(value: str | None) -> str:
+    """For the commands that call their analyses directly (not yet through traceq.api)."""
+    from traceq.analysis.attribution import ITERATION_REGEX
 
-
-def _with_library(con, ranking):  # (DuckDBPyRelation) -> DuckDBPyRelation
-    """The library column alone: the names in `ranking` (a few rows) classified, no attribution."""
-    from traceq.analysis.classify import classify
-
-    names = list(dict.fromkeys(name for (name,) in ranking.project("name").fetchall()))
-    if not names:
-        return ranking.project("*, NULL::VARCHAR AS library")
-    values = ", ".join(["(?, ?)"] * len(names))  # joined in DuckDB: the ranking stays a relation
-    libraries = con.sql(f"SELECT * FROM (VALUES {values}) AS l(name, library)",
-                        params=[value for name in names for value in (name, classify(name).library)])
-    return ranking.join(libraries, "name", how="left").order("rank")
-
-
-def _with_kernel_context(con, trace_id: int, frame, by: NameBy):  # -> pl.DataFrame
-    from traceq.analysis.layers import kernel_context
-
-    column = {NameBy.demangled: "name", NameBy.short: "short_name"}.get(NameBy(by))
-    if column is None:  # mangled names: no layer context
-        return frame
-    context = kernel_context(con, trace_id, column)
-    return frame.join(context, on="name", how="left", maintain_order="left")
-
-
-def _with_instance_context(con, trace_id: int, frame):  # -> pl.DataFrame
-    from traceq.analysis.layers import instance_context
-
-    joined = frame.join(instance_context(con, trace_id), on="kernel_id", how="left", maintain_order="left")
-    first = ["rank", "layer", "pass", "name", "dur_ns"]  # the paper's Table 3: layer, function, time
-    return joined.select(*first, *[c for c in joined.columns if c not in first])
+    return ITERATION_REGEX if value is None else value
 
 
 IterOpt = Annotated[
@@ -360,23 +310,14 @@ IterOpt = Annotated[
 ]
 
 
-def _iteration_regex(value: str | None) -> str:
-    from traceq.analysis.attribution import ITERATION_REGEX
-
-    return ITERATION_REGEX if value is None else value
-
-
 @app.command()
 def layers(trace: TraceOpt = None, db: DbOpt = None, iteration_regex: IterOpt = None,
            fmt: FormatOpt = None, out: OutOpt = None) -> None:
     """GPU time per NVTX layer and pass, with its heaviest kernel, library split and how its kernels were placed."""
-    from traceq.analysis.layers import attribution_shares, kernel_groups, layer_times
-
-    def build(con, trace_id: int, trace_name: str):
-        groups = kernel_groups(con, trace_id, _iteration_regex(iteration_regex))
-        frame = layer_times(con, trace_id, groups=groups)
-        shares = attribution_shares(groups)
-        return frame, (f"{trace_name}: GPU time per layer and pass ({shares['range']:.1f} % of kernel time inside "
+    def build(t: Trace):
+        frame = t.layers(iteration_regex=iteration_regex)
+        shares = t.attribution_shares(iteration_regex=iteration_regex)
+        return frame, (f"{t.name}: GPU time per layer and pass ({shares['range']:.1f} % of kernel time inside "
                        f"a layer range, {shares['rule']:.1f} % placed by rule, {shares['none']:.1f} % in no layer: "
                        "see Attribution)")
 
@@ -388,22 +329,17 @@ def libs(by_layer: Annotated[bool, typer.Option("--by-layer", help="One row per 
          trace: TraceOpt = None, db: DbOpt = None, iteration_regex: IterOpt = None,
          fmt: FormatOpt = None, out: OutOpt = None) -> None:
     """GPU time per library (cuDNN, cuBLAS, NCCL, PyTorch ATen, ...), optionally per layer."""
-    from traceq.analysis.layers import library_times
-
-    _show_trace_table(trace, db, fmt, out, lambda con, trace_id, trace_name: (
-        library_times(con, trace_id, by_layer, _iteration_regex(iteration_regex)),
-        f"{trace_name}: GPU time per library" + (" and layer" if by_layer else "")))
+    _show_trace_table(trace, db, fmt, out, lambda t: (
+        t.libs(by_layer=by_layer, iteration_regex=iteration_regex),
+        f"{t.name}: GPU time per library" + (" and layer" if by_layer else "")))
 
 
 @app.command()
 def stages(trace: TraceOpt = None, db: DbOpt = None, iteration_regex: IterOpt = None,
            fmt: FormatOpt = None, out: OutOpt = None) -> None:
     """GPU time per iteration in data copy, forward, backward and weight update, and GPU idle time."""
-    from traceq.analysis.layers import stage_times
-
-    _show_trace_table(trace, db, fmt, out, lambda con, trace_id, trace_name: (
-        stage_times(con, trace_id, _iteration_regex(iteration_regex)),
-        f"{trace_name}: GPU time per iteration and stage"))
+    _show_trace_table(trace, db, fmt, out, lambda t: (
+        t.stages(iteration_regex=iteration_regex), f"{t.name}: GPU time per iteration and stage"))
 
 
 @app.command()
@@ -422,7 +358,7 @@ def idle(
     from traceq.analysis.idle import idle_causes, idle_split
     from traceq.render.columns import format_duration
 
-    def build(con, trace_id: int, trace_name: str):
+    def build(con, trace_id: int, trace_name: str):  # not yet a Trace method
         regex = _iteration_regex(iteration_regex)
         gaps = gap_frame(con, trace_id, regex)
         frame, totals = idle_causes(con, trace_id, regex, gaps)
@@ -435,7 +371,7 @@ def idle(
             return idle_split(con, trace_id, by, regex, gaps), f"{title}; by cause and {by.value}"
         return frame, f"{title}; by cause"
 
-    _show_trace_table(trace, db, fmt, out, build)
+    _show_trace_table(trace, db, fmt, out, lambda t: build(t.con, t.id, t.name))
 
 
 @app.command()
@@ -450,7 +386,7 @@ def launches(
     from traceq.analysis.launches import launch_table
     from traceq.render.columns import format_duration
 
-    def build(con, trace_id: int, trace_name: str):
+    def build(con, trace_id: int, trace_name: str):  # not yet a Trace method
         frame, totals = launch_table(con, trace_id)
         if k is not None:
             frame = frame.head(k)
@@ -459,7 +395,7 @@ def launches(
                  f"({totals['tiny_pct']:.1f} %: the kernel ran shorter than its launch call)")
         return frame, title
 
-    _show_trace_table(trace, db, fmt, out, build)
+    _show_trace_table(trace, db, fmt, out, lambda t: build(t.con, t.id, t.name))
 
 
 @app.command()
@@ -474,11 +410,11 @@ def stats(
     """An `nsys stats` report from the store: the same rows and numbers (docs/stats.md)."""
     from traceq.analysis.stats import stats_report
 
-    def build(con, trace_id: int, trace_name: str):
+    def build(con, trace_id: int, trace_name: str):  # not yet a Trace method
         return (stats_report(con, trace_id, report.value),
                 f"{trace_name}: {report.value} (as `nsys stats --report {report.value}`)")
 
-    _show_trace_table(trace, db, fmt, out, build)
+    _show_trace_table(trace, db, fmt, out, lambda t: build(t.con, t.id, t.name))
 
 
 @app.command()
@@ -495,9 +431,9 @@ def advise(
     from traceq.render.columns import format_duration
 
     with user_errors():
-        con = _store(db, read_only=True)
-        trace_id, trace_name = resolve_trace(con, trace)
-        frame, totals = findings(con, trace_id, _iteration_regex(iteration_regex))
+        t = _store(db).trace(trace)
+        trace_name = t.name
+        frame, totals = findings(t.con, t.id, _iteration_regex(iteration_regex))
         title = (f"{trace_name}: {len(frame)} finding(s), by GPU time at stake (of "
                  f"{format_duration(totals.span_ns)} on {totals.devices} device(s))")
         fmt = format_for(fmt, out)
@@ -513,17 +449,21 @@ def rm(
 ) -> None:
     """Remove a trace from the store."""
     with user_errors():
-        con = _store(db)
-        trace_id, trace_name = resolve_trace(con, trace)
-        con.execute("BEGIN TRANSACTION")
-        try:
-            delete_trace(con, trace_id)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        con.execute("CHECKPOINT")
+        trace_id, trace_name = _store(db, lazy=True).remove(trace)
         typer.echo(f"removed {trace_name!r} (trace {trace_id})")
+
+
+@app.command()
+def attribute(
+    trace: Annotated[Optional[str], typer.Argument(help="Trace name or id [default: the latest loaded]",
+                                                   metavar="[TRACE]", show_default=False)] = None,
+    db: DbOpt = None,
+) -> None:
+    """Keep each kernel launch's layer, pass, iteration, stage, library and precision in the store (view kernels_attributed)."""
+    with user_errors():
+        started = time.monotonic()
+        trace_id, trace_name = _store(db, lazy=True).attribute(trace)
+        typer.echo(f"attributed {trace_name!r} (trace {trace_id}) in {time.monotonic() - started:.2f} s")
 
 
 @app.command()
@@ -546,17 +486,15 @@ def occupancy(
 
     import polars as pl
 
-    from traceq.analysis.gpu_specs import limits_for_cc
-    from traceq.analysis.occupancy import occupancy_dict
+    from traceq.api import occupancy as calculate
     from traceq.render.columns import format_cell, header
 
     with user_errors():
         major, _, minor = cc.partition(".")
         if not (major.isdigit() and minor.isdigit()):
             raise typer.BadParameter(f"{cc!r} is not a compute capability like 9.0", param_hint="--cc")
-        result = occupancy_dict(threads, regs, limits_for_cc(int(major), int(minor)),
-                                static_smem=smem_static, dynamic_smem=smem_dynamic, carveout=carveout,
-                                opt_in=opt_in, grid_blocks=grid, sms=sms)
+        result = calculate(cc, threads, regs, smem_static=smem_static, smem_dynamic=smem_dynamic,
+                           carveout=carveout, opt_in=opt_in, grid=grid, sms=sms)
         fmt = format_for(fmt, out)
         if fmt is Format.json:  # one calculation: one object, named as `traceq ru`'s columns
             _emit(json.dumps(result, indent=1) + "\n", out)
@@ -588,17 +526,10 @@ def ru(
     out: OutOpt = None,
 ) -> None:
     """Occupancy and resource utilization (RU) of the launches: limiter, blocks per SM, waves, RU."""
-    from traceq.analysis.efficiency import ru_table
-
-    def build(con, trace_id: int, trace_name: str):
-        frame = ru_table(con, trace_id, by, cc=cc, sms=sms, iteration_regex=_iteration_regex(iteration_regex))
-        if k is not None:
-            frame = frame.head(k)
-        title = (f"{trace_name}: occupancy and RU per {by.value} (kernel-time-weighted means; "
-                 "paper RU: registers-only maxBlocks, eq. 10; Kineto: its estimate)")
-        return frame, title
-
-    _show_trace_table(trace, db, fmt, out, build)
+    _show_trace_table(trace, db, fmt, out, lambda t: (
+        t.ru(by, k=k, cc=cc, sms=sms, iteration_regex=iteration_regex),
+        f"{t.name}: occupancy and RU per {by.value} (kernel-time-weighted means; "
+        "paper RU: registers-only maxBlocks, eq. 10; Kineto: its estimate)"))
 
 
 SpecOpt = Annotated[Optional[Path], typer.Option("--spec", help="Model spec (TOML) giving each layer's shapes "
@@ -624,20 +555,13 @@ def ce(
     out: OutOpt = None,
 ) -> None:
     """Compute efficiency (CE): FLOPs, achieved TFLOP/s, and their share of the peak of the precision each kernel ran at."""
-    from traceq.analysis.efficiency import busiest_gpu, ce_notes, ce_table, kernel_ce
-
-    def build(con, trace_id: int, trace_name: str):
-        per_kernel = kernel_ce(con, trace_id, spec=spec, batch=batch, precision=precision and precision.value,
-                               iteration_regex=_iteration_regex(iteration_regex))
-        frame = ce_table(con, trace_id, by, per_kernel=per_kernel)
-        for note in ce_notes(per_kernel):
-            _err(f"note: {note}")
-        if k is not None:
-            frame = frame.head(k)
-        gpu = busiest_gpu(con, trace_id)
-        used = [p for p in Precision if p.value in set(per_kernel.filter(per_kernel["flops"] > 0)["precision"])]
+    def build(t: Trace):
+        frame = t.ce(by, spec=spec, batch=batch, precision=precision, k=k, iteration_regex=iteration_regex)
+        gpu = t.gpu()
+        shown = set(re.findall(r"[a-z0-9]+", " ".join(frame["precision"].drop_nulls())))
+        used = [p for p in Precision if p.value in shown]
         peaks = ", ".join(f"{p.value} {gpu[f'peak_{p.value}'] / 1e12:,.1f}" for p in used if gpu[f"peak_{p.value}"])
-        title = (f"{trace_name}: compute efficiency per {by.value} on {gpu['description']}; CE against the dense "
+        title = (f"{t.name}: compute efficiency per {by.value} on {gpu['description']}; CE against the dense "
                  f"peak of each kernel's precision (TFLOP/s: {peaks or 'unknown'})")
         return frame, title
 
@@ -664,17 +588,11 @@ def traffic(
     out: OutOpt = None,
 ) -> None:
     """DeLTA's traffic model: L1, shared, L2 and DRAM bytes and time of conv/GEMM kernels, beside the measured time."""
-    from traceq.analysis.gpu_products import gpu_product, trace_gpu
-    from traceq.analysis.traffic import traffic_table
-
-    def build(con, trace_id: int, trace_name: str):
-        frame = traffic_table(con, trace_id, by, spec=spec, batch=batch, gpu=gpu,
-                              iteration_regex=_iteration_regex(iteration_regex))
-        if k is not None:
-            frame = frame.head(k)
-        target = gpu_product(gpu) if gpu else trace_gpu(con, trace_id)
+    def build(t: Trace):
+        frame = t.traffic(by, gpu=gpu, spec=spec, batch=batch, k=k, iteration_regex=iteration_regex)
+        target = t.traffic_gpu(gpu)
         what = f"predicted on {target.name}" + (", expected = measured x predicted there / here" if gpu else "")
-        title = (f"{trace_name}: convolution and GEMM traffic per {by.value} (DeLTA model, docs/traffic.md), "
+        title = (f"{t.name}: convolution and GEMM traffic per {by.value} (DeLTA model, docs/traffic.md), "
                  f"{what}; {target.sm_count} SMs at {target.clock_hz / 1e9:.2f} GHz, L2 {target.l2_bytes >> 20} MiB, "
                  f"DRAM {target.dram_bytes_per_s / 1e12:.2f} TB/s")
         return frame, title
@@ -698,21 +616,16 @@ def compare(
     out: OutOpt = None,
 ) -> None:
     """Two runs side by side: GPU time (per iteration), difference, ratio, RU and CE; --gate for CI."""
-    from traceq.analysis.compare import compare_runs
-
     with user_errors():
         threshold = _percentage(gate) if gate is not None else None
-        con = _store(db, read_only=True)
-        (ta, na), (tb, nb) = resolve_trace(con, a), resolve_trace(con, b)
-        frame, per_iteration = compare_runs(con, ta, tb, by, spec=spec,
-                                            iteration_regex=_iteration_regex(iteration_regex))
-        if k is not None:
-            frame = frame.head(k)
-        unit = "GPU time per iteration" if per_iteration else "total GPU time"
-        title = f"a = {na} vs b = {nb} by {by.value}: {unit}, b - a, b / a"
+        ta = _store(db).trace(a)
+        tb = ta.store.trace(b)
+        frame = ta.compare(tb, by, spec=spec, k=k, iteration_regex=iteration_regex)
+        unit = "GPU time per iteration" if ta.per_iteration(tb, by, iteration_regex=iteration_regex) else "total GPU time"
+        title = f"a = {ta.name} vs b = {tb.name} by {by.value}: {unit}, b - a, b / a"
         _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
         if threshold is not None:
-            _gate(con, ta, tb, threshold, _iteration_regex(iteration_regex))
+            _gate(ta.con, ta.id, tb.id, threshold, _iteration_regex(iteration_regex))
 
 
 def _percentage(text: str) -> float:
@@ -753,20 +666,18 @@ def memory(
     out: OutOpt = None,
 ) -> None:
     """GPU memory from the CUDA memory usage events: allocations per layer, bytes in use over time, peak."""
-    from traceq.analysis.memory import memory_by_layer, memory_summary, memory_timeline
     from traceq.render.columns import format_bytes
 
-    def build(con, trace_id: int, trace_name: str):
-        regex = _iteration_regex(iteration_regex)
-        frame = (memory_by_layer if by is MemoryBy.layer else memory_timeline)(con, trace_id, regex)
+    def build(t: Trace):
+        frame = t.memory(by, iteration_regex=iteration_regex)
         peaks = []
-        for r in memory_summary(con, trace_id, regex).iter_rows(named=True):
+        for r in t.memory_peaks(iteration_regex=iteration_regex).iter_rows(named=True):
             share = f" = {r['peak_pct']:.1f} % of {format_bytes(r['memory_bytes'])}" if r["memory_bytes"] else ""
             peaks.append(f"GPU {r['device_id']} peak {format_bytes(r['peak_bytes'])}{share}"
                          + (f", {format_bytes(r['before_capture_bytes'])} allocated before the capture"
                             if r["before_capture_bytes"] else ""))
         what = "device memory allocated per layer and pass" if by is MemoryBy.layer else "device memory in use"
-        return frame, f"{trace_name}: {what} ({'; '.join(peaks)})"
+        return frame, f"{t.name}: {what} ({'; '.join(peaks)})"
 
     _show_trace_table(trace, db, fmt, out, build)
 
@@ -786,15 +697,11 @@ def report(
     iteration_regex: IterOpt = None,
 ) -> None:
     """One self-contained HTML report (Plotly, works offline): stages, layers, CE/RU, memory, timeline."""
-    from traceq.render.report import build_report
-
     out = out or Path("report.html")
     with user_errors():
         started = time.monotonic()
-        con = _store(db, read_only=True)
-        ids = [resolve_trace(con, t)[0] for t in (traces or [None])]  # type: ignore[list-item]
-        page = build_report(con, ids, iteration_regex=_iteration_regex(iteration_regex), top_k=top_k, title=title,
-                            spec=spec, batch=batch)
+        page = _store(db).report(traces, k=top_k, title=title, spec=spec, batch=batch,
+                                 iteration_regex=iteration_regex)
         _emit(page, out)
         figures = page.count('class="figure"')
         _err(f"{len(page) / 1e6:.1f} MB, {figures} figures, "

@@ -32,3 +32,8 @@ class RegressionError(TraceqError):
     """`traceq compare --gate`: the second run is slower beyond the threshold and the noise."""
 
     exit_code = 3
+
+
+class TraceqWarning(UserWarning):
+    """A note about a result the user should read (an assumption made, data left out); the
+    CLI prints each as `traceq: note: ...` on stderr."""

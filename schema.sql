@@ -329,3 +329,50 @@ FROM kernels k
 LEFT JOIN api_calls a
        ON a.trace_id = k.trace_id AND a.pid = k.pid AND a.correlation_id = k.correlation_id
       AND a.api IN ('runtime', 'driver');
+
+-- table attributions: the traces whose kernel attribution the store keeps (`traceq attribute`; `traceq load` for traces of up to 1M kernels), and what it was made with: analyses read it only when their iteration regex and the fingerprint in force are these.
+CREATE TABLE attributions (
+    trace_id INTEGER NOT NULL,
+    iteration_regex VARCHAR NOT NULL,      -- the regex that named iteration ranges (the default one)
+    fingerprint VARCHAR NOT NULL,          -- sha256 of traceq's attributing modules and packaged kernel rules (traceq.analysis.stored.fingerprint)
+    seconds DOUBLE,                        -- how long attributing took
+    kernels BIGINT                         -- kernels attributed
+);
+
+-- table kernel_contexts: the distinct attribution contexts of each trace's kernels (a kernel stores the id in kernel_attribution).
+CREATE TABLE kernel_contexts (
+    trace_id INTEGER NOT NULL,
+    context_id INTEGER NOT NULL,           -- 0, 1, ... within the trace
+    layer VARCHAR,                         -- innermost NVTX layer range around the launch (`traceq layers`), or the layer a rule gave; NULL: none
+    pass VARCHAR,                          -- 'forward', 'backward' or NULL
+    iteration VARCHAR,                     -- the enclosing iteration range's name ('iteration 3', 'ProfilerStep#3')
+    stage VARCHAR,                         -- 'data_copy', 'forward', 'backward', 'weight_update' or 'other'
+    library VARCHAR,                       -- by the operation that launched the kernel where a [[launcher]] rule says, else by its name (`traceq libs`)
+    precision VARCHAR,                     -- 'fp64', 'fp32', 'tf32', 'fp16', 'bf16', 'fp8' or 'int8', as `traceq ce` reads it without --spec or --precision
+    precision_from VARCHAR,                -- 'kernel name', 'operator dtype' or 'assumed float32'
+    attribution VARCHAR                    -- 'range' (inside a layer range), 'rule: ...' (the rule that gave the layer) or 'none: ...' (why there is none)
+);
+
+-- table kernel_classes: what each kernel name of a trace in attributions says, by the packaged kernel rules.
+CREATE TABLE kernel_classes (
+    trace_id INTEGER NOT NULL,
+    name VARCHAR NOT NULL,                 -- kernel_names.name
+    implementation VARCHAR,                -- the library the name says ('cuDNN', 'cuBLAS', 'PyTorch ATen', ...)
+    operation VARCHAR                      -- 'convolution', 'gemm', 'elementwise', ...
+);
+
+-- table kernel_attribution: each kernel's attribution context, for the traces in attributions.
+CREATE TABLE kernel_attribution (
+    trace_id INTEGER NOT NULL,
+    kernel_id BIGINT NOT NULL,             -- kernel_events.kernel_id
+    context_id INTEGER NOT NULL            -- kernel_contexts.context_id of the same trace
+);
+
+-- view kernels_attributed: the kernels view with each launch's kept attribution (traces in attributions only): layer, pass, iteration, stage, library, implementation (the library its name says), operation, precision, precision_from and attribution, e.g. `SELECT layer, sum(dur_ns) FROM kernels_attributed WHERE trace_id = 1 GROUP BY layer`.
+CREATE VIEW kernels_attributed AS
+SELECT k.*, c.layer, c.pass, c.iteration, c.stage, c.library, s.implementation, s.operation,
+       c.precision, c.precision_from, c.attribution
+FROM kernels k
+JOIN kernel_attribution a ON a.trace_id = k.trace_id AND a.kernel_id = k.kernel_id
+JOIN kernel_contexts c ON c.trace_id = a.trace_id AND c.context_id = a.context_id
+LEFT JOIN kernel_classes s ON s.trace_id = k.trace_id AND s.name = k.name;

@@ -53,8 +53,10 @@ def _group_times(k: pl.DataFrame, keys: list[str], per_iteration: bool) -> pl.Da
 def compare_runs(
     con: duckdb.DuckDBPyConnection, a: int, b: int, by: CompareBy | str = CompareBy.layer, *,
     iteration_regex: str = ITERATION_REGEX, spec: Path | None = None,
+    kernels: tuple[pl.DataFrame, pl.DataFrame] | None = None, stages: tuple[pl.DataFrame, pl.DataFrame] | None = None,
 ) -> tuple[pl.DataFrame, bool]:
-    """Runs `a` and `b` side by side, heaviest (in either) first.
+    """Runs `a` and `b` side by side, heaviest (in either) first (`kernels`: their
+    `attributed_kernels`, `stages`: their `stage_times`, when the caller has them).
 
     Returns (frame, per_iteration). Columns: the keys (layer, pass | name | library | stage),
     a_kernels, b_kernels (not for stages), a_ns, b_ns (GPU time: per iteration when per_iteration, else total),
@@ -66,11 +68,11 @@ def compare_runs(
     by = CompareBy(by)
     keys = _KEYS[by]
     if by is CompareBy.stage:  # stage_times attributes kernels and copies itself
-        sa, sb = (stage_times(con, t, iteration_regex) for t in (a, b))
+        sa, sb = stages or tuple(stage_times(con, t, iteration_regex) for t in (a, b))
         per_iteration = all(s["iteration"].drop_nulls().len() > 0 for s in (sa, sb))
         ta, tb = (_stage_times(s, per_iteration) for s in (sa, sb))
     else:
-        ka, kb = (attributed_kernels(con, t, iteration_regex) for t in (a, b))
+        ka, kb = kernels or tuple(attributed_kernels(con, t, iteration_regex) for t in (a, b))
         per_iteration = iteration_count(ka) > 0 and iteration_count(kb) > 0
         ta, tb = (_group_times(k, keys, per_iteration) for k in (ka, kb))
     frame = ta.join(tb, on=keys, how="full", coalesce=True, suffix="_b", nulls_equal=True).rename(

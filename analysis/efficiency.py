@@ -17,6 +17,7 @@ against the paper's 2 x clock x FP32 lanes, fp16 against the fp16 peak, so CE ne
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -406,6 +407,50 @@ def kernel_ce(con: duckdb.DuckDBPyConnection, trace_id: int, *, spec: Path | Non
     if spec is not None:
         k = pl.concat([k, _unplaced_rows(k, layers, precision)], how="vertical_relaxed")
     return k
+
+
+def kernel_precisions(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl.DataFrame) -> pl.DataFrame:
+    """The precision of each of `kernels` (kernel_id, name) as `kernel_ce` reads it without a
+    spec or `precision`: kernel_id, tensor_cores, precision, precision_from."""
+    from traceq.analysis.classify import classify_names
+    from traceq.analysis.flops import kernel_op_rows
+
+    names = classify_names(kernels["name"].unique()).select("name", "tensor_cores", name_precision="precision")
+    dtypes = kernel_op_rows(con, trace_id).select("kernel_id", "dtype")
+    k = kernels.select("kernel_id", "name").join(names, on="name", how="left").join(dtypes, on="kernel_id", how="left")
+    return _with_precision(k, None).select("kernel_id", "tensor_cores", "precision", "precision_from")
+
+
+def kernel_launch_table(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl.DataFrame,
+                        note: Callable[[str], None] | None = None) -> pl.DataFrame:
+    """Every launch of `kernels` (the trace's `layers.attributed_kernels`) with its stream, its
+    precision (`kernel_precisions`) and its occupancy and RU (`launch_ru`).
+
+    Columns: kernel_id, device_id, stream_id, start_ns, dur_ns, name, short_name, layer, pass,
+    iteration, stage, attribution, library, implementation, operation, precision,
+    precision_from, tensor_cores, grid_blocks, block_threads, registers_per_thread,
+    smem_static_bytes, smem_dynamic_bytes, blocks_per_sm, limiter, occupancy, waves, ru; in
+    kernel_id order. Where the trace's GPUs give no occupancy (no device record, not NVIDIA's)
+    the RU columns are null and `note` is told why.
+    """
+    shape = ["grid_blocks", "block_threads", "registers_per_thread", "smem_static_bytes", "smem_dynamic_bytes"]
+    occupancy = ["blocks_per_sm", "limiter", "occupancy", "waves", "ru"]
+    try:
+        ru = launch_ru(con, trace_id, kernels=kernels).select("kernel_id", *occupancy)
+    except MissingDataError as e:
+        if note is not None:
+            note(f"{e}: the occupancy and RU columns are empty")
+        ru = pl.DataFrame(schema={"kernel_id": pl.Int64, "blocks_per_sm": pl.Int64, "limiter": pl.String,
+                                  "occupancy": pl.Float64, "waves": pl.Float64, "ru": pl.Float64})
+    config = con.sql(f"SELECT kernel_id, stream_id, {', '.join(shape)} FROM kernels "
+                     f"WHERE trace_id = {int(trace_id)}").pl()
+    return (kernels.join(kernel_precisions(con, trace_id, kernels), on="kernel_id", how="left", maintain_order="left")
+            .join(config, on="kernel_id", how="left", maintain_order="left")
+            .join(ru.cast({"kernel_id": kernels.schema["kernel_id"]}), on="kernel_id", how="left",
+                  maintain_order="left")
+            .select("kernel_id", "device_id", "stream_id", "start_ns", "dur_ns", "name", "short_name", "layer",
+                    "pass", "iteration", "stage", "attribution", "library", "implementation", "operation",
+                    "precision", "precision_from", "tensor_cores", *shape, *occupancy))
 
 
 def _spec_flops(con: duckdb.DuckDBPyConnection, trace_id: int, layers: pl.DataFrame,

@@ -123,9 +123,10 @@ def _kernel_shares(con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFr
     `op_shapes` for emit_nvtx ranges, of `op_flops` for Kineto operators)."""
     ops = (op_flops(con, trace_id).with_row_index("op_row") if ops is None else ops).select(
         "op_row", "pid", "tid", "start_ns", "end_ns", "op", "pass", "flops", "dtype")
-    launches = con.sql(
+    launches = con.sql(  # no op ranges: no launch is read (the frame keeps its columns)
         f"SELECT kernel_id, pid, launch_tid AS tid, launch_start_ns, dur_ns, name FROM kernel_launches "
-        f"WHERE trace_id = {int(trace_id)} AND launch_start_ns IS NOT NULL").pl().sort("launch_start_ns")
+        f"WHERE trace_id = {int(trace_id)} AND launch_start_ns IS NOT NULL{' AND false' if ops.is_empty() else ''}"
+    ).pl().sort("launch_start_ns")
     inside = (launches.join_asof(ops.sort("start_ns"), left_on="launch_start_ns", right_on="start_ns",
                                  by=["pid", "tid"], strategy="backward", check_sortedness=False)
               .filter(pl.col("launch_start_ns") <= pl.col("end_ns")))

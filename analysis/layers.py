@@ -27,8 +27,13 @@ def _kernels(
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """`attribution.kernel_launches`, the names classified (library, operation)."""
     kernels, names = kernel_launches(con, trace_id, columns, ordered=ordered)
+    return kernels, _classified(names)
+
+
+def _classified(names: pl.DataFrame) -> pl.DataFrame:
+    """`names` (name, short_name, ...) with library and operation; its rows stay name rows."""
     classes = classify_names(names["name"].unique(maintain_order=True)).select("name", "library", "operation")
-    return kernels, names.join(classes, on="name", how="left", maintain_order="left")  # rows stay name_row
+    return names.join(classes, on="name", how="left", maintain_order="left")
 
 
 def _libraries(index: pl.Series, name_row: pl.Series, contexts: pl.DataFrame,
@@ -59,6 +64,37 @@ def _libraries(index: pl.Series, name_row: pl.Series, contexts: pl.DataFrame,
     return key.replace_strict(pairs["key"], codes, default=None).fill_null(by_name), libraries
 
 
+def kernel_contexts(
+    con: duckdb.DuckDBPyConnection, trace_id: int, columns: tuple[str, ...] = (),
+    iteration_regex: str = ITERATION_REGEX, *, ordered: bool = True, stored: bool = True,
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Every kernel with the row of its attribution context and of its name: (kernels, names,
+    contexts), the strings in the two small tables.
+
+    kernels: id (kernel_id), name_row, context, and `columns` (of device_id, start_ns, dur_ns);
+    in kernel_id order if `ordered`. names: name, short_name, library (the name's:
+    implementation), operation. contexts: layer, pass, iteration, stage, attribution, library
+    (by the launching operation, `_libraries`), one row per distinct combination. Read from the
+    store where `traceq load` or `traceq attribute` kept the attribution made with these options
+    (`analysis.stored`), unless not `stored`; computed otherwise (`attribution.point_contexts`).
+    """
+    from traceq.analysis.stored import read_attribution
+
+    if stored and (kept := read_attribution(con, trace_id, iteration_regex, columns, ordered=ordered)) is not None:
+        kernels, names, contexts = kept
+        return kernels, _classified(names), contexts
+    kernels, names = _kernels(con, trace_id, columns, ordered=ordered)
+    index, contexts = point_contexts(con, trace_id, kernels, iteration_regex, paths=False)
+    code, libraries = _libraries(index, kernels["name_row"], contexts, names)
+    # one context per distinct (NVTX context, library): a few thousand at most
+    pair = index.cast(pl.UInt64) * len(libraries) + code.cast(pl.UInt64)
+    pairs = pair.unique().sort()
+    table = contexts.select("layer", "pass", "iteration", "stage", "attribution").gather(pairs // len(libraries))
+    table = table.with_columns(library=libraries.gather(pairs % len(libraries)))
+    kernels = kernels.select("id", "name_row", *columns, context=pairs.search_sorted(pair).cast(pl.UInt32))
+    return kernels, names, table
+
+
 def attributed_kernels(
     con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
 ) -> pl.DataFrame:
@@ -70,15 +106,14 @@ def attributed_kernels(
     the rule that gave the layer, or why there is none: `analysis.inference`); in kernel_id
     order.
     """
-    kernels, names = _kernels(con, trace_id, ("device_id", "start_ns", "dur_ns"), ordered=True)
-    index, contexts = point_contexts(con, trace_id, kernels, iteration_regex, paths=False)
-    code, libraries = _libraries(index, kernels["name_row"], contexts, names)
+    kernels, names, contexts = kernel_contexts(con, trace_id, ("device_id", "start_ns", "dur_ns"), iteration_regex)
+    row, context = kernels["name_row"], kernels["context"]
     return kernels.select(
         pl.col("id").alias("kernel_id"), "device_id", "start_ns", "dur_ns",
-        *[names[c].gather(kernels["name_row"]) for c in ("name", "short_name")],
-        libraries.gather(code).alias("library"), names["library"].gather(kernels["name_row"]).alias("implementation"),
-        names["operation"].gather(kernels["name_row"]),
-        *[contexts[c].gather(index) for c in ("layer", "pass", "iteration", "stage", "attribution")])
+        *[names[c].gather(row) for c in ("name", "short_name")],
+        contexts["library"].gather(context), names["library"].gather(row).alias("implementation"),
+        names["operation"].gather(row),
+        *[contexts[c].gather(context) for c in ("layer", "pass", "iteration", "stage", "attribution")])
 
 
 def kernel_groups(
@@ -91,18 +126,13 @@ def kernel_groups(
     kernels (count), dur_ns (total), first_kernel (the smallest kernel_id, for 'the first
     kernel's' choices).
     """
-    kernels, names = _kernels(con, trace_id, ("dur_ns",), ordered=False)
-    index, contexts = point_contexts(con, trace_id, kernels, iteration_regex, paths=False)
-    code, libraries = _libraries(index, kernels["name_row"], contexts, names)
-    groups = (kernels.select("id", "dur_ns", "name_row", context=index, library_code=code)
-              .group_by("context", "name_row", "library_code")
+    kernels, names, contexts = kernel_contexts(con, trace_id, ("dur_ns",), iteration_regex, ordered=False)
+    groups = (kernels.group_by("context", "name_row")
               .agg(kernels=pl.len(), dur_ns=pl.col("dur_ns").sum(), first_kernel=pl.col("id").min()))
     keys = ["layer", "pass", "name", "short_name", "library", "implementation", "operation", "attribution"]
-    return (groups.join(contexts.select("layer", "pass", "attribution").with_row_index("context"), on="context",
-                        how="left")
+    return (groups.join(contexts.select("layer", "pass", "attribution", "library").with_row_index("context"),
+                        on="context", how="left")
             .join(names.rename({"library": "implementation"}).with_row_index("name_row"), on="name_row", how="left")
-            .with_columns(library=pl.col("library_code").replace_strict(
-                pl.int_range(0, len(libraries), dtype=pl.UInt32, eager=True), libraries))
             .group_by(keys)
             .agg(pl.col("kernels").sum(), pl.col("dur_ns").sum(), pl.col("first_kernel").min()))
 
@@ -163,16 +193,17 @@ def layer_times(
 
 def library_times(
     con: duckdb.DuckDBPyConnection, trace_id: int, by_layer: bool = False,
-    iteration_regex: str = ITERATION_REGEX,
+    iteration_regex: str = ITERATION_REGEX, groups: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
-    """GPU time per library (per layer, pass and library with `by_layer`), heaviest first.
+    """GPU time per library (per layer, pass and library with `by_layer`), heaviest first
+    (`groups`: the trace's `kernel_groups`, when the caller has them).
 
     Columns: [layer, pass,] library, kernels, total_ns, pct (share of all kernel time, %),
     operations ('convolution 90%, gemm 10%'), implementations (the libraries the kernels' names
     say, 'cuDNN 70%, cuBLAS 30%': they differ where an operation of one library launched
     another's kernels, a [[launcher]] rule).
     """
-    k = kernel_groups(con, trace_id, iteration_regex)
+    k = kernel_groups(con, trace_id, iteration_regex) if groups is None else groups
     keys = ["layer", "pass", "library"] if by_layer else ["library"]
     grand = max(int(k["dur_ns"].sum()), 1)
     frame = (k.group_by(keys).agg(kernels=pl.col("kernels").sum().cast(pl.Int64),
@@ -231,18 +262,15 @@ def _busy_ns(act: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
             .group_by(keys).agg(busy_ns=(pl.col("end_ns") - pl.col("start_ns")).sum()))
 
 
-def kernel_context(
-    con: duckdb.DuckDBPyConnection, trace_id: int, name_column: str = "name",
-    iteration_regex: str = ITERATION_REGEX,
-) -> pl.DataFrame:
-    """Per kernel name (as grouped by `name_column`: name or short_name): layer, pass and
-    library, for `traceq top`.
+def names_context(groups: pl.DataFrame, name_column: str = "name") -> pl.DataFrame:
+    """Per kernel name (as grouped by `name_column`: name or short_name) of a trace's
+    `kernel_groups`: layer, pass and library, for `traceq top`.
 
     layer: the layers the name ran in, most time first, joined with ', ' (all of them: tables
     shorten the list); pass: 'forward', 'backward' or 'both'; library: the one the name says (a
     kernel's implementation, whatever launched it), as the fast path without attribution gives it.
     """
-    k = kernel_groups(con, trace_id, iteration_regex)
+    k = groups
     if name_column != "name":
         k = k.drop("name").rename({name_column: "name"}) if name_column in k.columns else k
     per_layer = (k.group_by("name", "layer").agg(pl.col("dur_ns").sum())
@@ -255,12 +283,3 @@ def kernel_context(
         .otherwise(pl.col("pass").drop_nulls().first()).alias("pass"),
         pl.col("implementation").sort_by("first_kernel").first().alias("library")))
     return passes.join(per_layer, on="name", how="left").select("name", "layer", "pass", "library")
-
-
-def instance_context(
-    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
-) -> pl.DataFrame:
-    """kernel_id, layer, pass, library (the one its name says) of every kernel (for `traceq top
-    --instances`)."""
-    return attributed_kernels(con, trace_id, iteration_regex).select("kernel_id", "layer", "pass",
-                                                                       library="implementation")

@@ -77,6 +77,7 @@ def load_trace(
     progress: Callable[[int, int], None] | None = None,
     engine: str | None = None,
     python_functions: bool = False,
+    attribute: bool | None = None,
 ) -> LoadResult:
     """Load the trace file at `path` into the store `con`.
 
@@ -90,6 +91,8 @@ def load_trace(
             Every engine gives the same store contents.
         python_functions: Kineto traces: keep their `python_function` events as ranges (they
             can be most of a trace's events; off by default).
+        attribute: keep each kernel's attribution in the store (`analysis.stored`); default:
+            for traces of up to `stored.LOAD_MAX_KERNELS` kernels.
 
     Raises:
         TraceFormatError: the file is not a trace traceq reads, or is damaged.
@@ -139,6 +142,11 @@ def load_trace(
         info = reader.read(src, sink)
         _apply(con, {"threads": saved["threads"]})  # the inserts are done: the summary may use every thread
         build_kernel_summary(con, trace_id)
+        kernels = sink.rows.get("kernel_events", 0)
+        from traceq.analysis.stored import LOAD_MAX_KERNELS, attribute_trace, fingerprint
+
+        if attribute or (attribute is None and kernels <= LOAD_MAX_KERNELS and fingerprint() is not None):
+            attribute_trace(con, trace_id)
         _record_trace(con, trace_id, name, path, digest(), info, time.perf_counter() - started)
         con.execute("COMMIT")
     except BaseException:
@@ -147,7 +155,6 @@ def load_trace(
     finally:
         src.close()
         _apply(con, saved)
-    kernels = sink.rows.get("kernel_events", 0)
     return LoadResult(trace_id, name, "replaced" if stale else "loaded", kernels,
                       time.perf_counter() - started, dict(sink.rows))
 

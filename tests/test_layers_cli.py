@@ -104,9 +104,9 @@ def test_user_rules_file_for_every_command(db: Path, tmp_path: Path, request: py
 
 
 def test_top_leaves_attribution_out_on_big_traces(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import traceq.cli
+    import traceq.api
 
-    monkeypatch.setattr(traceq.cli, "AUTO_CONTEXT_MAX_KERNELS", 100)  # the samples have more
+    monkeypatch.setattr(traceq.api, "AUTO_CONTEXT_MAX_KERNELS", 100)  # the samples have more
     result = runner.invoke(app, ["top", "-k", "2", "-t", "alexnet_b256_cudnn", "--db", str(db), "-f", "json"])
     rows = json.loads(result.stdout)
     assert list(rows[0])[-2:] == ["name", "library"] and rows[0]["library"] == "cuDNN"

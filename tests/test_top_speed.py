@@ -70,8 +70,8 @@ def test_top_with_the_library_column_needs_no_polars(tmp_path) -> None:
     con.close()
     for extra in (["--no-context"], [], ["--instances"]):  # above the limit: the library column only
         out, loaded = _run(
-            "import sys, traceq.cli\n"
-            "traceq.cli.AUTO_CONTEXT_MAX_KERNELS = 100\n"
+            "import sys, traceq.api, traceq.cli\n"
+            "traceq.api.AUTO_CONTEXT_MAX_KERNELS = 100\n"
             f"sys.argv = ['traceq', 'top', '--db', {str(db)!r}, *{extra!r}]\n"
             "try:\n    traceq.cli.main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n")
         assert "polars" not in loaded, extra

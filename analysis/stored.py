@@ -1,0 +1,150 @@
+"""Each kernel launch's attribution, kept in the store: `traceq attribute` writes it (and
+`traceq load` for traces of up to `LOAD_MAX_KERNELS` kernels), analyses read it.
+
+What is kept is what `layers.kernel_contexts` computes with the default options (the packaged
+kernel rules, `attribution.ITERATION_REGEX`), plus each kernel's precision as `traceq ce` reads
+it without a spec: per kernel a context id (`kernel_attribution`), and per distinct context its
+layer, pass, iteration, stage, attribution, library (by the launching operation), precision
+and precision_from (`kernel_contexts`), and per kernel name what it says (`kernel_classes`). A few thousand contexts stand for millions of launches,
+so the kept form is a column of integers; the `kernels_attributed` view joins it to `kernels`.
+
+The attribution depends on the iteration regex, the kernel rules (`--rules`) and traceq's own
+code, so `attributions` records the regex and a fingerprint of the rules files and the modules
+that attribute (`fingerprint`). An analysis reads what is kept only when the regex it was asked
+for and the fingerprint in force are those recorded; otherwise it attributes on the fly, as it
+would without anything kept (the numbers are the same: tests/test_stored.py). `rm` and
+`load --replace` delete a trace's rows with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from functools import lru_cache
+from importlib import resources
+
+import duckdb
+import polars as pl
+
+from traceq.analysis.attribution import ITERATION_REGEX
+from traceq.analysis.classify import RULES_ENV, default_rules
+
+LOAD_MAX_KERNELS = 1_000_000
+"""`traceq load` keeps the attribution of traces up to this many kernels (about a second per
+million kernels); above, `traceq attribute TRACE` does (docs/performance.md)."""
+
+_CODE = ("attribution.py", "inference.py", "nesting.py", "classify.py", "kernel_rules.toml", "layers.py",
+         "stored.py", "flops.py", "efficiency.py", "peaks.py", "graphs.py")
+"""The files of traceq.analysis whose content decides the kept attribution."""
+
+
+KEPT_TABLES = ("kernel_attribution", "kernel_contexts", "kernel_classes", "attributions")
+"""The tables that keep a trace's attribution."""
+
+
+@lru_cache(maxsize=1)
+def _code_digest() -> str:
+    digest = hashlib.sha256()
+    folder = resources.files("traceq.analysis")
+    for name in _CODE:
+        path = folder.joinpath(name)
+        if path.is_file():
+            digest.update(name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def fingerprint() -> str | None:
+    """What the attribution in force depends on besides the trace and the regex: traceq's
+    attributing code and packaged rules. None while a user rules file is in force (`--rules`,
+    $TRACEQ_RULES): its attribution is never kept."""
+    import os
+
+    from traceq.analysis.classify import _chosen_rules
+
+    if _chosen_rules[0] or os.environ.get(RULES_ENV):
+        return None
+    default_rules()  # a bad packaged rules file fails here, not in the digest
+    return _code_digest()
+
+
+def is_kept(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX) -> bool:
+    """Whether the store keeps this trace's attribution for `iteration_regex` and the code and
+    rules in force."""
+    wanted = fingerprint()
+    if wanted is None:
+        return False
+    rows = con.execute("SELECT 1 FROM attributions WHERE trace_id = ? AND iteration_regex = ? AND fingerprint = ?",
+                       [int(trace_id), iteration_regex, wanted]).fetchall()
+    return bool(rows)
+
+
+def read_attribution(
+    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str, columns: tuple[str, ...], *,
+    ordered: bool,
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame] | None:
+    """`layers.kernel_contexts`' (kernels, names unclassified, contexts) from the store, or None
+    when it keeps none for these options."""
+    if not is_kept(con, trace_id, iteration_regex):
+        return None
+    t = int(trace_id)
+    known = {"device_id": "q.device_id", "start_ns": "e.start_ns", "dur_ns": "e.end_ns - e.start_ns"}
+    names = con.sql(f"SELECT name_id, name, short_name FROM kernel_names WHERE trace_id = {t} ORDER BY name_id").pl()
+    kernels = con.sql(f"""
+        SELECT e.kernel_id AS id, e.name_id, a.context_id::UINTEGER AS context
+               {''.join(f', {known[c]} AS {c}' for c in columns)}
+        FROM kernel_events e
+        JOIN kernel_attribution a ON a.trace_id = e.trace_id AND a.kernel_id = e.kernel_id
+        {'JOIN kernel_queues q ON q.trace_id = e.trace_id AND q.queue_id = e.queue_id' if 'device_id' in columns else ''}
+        WHERE e.trace_id = {t} {'ORDER BY e.kernel_id' if ordered else ''}""").pl()
+    rows = pl.int_range(0, names.height, dtype=pl.UInt32, eager=True)
+    kernels = kernels.select("id", name_row=pl.col("name_id").replace_strict(names["name_id"], rows)
+                             if names.height else pl.lit(None, pl.UInt32), context="context", *columns)
+    contexts = con.sql(f"SELECT layer, pass, iteration, stage, attribution, library FROM kernel_contexts "
+                       f"WHERE trace_id = {t} ORDER BY context_id").pl()
+    return kernels, names.drop("name_id"), contexts
+
+
+def attribute_trace(con: duckdb.DuckDBPyConnection, trace_id: int) -> float:
+    """Compute the trace's attribution with the default options and keep it, replacing what
+    was kept (the caller owns the transaction); returns the seconds it took. Raises TraceqError
+    while user rules are in force: only the default attribution is kept."""
+    from traceq.analysis.efficiency import kernel_precisions
+    from traceq.analysis.layers import kernel_contexts
+    from traceq.errors import TraceqError
+
+    started = time.perf_counter()
+    wanted = fingerprint()
+    if wanted is None:
+        raise TraceqError("the attribution kept in the store is made with traceq's own kernel rules: "
+                          "run `traceq attribute` without --rules (and without $TRACEQ_RULES)")
+    t = int(trace_id)
+    kernels, names, contexts = kernel_contexts(con, t, ("dur_ns",), ordered=False, stored=False)
+    precisions = kernel_precisions(con, t, kernels.select(kernel_id="id", name=names["name"].gather(kernels["name_row"])))
+    # a kept context is a computed one with the kernel's precision: still a few thousand
+    per_kernel = (kernels.select("id", "context").join(precisions.rename({"kernel_id": "id"}), on="id", how="left")
+                  .with_columns(key=pl.struct("context", "precision", "precision_from")))
+    distinct = per_kernel.select(pl.col("key").unique(maintain_order=True)).unnest("key")
+    table = (distinct.with_columns(context_id=pl.int_range(0, distinct.height, dtype=pl.UInt32))
+             .join(contexts.with_row_index("context"), on="context", how="left", maintain_order="left"))
+    ids = per_kernel.select(kernel_id="id", context_id=pl.col("key").replace_strict(
+        table.select(pl.struct("context", "precision", "precision_from")).to_series(), table["context_id"])
+        if table.height else pl.lit(None, pl.UInt32))
+    classes = names.unique("name", keep="first", maintain_order=True).select("name", "library", "operation")
+    for name in KEPT_TABLES:
+        con.execute(f"DELETE FROM {name} WHERE trace_id = ?", [t])
+    con.register("_traceq_kept_ids", ids)
+    con.register("_traceq_kept_contexts", table)
+    con.register("_traceq_kept_classes", classes)
+    try:
+        con.execute(f"INSERT INTO kernel_classes SELECT {t}, name, library, operation FROM _traceq_kept_classes")
+        con.execute(f"INSERT INTO kernel_attribution SELECT {t}, kernel_id, context_id FROM _traceq_kept_ids "
+                    "ORDER BY kernel_id")
+        con.execute(f"INSERT INTO kernel_contexts SELECT {t}, context_id, layer, pass, iteration, stage, library, "
+                    "precision, precision_from, attribution FROM _traceq_kept_contexts ORDER BY context_id")
+    finally:
+        con.unregister("_traceq_kept_ids")
+        con.unregister("_traceq_kept_contexts")
+        con.unregister("_traceq_kept_classes")
+    seconds = time.perf_counter() - started
+    con.execute("INSERT INTO attributions VALUES (?, ?, ?, ?, ?)", [t, ITERATION_REGEX, wanted, seconds, len(ids)])
+    return seconds

@@ -1,0 +1,542 @@
+"""traceq from Python: a store of traces, and one method per `traceq` command.
+
+    import traceq
+
+    store = traceq.open("traceq.duckdb")          # read-only unless it loads
+    t = store.trace("alexnet_b256_cudnn")         # a name, an id, or None for the latest loaded
+    t.layers()                                    # a polars DataFrame: what `traceq layers` prints
+
+Every `Trace` method is one command's analysis with the command's options as keywords, and
+returns what the command prints as a `polars.DataFrame` (its columns are csv and json's: times
+in ns, sizes in bytes, shares as fractions); `traceq.cli` calls these methods and renders what
+they return, so the numbers are the same. Errors are `traceq.TraceqError`s with a one-line
+message; notes a command prints on stderr (`traceq: note: ...`) are `traceq.TraceqWarning`s.
+
+Nothing here imports polars until an analysis needs it: `traceq top` runs on this module in a
+fraction of a second.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from traceq.analysis.choices import CompareBy, GroupBy, MemoryBy, NameBy, TrafficBy
+from traceq.errors import TraceqError, TraceqWarning
+from traceq.store import default_store_path, delete_trace, first_row, open_store, resolve_trace
+
+if TYPE_CHECKING:
+    import duckdb
+    import polars as pl
+
+    from traceq.analysis.gpu_products import GpuProduct
+    from traceq.ingest import LoadResult
+
+AUTO_CONTEXT_MAX_KERNELS = 1_000_000
+"""Above this many kernels `top` gives the library column alone unless asked for `context`."""
+
+
+def open(path: str | Path | None = None, *, write: bool = False) -> Store:  # noqa: A001 (traceq.open)
+    """The store at `path` (default: $TRACEQ_DB, else ./traceq.duckdb), read-only unless `write`.
+
+    Raises StoreError when there is no store there, it is not a traceq store, or it is locked
+    by a process writing it for longer than $TRACEQ_LOCK_TIMEOUT seconds.
+    """
+    return Store(path, write=write)
+
+
+def load(path: str | Path, store: str | Path | Store | None = None, **options: Any) -> Trace:
+    """Load the trace file at `path` into `store` (a Store, or the path of one, created when
+    missing; default as for `open`) and return it as a Trace. `options` are `Store.load`'s."""
+    if isinstance(store, Store):
+        return store.load(path, **options)
+    return Store(store, lazy=True).load(path, **options)
+
+
+class Store:
+    """A traceq store: one DuckDB file holding many traces. Use `traceq.open` or `traceq.load`.
+
+    `con` is the DuckDB connection, for SQL of your own (`docs/schema.md` lists the tables);
+    `sql(query)` runs a read-only query as `traceq sql` does. A Store is a context manager that
+    closes the connection on exit.
+    """
+
+    def __init__(self, path: str | Path | None = None, *, write: bool = False, lazy: bool = False,
+                 on_wait: Callable[[str], None] | None = None):
+        """`lazy`: open the connection at its first use (`load` creates a missing store);
+        `on_wait`: called with a message when the store is locked and the open waits."""
+        self.path = Path(path) if path is not None else default_store_path()
+        self.write = write
+        self._on_wait = on_wait
+        self._con: duckdb.DuckDBPyConnection | None = None
+        if not lazy:
+            self._con = self._open(read_only=not write)
+
+    def _open(self, *, read_only: bool, create: bool = False) -> duckdb.DuckDBPyConnection:
+        return open_store(self.path, read_only=read_only, create=create, on_wait=self._on_wait)
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        """The DuckDB connection (read-only unless the store was opened with write=True)."""
+        if self._con is None:
+            self._con = self._open(read_only=not self.write)
+        return self._con
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<traceq.Store {str(self.path)!r}{' (writable)' if self.write else ''}>"
+
+    # --- what the store holds
+
+    def traces(self) -> pl.DataFrame:
+        """`traceq traces`: one row per loaded trace, oldest first (trace_id, name, format, tool,
+        source_schema_version, gpus, kernel_count, span_ns, loaded_at, load_seconds, source_path,
+        sha256)."""
+        from traceq.analysis.traces import list_traces
+
+        return list_traces(self.con)
+
+    def trace(self, ref: str | int | None = None) -> Trace:
+        """The trace named `ref` (a name or an id; None: the latest loaded). Raises
+        NotFoundError, listing what the store holds, when there is none."""
+        trace_id, name = resolve_trace(self.con, None if ref is None else str(ref))
+        return Trace(self, trace_id, name)
+
+    def sql(self, query: str) -> pl.DataFrame:
+        """The result of one read-only SQL statement (SELECT, WITH, DESCRIBE, SHOW, EXPLAIN,
+        SUMMARIZE, ...) on the store; a statement that would change it is refused with a
+        TraceqError, as is one DuckDB cannot run (its message's first line)."""
+        from traceq.analysis.sql import read_only_query
+
+        return read_only_query(self.con, query)
+
+    # --- changing the store
+
+    def load(self, path: str | Path, *, name: str | None = None, replace: bool = False,
+             progress: Callable[[int, int], None] | None = None, python_functions: bool = False,
+             engine: str | None = None, attribute: bool | None = None) -> Trace:
+        """`traceq load`: load one trace file (one transaction: on any error the store is as it
+        was, and a store this load would have created is not left behind) and return it.
+
+        A file whose content is loaded already is not read again: its trace is returned, with
+        `status` 'already_loaded' in `Trace.load_result` ('loaded' or 'replaced' otherwise).
+        `name`, `replace`, `progress`, `python_functions`, `engine`, `attribute` (keep each
+        launch's attribution: default up to 1M kernels): see `traceq.ingest.load_trace`.
+        Raises TraceFormatError for a file traceq cannot read, TraceqError for a name taken.
+        """
+        from traceq.ingest import READERS, load_trace, reader_for
+
+        path = Path(path)
+        reader_for(path, READERS)  # reject bad input before the store is touched
+        existed = self.path.exists()
+        self.close()  # a read-only connection cannot write: open one that can for the load
+        con = self._open(read_only=False, create=True)
+        try:
+            result = load_trace(con, path, name=name, replace=replace, progress=progress, engine=engine,
+                                python_functions=python_functions, attribute=attribute)
+        except BaseException:
+            con.close()
+            if not existed:
+                _remove_store(self.path)
+            raise
+        if self.write:
+            self._con = con
+        else:  # read-only again at the next use
+            con.close()
+        trace = Trace(self, result.trace_id, result.name)
+        trace.load_result = result
+        return trace
+
+    def remove(self, ref: str | int) -> tuple[int, str]:
+        """`traceq rm`: delete one trace and all its rows (one transaction); returns its
+        (trace_id, name)."""
+        return self._change(ref, delete_trace)
+
+    def attribute(self, ref: str | int | None = None) -> tuple[int, str]:
+        """`traceq attribute`: compute the trace's kernel attribution with the default options
+        and keep it in the store (`analysis.stored`), so analyses read it instead of attributing
+        on the fly; returns the trace's (trace_id, name)."""
+        from traceq.analysis.stored import attribute_trace
+
+        return self._change(ref, attribute_trace)
+
+    def _change(self, ref: str | int | None, change: Callable[[duckdb.DuckDBPyConnection, int], object]
+                ) -> tuple[int, str]:
+        """change(con, trace_id) on the trace `ref` names, in one transaction on a connection
+        that may write."""
+        con = self.con if self.write else None
+        if con is None:
+            self.close()
+            con = self._open(read_only=False)
+        try:
+            trace_id, name = resolve_trace(con, None if ref is None else str(ref))
+            con.execute("BEGIN TRANSACTION")
+            try:
+                change(con, trace_id)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("CHECKPOINT")
+        finally:
+            if not self.write:
+                con.close()
+        return trace_id, name
+
+    def report(self, traces: list[str | int | Trace] | None = None, *, k: int = 15, title: str | None = None,
+               spec: str | Path | None = None, batch: int | None = None, iteration_regex: str | None = None) -> str:
+        """`traceq report`: the HTML text of one self-contained report on `traces` (names, ids or
+        Traces, side by side; default: the latest loaded)."""
+        from traceq.render.report import build_report
+
+        ids = [t.id if isinstance(t, Trace) else self.trace(t).id for t in (traces or [None])]
+        return build_report(self.con, ids, iteration_regex=_regex(iteration_regex), top_k=k, title=title,
+                            spec=_path(spec), batch=batch)
+
+
+def _remove_store(path: Path) -> None:
+    for p in (path, path.with_name(path.name + ".wal")):
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _regex(value: str | None) -> str:
+    from traceq.analysis.attribution import ITERATION_REGEX
+
+    return ITERATION_REGEX if value is None else value
+
+
+def _path(value: str | Path | None) -> Path | None:
+    return None if value is None else Path(value)
+
+
+def _note(message: str) -> None:
+    warnings.warn(message, TraceqWarning, stacklevel=3)
+
+
+class Trace:
+    """One trace of a store, and one method per `traceq` command on it.
+
+    Methods take the command's options as keywords (`by`, `k`, `spec`, `iteration_regex`, ...)
+    and return a polars DataFrame with the columns csv and json give; `.to_pandas()` turns one
+    into a pandas DataFrame where pandas is installed. Intermediate results (the NVTX attribution
+    of every launch, the FLOPs of every kernel) are kept for the last options asked, so `layers()`
+    then `libs()` attribute the launches once.
+    """
+
+    def __init__(self, store: Store, trace_id: int, name: str):
+        self.store = store
+        self.id = trace_id
+        self.name = name
+        self.load_result: LoadResult | None = None
+        self._kept: dict[str, tuple[tuple, object]] = {}
+
+    def __repr__(self) -> str:
+        return f"<traceq.Trace {self.id} {self.name!r}>"
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        return self.store.con
+
+    def _keep(self, kind: str, key: tuple, make: Callable[[], Any]) -> Any:
+        """make(), kept for the next call with the same `kind` and `key` (one per kind)."""
+        kept = self._kept.get(kind)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        value = make()
+        self._kept[kind] = (key, value)
+        return value
+
+    # --- facts about the trace
+
+    def info(self) -> dict[str, object]:
+        """The trace's row of `traces()`."""
+        columns = [d[0] for d in self.con.execute("SELECT * FROM traces LIMIT 0").description]
+        row = first_row(self.con, "SELECT * FROM traces WHERE trace_id = ?", [self.id])
+        return dict(zip(columns, row or ()))
+
+    def kernel_time_ns(self) -> int:
+        """All kernel time of the trace, ns."""
+        from traceq.analysis.kernels import kernel_time_total
+
+        return kernel_time_total(self.con, self.id)
+
+    def iterations(self, *, iteration_regex: str | None = None) -> int:
+        """How many iterations the trace's kernels ran in (0: it marks none)."""
+        from traceq.analysis.compare import iteration_count
+
+        return iteration_count(self._attributed(iteration_regex))
+
+    def per_iteration(self, other: Trace, by: CompareBy | str = CompareBy.layer, *,
+                      iteration_regex: str | None = None) -> bool:
+        """Whether `compare(other, by)` gives times per iteration (both traces mark iterations)
+        rather than totals."""
+        if CompareBy(by) is CompareBy.stage:
+            return all(s["iteration"].drop_nulls().len() > 0
+                       for s in (self._stages(iteration_regex), other._stages(iteration_regex)))
+        return self.iterations(iteration_regex=iteration_regex) > 0 < other.iterations(iteration_regex=iteration_regex)
+
+    def gpu(self) -> dict[str, object]:
+        """The GPU that ran the most kernel time: name, sm_count, clock_hz, peak_<precision>
+        (FLOP/s, for fp64 ... int8), description."""
+        from traceq.analysis.efficiency import busiest_gpu
+
+        return busiest_gpu(self.con, self.id)
+
+    def _attributed(self, iteration_regex: str | None) -> pl.DataFrame:
+        from traceq.analysis.layers import attributed_kernels
+
+        regex = _regex(iteration_regex)
+        return self._keep("attributed", (regex, _rules_key()), lambda: attributed_kernels(self.con, self.id, regex))
+
+    def _stages(self, iteration_regex: str | None) -> pl.DataFrame:
+        from traceq.analysis.layers import stage_times
+
+        regex = _regex(iteration_regex)
+        return self._keep("stages", (regex, _rules_key()), lambda: stage_times(self.con, self.id, regex))
+
+    def _groups(self, iteration_regex: str | None) -> pl.DataFrame:
+        from traceq.analysis.layers import kernel_groups
+
+        regex = _regex(iteration_regex)
+        return self._keep("groups", (regex, _rules_key()), lambda: kernel_groups(self.con, self.id, regex))
+
+    # --- one method per command
+
+    def top(self, k: int = 15, by: NameBy | str = NameBy.demangled, *, instances: bool = False,
+            context: bool | None = None) -> pl.DataFrame:
+        """`traceq top`: the k heaviest kernels by total time, as `nsys stats`' cuda_gpu_kern_sum
+        (rank, instances, total_ns, pct, avg_ns, median_ns, min_ns, max_ns, stddev_ns, name), with
+        layer, pass and library (`context`; default: up to 1M kernels, the library alone above);
+        with `instances`, the k longest launches."""
+        relation = self.top_relation(k, by, instances=instances, context=context)
+        return relation.pl()
+
+    def top_relation(self, k: int = 15, by: NameBy | str = NameBy.demangled, *, instances: bool = False,
+                     context: bool | None = None) -> duckdb.DuckDBPyRelation:
+        """`top` as a DuckDB relation: where no layer context is joined, the rows come straight
+        from the store and nothing imports polars (how `traceq top` stays fast)."""
+        from traceq.analysis.kernels import top_instances_relation, top_kernels_relation
+
+        by = NameBy(by)
+        attribute = context
+        if context is None:  # NVTX attribution costs about a second per million kernels; names cost nothing
+            kernels = first_row(self.con, "SELECT kernel_count FROM traces WHERE trace_id = ?", [self.id])[0] or 0
+            attribute = kernels <= AUTO_CONTEXT_MAX_KERNELS
+            if not attribute:
+                _note(f"{kernels:,} kernels: layer and pass columns left out "
+                      "(NVTX attribution takes a while at this size); --context adds them")
+        if instances:
+            launches = top_instances_relation(self.con, self.id, k)
+            if attribute:
+                return self._relation(_with_instance_context(launches.pl(), self._attributed(None)))
+            return launches if context is False else _with_library(self.con, launches)
+        ranking = top_kernels_relation(self.con, self.id, k, by)
+        if context is False:
+            return ranking
+        if attribute:
+            return self._relation(_with_kernel_context(ranking.pl(), self._groups(None), by))
+        return _with_library(self.con, ranking)
+
+    def _relation(self, frame: pl.DataFrame) -> duckdb.DuckDBPyRelation:
+        return self.con.from_arrow(frame.to_arrow())
+
+    def layers(self, *, iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq layers`: GPU time per layer and pass (layer, pass, kernels, total_ns, pct,
+        heaviest, libraries, attribution), heaviest first."""
+        from traceq.analysis.layers import layer_times
+
+        return layer_times(self.con, self.id, groups=self._groups(iteration_regex))
+
+    def attribution_shares(self, *, iteration_regex: str | None = None) -> dict[str, float]:
+        """Share of all kernel time (%) inside a layer range ('range'), placed in a layer by a
+        rule ('rule') and in no layer ('none'): the title of `traceq layers`."""
+        from traceq.analysis.layers import attribution_shares
+
+        return attribution_shares(self._groups(iteration_regex))
+
+    def libs(self, *, by_layer: bool = False, iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq libs`: GPU time per library ([layer, pass,] library, kernels, total_ns, pct,
+        operations, implementations), heaviest first."""
+        from traceq.analysis.layers import library_times
+
+        return library_times(self.con, self.id, by_layer, groups=self._groups(iteration_regex))
+
+    def stages(self, *, iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq stages`: GPU time per iteration and device in each training stage, span, busy
+        and idle time."""
+        return self._stages(iteration_regex)
+
+    def kernels(self, *, iteration_regex: str | None = None) -> pl.DataFrame:
+        """Every kernel launch, in kernel_id order, with its NVTX context, classification,
+        precision and occupancy: kernel_id, device_id, stream_id, start_ns, dur_ns, name,
+        short_name, layer, pass, iteration, stage, attribution, library, implementation,
+        operation, precision, precision_from, tensor_cores, grid_blocks, block_threads,
+        registers_per_thread, smem_static_bytes, smem_dynamic_bytes, blocks_per_sm, limiter,
+        occupancy, waves, ru. RU columns are null (with a note) where the trace's GPU is not
+        described or not NVIDIA's."""
+        from traceq.analysis.efficiency import kernel_launch_table
+
+        return kernel_launch_table(self.con, self.id, self._attributed(iteration_regex), note=_note)
+
+    def ru(self, by: GroupBy | str = GroupBy.kernel, *, k: int | None = None, cc: str | None = None,
+           sms: int | None = None, iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq ru`: occupancy and resource utilization per kernel name, layer or library,
+        heaviest first (`k`: only the first k rows)."""
+        from traceq.analysis.efficiency import ru_table
+
+        by = GroupBy(by)  # by layer the launches' attribution is needed (by kernel or library, rarely)
+        kernels = self._attributed(iteration_regex) if by is GroupBy.layer else None
+        frame = ru_table(self.con, self.id, by, cc=cc, sms=sms, iteration_regex=_regex(iteration_regex),
+                         kernels=kernels)
+        return frame if k is None else frame.head(k)
+
+    def _kernel_ce(self, spec: str | Path | None, batch: int | None, precision: str | None,
+                   iteration_regex: str | None) -> pl.DataFrame:
+        from traceq.analysis.efficiency import kernel_ce
+
+        precision = None if precision is None else getattr(precision, "value", precision)
+        return self._keep("ce", (str(spec), batch, precision, _regex(iteration_regex), _rules_key()),
+                          lambda: kernel_ce(self.con, self.id, spec=_path(spec), batch=batch, precision=precision,
+                                            iteration_regex=_regex(iteration_regex),
+                                            kernels=self._attributed(iteration_regex)))
+
+    def ce(self, by: GroupBy | str = GroupBy.layer, *, spec: str | Path | None = None, batch: int | None = None,
+           precision: str | None = None, k: int | None = None, iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq ce`: compute efficiency per layer and pass, kernel name or library, most FLOPs
+        first; FLOPs from the trace's recorded shapes or a model spec (`spec`). Notes (spec
+        layers without kernels, assumed precisions) come as TraceqWarnings."""
+        from traceq.analysis.efficiency import ce_notes, ce_table
+
+        per_kernel = self._kernel_ce(spec, batch, precision, iteration_regex)
+        frame = ce_table(self.con, self.id, GroupBy(by), per_kernel=per_kernel)
+        for note in ce_notes(per_kernel):
+            _note(note)
+        return frame if k is None else frame.head(k)
+
+    def traffic(self, by: TrafficBy | str = TrafficBy.layer, *, gpu: str | None = None,
+                spec: str | Path | None = None, batch: int | None = None, k: int | None = None,
+                iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq traffic`: DeLTA's traffic model of every convolution and GEMM launch beside
+        its measured time, per layer and pass or per kernel name (`gpu`: predict on another GPU)."""
+        from traceq.analysis.traffic import traffic_table
+
+        frame = traffic_table(self.con, self.id, TrafficBy(by), spec=_path(spec), batch=batch, gpu=gpu,
+                              iteration_regex=_regex(iteration_regex), kernels=self._attributed(iteration_regex))
+        return frame if k is None else frame.head(k)
+
+    def traffic_gpu(self, gpu: str | None = None) -> GpuProduct:
+        """The GPU `traffic` predicts on: the product `gpu` names, else the trace's own."""
+        from traceq.analysis.gpu_products import gpu_product, trace_gpu
+
+        return gpu_product(gpu) if gpu else trace_gpu(self.con, self.id)
+
+    def memory(self, by: MemoryBy | str = MemoryBy.layer, *, iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq memory`: device memory allocated per device, layer and pass (`by='layer'`), or
+        in use after each allocation and free (`by='time'`)."""
+        from traceq.analysis.memory import memory_by_layer, memory_timeline
+
+        analysis = memory_by_layer if MemoryBy(by) is MemoryBy.layer else memory_timeline
+        return analysis(self.con, self.id, _regex(iteration_regex))
+
+    def memory_peaks(self, *, iteration_regex: str | None = None) -> pl.DataFrame:
+        """Per device: its memory, the peak in use and when, allocations, what was allocated
+        before the capture (the title of `traceq memory`)."""
+        from traceq.analysis.memory import memory_summary
+
+        return memory_summary(self.con, self.id, _regex(iteration_regex))
+
+    def compare(self, other: Trace | str | int, by: CompareBy | str = CompareBy.layer, *,
+                spec: str | Path | None = None, k: int | None = None,
+                iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq compare`: this trace (a) and `other` (b) side by side per layer, kernel name,
+        library or stage: GPU time (per iteration when both mark iterations), b - a, b / a, RU
+        and, with FLOPs for both, TFLOP/s and CE."""
+        from traceq.analysis.compare import compare_runs
+
+        b = other if isinstance(other, Trace) else self.store.trace(other)
+        if CompareBy(by) is CompareBy.stage:
+            done = {"stages": (self._stages(iteration_regex), b._stages(iteration_regex))}
+        else:
+            done = {"kernels": (self._attributed(iteration_regex), b._attributed(iteration_regex))}
+        frame, _ = compare_runs(self.con, self.id, b.id, CompareBy(by), spec=_path(spec),
+                                iteration_regex=_regex(iteration_regex), **done)
+        return frame if k is None else frame.head(k)
+
+
+def _rules_key() -> object:
+    """What the kernel rules in force depend on (analyses keep results per rules file)."""
+    from traceq.analysis.classify import default_rules
+
+    return id(default_rules())
+
+
+def _with_library(con: duckdb.DuckDBPyConnection, ranking: duckdb.DuckDBPyRelation) -> duckdb.DuckDBPyRelation:
+    """The library column alone: the names in `ranking` (a few rows) classified, no attribution."""
+    from traceq.analysis.classify import classify
+
+    names = list(dict.fromkeys(name for (name,) in ranking.project("name").fetchall()))
+    if not names:
+        return ranking.project("*, NULL::VARCHAR AS library")
+    values = ", ".join(["(?, ?)"] * len(names))  # joined in DuckDB: the ranking stays a relation
+    libraries = con.sql(f"SELECT * FROM (VALUES {values}) AS l(name, library)",
+                        params=[value for name in names for value in (name, classify(name).library)])
+    return ranking.join(libraries, "name", how="left").order("rank")
+
+
+def _with_kernel_context(frame: pl.DataFrame, groups: pl.DataFrame, by: NameBy) -> pl.DataFrame:
+    from traceq.analysis.layers import names_context
+
+    column = {NameBy.demangled: "name", NameBy.short: "short_name"}.get(by)
+    if column is None:  # mangled names: no layer context
+        return frame
+    return frame.join(names_context(groups, column), on="name", how="left", maintain_order="left")
+
+
+def _with_instance_context(frame: pl.DataFrame, attributed: pl.DataFrame) -> pl.DataFrame:
+    context = attributed.select("kernel_id", "layer", "pass", library="implementation")
+    joined = frame.join(context, on="kernel_id", how="left", maintain_order="left")
+    first = ["rank", "layer", "pass", "name", "dur_ns"]  # the paper's Table 3: layer, function, time
+    return joined.select(*first, *[c for c in joined.columns if c not in first])
+
+
+def occupancy(cc: str, threads: int, regs: int, *, smem_static: int = 0, smem_dynamic: int = 0,
+              carveout: int | None = None, opt_in: bool = False, grid: int | None = None,
+              sms: int | None = None) -> dict[str, object]:
+    """`traceq occupancy`: the offline occupancy calculator for one launch shape on compute
+    capability `cc` ('9.0'): blocks_per_sm, limit_<resource>, limiter, occupancy, and with
+    `grid` and `sms` waves and ru."""
+    from traceq.analysis.gpu_specs import limits_for_cc
+    from traceq.analysis.occupancy import occupancy_dict
+
+    major, _, minor = cc.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        raise TraceqError(f"{cc!r} is not a compute capability like 9.0")
+    return occupancy_dict(threads, regs, limits_for_cc(int(major), int(minor)), static_smem=smem_static,
+                          dynamic_smem=smem_dynamic, carveout=carveout, opt_in=opt_in, grid_blocks=grid, sms=sms)
+
+
+def use_rules(path: str | Path | None) -> None:
+    """Put the kernel rules of a TOML file (the format of analysis/kernel_rules.toml) in front
+    of the packaged ones for every analysis after this call, as `traceq --rules FILE` does
+    (None: back to $TRACEQ_RULES or none). Raises TraceqError for a bad file."""
+    from traceq.analysis.classify import use_rules as choose
+
+    choose(path)
+
+
+__all__ = ["AUTO_CONTEXT_MAX_KERNELS", "Store", "Trace", "load", "occupancy", "open", "use_rules"]

@@ -1,0 +1,154 @@
+"""The Python API gives what the CLI prints: every command's json equals the API method's frame,
+on every bundled sample; the API raises where the CLI refuses, with the same message."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from datetime import datetime
+from pathlib import Path
+
+import polars as pl
+import pytest
+from conftest import SAMPLES
+from typer.testing import CliRunner
+
+import traceq
+from traceq.cli import app
+
+runner = CliRunner()
+SAMPLE_FILES = sorted([*SAMPLES.glob("*.sqlite"), *SAMPLES.glob("*.json")])
+SPEC = str(SAMPLES / "alexnet.model.toml")
+
+COMMANDS = {  # what the CLI runs (with -t TRACE) -> the same through the API
+    "top": (["top"], lambda t: t.top()),
+    "top short": (["top", "--by", "short", "-k", "5"], lambda t: t.top(5, "short")),
+    "top no context": (["top", "--no-context"], lambda t: t.top(context=False)),
+    "top instances": (["top", "--instances", "-k", "5"], lambda t: t.top(5, instances=True)),
+    "layers": (["layers"], lambda t: t.layers()),
+    "libs": (["libs"], lambda t: t.libs()),
+    "libs by layer": (["libs", "--by-layer"], lambda t: t.libs(by_layer=True)),
+    "stages": (["stages"], lambda t: t.stages()),
+    "ru kernel": (["ru"], lambda t: t.ru()),
+    "ru layer": (["ru", "--by", "layer", "-k", "10"], lambda t: t.ru("layer", k=10)),
+    "ru library": (["ru", "--by", "library"], lambda t: t.ru("library")),
+    "ce layer": (["ce"], lambda t: t.ce()),
+    "ce library": (["ce", "--by", "library", "--precision", "fp16"], lambda t: t.ce("library", precision="fp16")),
+    "memory layer": (["memory"], lambda t: t.memory()),
+    "memory time": (["memory", "--by", "time"], lambda t: t.memory("time")),
+    "traffic": (["traffic", "-k", "8"], lambda t: t.traffic(k=8)),
+}
+ALEXNET_SPEC = {  # with a model spec, on the AlexNet samples
+    "ce spec kernel": (["ce", "--by", "kernel", "--spec", SPEC], lambda t: t.ce("kernel", spec=SPEC)),
+    "traffic spec kernel": (["traffic", "--by", "kernel", "--spec", SPEC, "--gpu", "A100-SXM4-80GB"],
+                            lambda t: t.traffic("kernel", spec=SPEC, gpu="A100-SXM4-80GB")),
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every bundled sample, loaded by `traceq load`."""
+    path = tmp_path_factory.mktemp("api") / "s.duckdb"
+    result = runner.invoke(app, ["load", *(str(p) for p in SAMPLE_FILES), "--db", str(path)])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def _value(v: object) -> object:
+    if isinstance(v, float) and math.isnan(v):
+        return "NaN"
+    if isinstance(v, datetime):
+        return str(v)
+    return v
+
+
+def _rows(rows: list[dict]) -> list[dict]:
+    return [{k: _value(v) for k, v in row.items()} for row in rows]
+
+
+def _trace_name(path: Path) -> str:
+    return path.name.removesuffix(".json").removesuffix(".sqlite")
+
+
+@pytest.mark.parametrize("sample", [_trace_name(p) for p in SAMPLE_FILES])
+def test_every_command_gives_the_api_frame(store: Path, sample: str) -> None:
+    """For each command (and grouping) on one sample: the CLI's json rows are the API frame's
+    rows, value for value; where the CLI refuses in one line, the API raises that message."""
+    t = traceq.open(store).trace(sample)
+    commands = {**COMMANDS, **(ALEXNET_SPEC if sample.startswith("alexnet_b256_cudnn") else {})}
+    for command, (args, call) in commands.items():
+        result = runner.invoke(app, [*args, "-t", sample, "--db", str(store), "-f", "json"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", traceq.TraceqWarning)
+            try:
+                frame = call(t)
+            except traceq.TraceqError as e:
+                assert result.exit_code == 1, f"{command}: the CLI did not refuse: {result.output[-300:]}"
+                assert result.stderr.strip().splitlines()[-1] == f"traceq: {e}", command
+                continue
+        assert result.exit_code == 0, f"{command}: {result.output[-300:]}"
+        assert _rows(json.loads(result.stdout)) == _rows(frame.to_dicts()), f"{sample}: {command}"
+    t.store.close()
+
+
+def test_compare_and_traces(store: Path) -> None:
+    with traceq.open(store) as s:
+        assert _rows(json.loads(runner.invoke(app, ["traces", "--db", str(store), "-f", "json"]).stdout)) == _rows(
+            s.traces().to_dicts())
+        a = s.trace("alexnet_b256_cudnn")
+        for by in ("layer", "kernel", "library", "stage"):
+            cli = runner.invoke(app, ["compare", "alexnet_b256_cudnn", "alexnet_b128_cudnn", "--by", by, "--spec",
+                                      SPEC, "--db", str(store), "-f", "json"])
+            assert cli.exit_code == 0, cli.output
+            assert _rows(json.loads(cli.stdout)) == _rows(a.compare("alexnet_b128_cudnn", by, spec=SPEC).to_dicts()), by
+
+
+def test_kernels_hold_every_launch_with_its_context(store: Path) -> None:
+    """`Trace.kernels()`: one row per launch of the trace (counted in the store), its layer as
+    `layers` sums it, its precision as `ce` reads it, its RU as `ru` weighs it."""
+    with traceq.open(store) as s:
+        t = s.trace("alexnet_b256_cudnn")
+        k = t.kernels()
+        assert k.height == s.con.execute("SELECT count(*) FROM kernel_events WHERE trace_id = ?", [t.id]).fetchone()[0]
+        assert k["kernel_id"].is_sorted() and k["ru"].null_count() == 0
+        per_layer = {(layer, pass_): total for layer, pass_, total in
+                     k.group_by("layer", "pass").agg(pl.col("dur_ns").sum()).iter_rows()}
+        assert per_layer == {(r["layer"], r["pass"]): r["total_ns"] for r in t.layers().iter_rows(named=True)}
+        assert set(k["precision"]) <= {"fp32", "tf32", "fp16", "bf16", "fp64", "fp8", "int8"}
+
+
+def test_the_api_raises_instead_of_exiting(store: Path, tmp_path: Path) -> None:
+    with pytest.raises(traceq.StoreError, match="no store at"):
+        traceq.open(tmp_path / "none.duckdb")
+    with traceq.open(store) as s:
+        with pytest.raises(traceq.NotFoundError, match="no trace 'nope'"):
+            s.trace("nope")
+        with pytest.raises(traceq.MissingDataError, match="no CUDA memory usage events"):
+            s.trace("ddp_resnet18_2gpu").memory()
+    with pytest.raises(traceq.TraceFormatError):
+        traceq.load(SAMPLES / "alexnet.model.toml", store=tmp_path / "new.duckdb")
+    assert not (tmp_path / "new.duckdb").exists(), "a refused load left a store behind"
+
+
+def test_load_returns_the_trace_and_the_store_stays_read_only(tmp_path: Path) -> None:
+    db = tmp_path / "s.duckdb"
+    t = traceq.load(SAMPLES / "lenet_b256_cudnn.sqlite", store=db)
+    assert (t.name, t.load_result.status) == ("lenet_b256_cudnn", "loaded")
+    assert t.top(3).height == 3
+    with pytest.raises(traceq.TraceqError, match="refused"):
+        t.store.sql("DELETE FROM kernel_events")
+    assert traceq.load(SAMPLES / "lenet_b256_cudnn.sqlite", store=t.store).load_result.status == "already_loaded"
+    t.store.close()
+
+
+def test_dir_shows_the_public_api_and_imports_stay_lazy() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, traceq; print(sorted(n for n in dir(traceq) if not n.startswith('_'))); "
+            "print('polars' in sys.modules, 'traceq.analysis.layers' in sys.modules); import traceq.analysis.layers")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert eval(out[0]) == ["MissingDataError", "NotFoundError", "Store", "StoreError", "Trace", "TraceFormatError",
+                            "TraceqError", "TraceqWarning", "load", "occupancy", "open", "use_rules"]
+    assert out[1] == "False False"
