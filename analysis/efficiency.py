@@ -187,7 +187,7 @@ def ru_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = 
                              kernels=kernels).with_columns(instances=pl.lit(1, pl.Int64),
                                                            longest_ns=pl.col("dur_ns"),
                                                            first_kernel=pl.col("kernel_id"))
-    launches = launches.with_columns(
+    launches = launches.sort("first_kernel").with_columns(  # in a fixed order: float sums the same every run
         smem_bytes=pl.col("smem_static_bytes").fill_null(0) + pl.col("smem_dynamic_bytes").fill_null(0))
     keys = _KEYS[by]
     if by is GroupBy.kernel:
