@@ -454,6 +454,42 @@ def rm(
 
 
 @app.command()
+def sql(
+    query: Annotated[Optional[str], typer.Argument(
+        help="One read-only SQL statement [default: open DuckDB's own shell on the store, read-only]",
+        metavar="[QUERY]", show_default=False)] = None,
+    db: DbOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Run a read-only SQL query on the store and print its rows like every other table (docs/schema.md)."""
+    with user_errors():
+        store = _store(db)
+        if query is None:
+            if fmt is not None or out is not None:
+                raise typer.BadParameter("--format and --output need a QUERY", param_hint="QUERY")
+            store.close()
+            raise typer.Exit(_duckdb_shell(store.path))
+        frame = store.sql(query)
+        _emit(render(frame, format_for(fmt, out), title=f"{len(frame):,} row(s)", width=_terminal_width()), out)
+
+
+def _duckdb_shell(path: Path) -> int:
+    """Run DuckDB's own shell on the store, read-only; its exit status."""
+    import subprocess
+
+    import duckdb
+
+    shell = shutil.which("duckdb")
+    if shell is None:
+        raise TraceqError(f"DuckDB's shell (`duckdb`) is not on PATH: install DuckDB's command-line client, "
+                          f"version {duckdb.__version__} as the duckdb Python package traceq uses (an older one "
+                          f"may not read the store), and run `duckdb -readonly {path}`; or give a query: "
+                          "traceq sql \"SELECT ...\"")
+    return subprocess.run([shell, "-readonly", str(path)]).returncode
+
+
+@app.command()
 def attribute(
     trace: Annotated[Optional[str], typer.Argument(help="Trace name or id [default: the latest loaded]",
                                                    metavar="[TRACE]", show_default=False)] = None,

@@ -152,3 +152,32 @@ def test_dir_shows_the_public_api_and_imports_stay_lazy() -> None:
     assert eval(out[0]) == ["MissingDataError", "NotFoundError", "Store", "StoreError", "Trace", "TraceFormatError",
                             "TraceqError", "TraceqWarning", "load", "occupancy", "open", "use_rules"]
     assert out[1] == "False False"
+
+
+def test_sql_reads_and_refuses_writes_in_one_line(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`traceq sql`: rows as every table prints them (the kept attribution grouped by layer equals
+    `layers`), a write refused in one line with the store unchanged, DuckDB's shell when on PATH."""
+    import hashlib
+
+    query = ("SELECT layer, pass, sum(dur_ns)::BIGINT AS total_ns FROM kernels_attributed k JOIN traces t "
+             "USING (trace_id) WHERE t.name = 'alexnet_b256_cudnn' GROUP BY ALL ORDER BY 3 DESC, 1, 2")
+    rows = json.loads(runner.invoke(app, ["sql", query, "--db", str(store), "-f", "json"]).stdout)
+    with traceq.open(store) as s:
+        layers = s.trace("alexnet_b256_cudnn").layers()
+    assert [(r["layer"], r["pass"], r["total_ns"]) for r in rows] == list(
+        layers.select("layer", "pass", "total_ns").sort(["total_ns", "layer", "pass"], descending=[True, False, False],
+                                                        nulls_last=True).iter_rows())
+    before = hashlib.sha256(store.read_bytes()).hexdigest()
+    for statement in ("DELETE FROM kernel_events", "DROP TABLE traces", "COPY traces TO 'x.csv'", "SELECT 1; SELECT 2"):
+        result = runner.invoke(app, ["sql", statement, "--db", str(store)])
+        assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.output
+        assert result.stderr.startswith("traceq: sql: "), result.stderr
+    assert hashlib.sha256(store.read_bytes()).hexdigest() == before
+    monkeypatch.setenv("PATH", str(tmp_path))
+    missing = runner.invoke(app, ["sql", "--db", str(store)])
+    assert missing.exit_code == 1 and "`duckdb` is not on PATH" in missing.stderr.replace("(`duckdb`)", "`duckdb`")
+    shell = tmp_path / "duckdb"
+    shell.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'args'}\nexit 7\n")
+    shell.chmod(0o755)
+    assert runner.invoke(app, ["sql", "--db", str(store)]).exit_code == 7
+    assert (tmp_path / "args").read_text().split() == ["-readonly", str(store)]
