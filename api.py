@@ -477,6 +477,19 @@ class Trace:
                                 iteration_regex=_regex(iteration_regex), **done)
         return frame if k is None else frame.head(k)
 
+    def export(self, path: str | Path, *, format: str = "perfetto",  # noqa: A002 (the CLI's --format)
+               progress: Callable[[int, int], None] | None = None) -> dict[str, int]:
+        """`traceq export`: write the trace as Chrome trace events (`format='perfetto'`: the JSON
+        Perfetto and chrome://tracing open; gzip-compressed when `path` ends in .gz): kernels and
+        memory operations per GPU and stream, CUDA API calls and NVTX ranges per thread, flows
+        from each launch to its kernel, kernels' layer, pass, stage and library in their args.
+        Written as it is read, a batch at a time. Returns the events written per kind."""
+        from traceq.export import write_chrome_trace
+
+        if format != "perfetto":
+            raise TraceqError(f"export: unknown format {format!r} (perfetto)")
+        return write_chrome_trace(self.con, self.id, Path(path), self._attributed(None), progress=progress)
+
 
 def _rules_key() -> object:
     """What the kernel rules in force depend on (analyses keep results per rules file)."""

@@ -23,7 +23,8 @@ import typer
 from typer.core import TyperCommand
 
 from traceq import __version__
-from traceq.analysis.choices import CompareBy, GroupBy, IdleBy, MemoryBy, NameBy, Precision, StatsReport, TrafficBy
+from traceq.analysis.choices import (CompareBy, ExportFormat, GroupBy, IdleBy, MemoryBy, NameBy, Precision,
+                                    StatsReport, TrafficBy)
 from traceq.api import Store, Trace
 from traceq.errors import TraceqError, TraceqWarning
 from traceq.render import Format, format_for, render
@@ -96,17 +97,18 @@ def _err(message: str) -> None:
 def user_errors() -> Iterator[None]:
     """Turn a TraceqError into one line on stderr and its exit status (1; 3 for a failed gate), and
     each TraceqWarning the API gives into a `traceq: note: ...` line."""
+    notes: list[warnings.WarningMessage] = []
     try:
-        with warnings.catch_warnings(record=True) as notes:
-            warnings.simplefilter("always", TraceqWarning)
-            try:
+        try:
+            with warnings.catch_warnings(record=True) as notes:
+                warnings.simplefilter("always", TraceqWarning)
                 yield
-            finally:
-                for note in notes:
-                    if issubclass(note.category, TraceqWarning):
-                        _err(f"note: {note.message}")
-                    else:
-                        warnings.showwarning(note.message, note.category, note.filename, note.lineno)
+        finally:  # outside catch_warnings: showing a warning there would record it again
+            for note in notes:
+                if issubclass(note.category, TraceqWarning):
+                    _err(f"note: {note.message}")
+                else:
+                    warnings.showwarning(note.message, note.category, note.filename, note.lineno)
     except TraceqError as e:
         _err(str(e))
         raise typer.Exit(code=e.exit_code) from None
@@ -742,6 +744,32 @@ def report(
         figures = page.count('class="figure"')
         _err(f"{len(page) / 1e6:.1f} MB, {figures} figures, "
              f"in {time.monotonic() - started:.1f} s; open it in a browser (no network needed)")
+
+
+@app.command()
+def export(
+    trace: Annotated[Optional[str], typer.Argument(help="Trace name or id [default: the latest loaded]",
+                                                   metavar="[TRACE]", show_default=False)] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        "--output", "-o", callback=_global, show_default=False,
+        help="The file to write; .gz compresses it [default: TRACE.json.gz]")] = None,
+    export_format: Annotated[ExportFormat, typer.Option(
+        "--format", "-f", help="perfetto: Chrome trace events (Perfetto, chrome://tracing)")] = ExportFormat.perfetto,
+    db: DbOpt = None,
+) -> None:
+    """Write a trace's kernels, memcpys, API calls and NVTX ranges as a timeline Perfetto opens."""
+    with user_errors():
+        started = time.monotonic()
+        t = _store(db).trace(trace)
+        out = out or Path(f"{t.name}.json.gz")
+        progress = _LazyProgress(f"exporting {t.name}")
+        try:
+            written = t.export(out, format=export_format.value, progress=progress)
+        finally:
+            progress.close()
+        typer.echo(f"wrote {out}: {written['kernel']:,} kernels, {written['memop']:,} memory operations, "
+                   f"{written['cuda_api']:,} API calls, {written['nvtx_range'] + written['nvtx_async'] // 2:,} NVTX "
+                   f"ranges, {written['flow'] // 2:,} launch flows in {time.monotonic() - started:.1f} s")
 
 
 def main() -> None:

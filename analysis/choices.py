@@ -82,3 +82,9 @@ class StatsReport(str, Enum):
     nvtx_sum = "nvtx_sum"
     nvtx_gpu_proj_sum = "nvtx_gpu_proj_sum"
     cuda_kern_exec_sum = "cuda_kern_exec_sum"
+
+
+class ExportFormat(str, Enum):
+    """What `traceq export` writes: Chrome trace events, which Perfetto opens."""
+
+    perfetto = "perfetto"

@@ -174,7 +174,7 @@ def test_every_quoted_command_runs_as_written(doc: Path, tmp_path: Path, monkeyp
     folder holding sample_traces/ (docs other than the README: with the samples loaded, as they
     assume); where a console block quotes what it prints (error messages included), it prints
     exactly that. Synopses (`traceq compare A B`) name real commands and options, and a command's
-    heading in docs/cli.md is its usage line. Python blocks run too."""
+    heading in docs/cli.md is its usage line. Python blocks run too, each document's in one session."""
     runner = CliRunner()
     monkeypatch.delenv("TRACEQ_DB", raising=False)
     folders: dict[str, Path] = {}
@@ -205,8 +205,9 @@ def test_every_quoted_command_runs_as_written(doc: Path, tmp_path: Path, monkeyp
         if q.output is not None:
             assert _normalized(result.stdout.splitlines()) == _normalized(q.output), f"{doc.name}: {q.command}"
     monkeypatch.chdir(folders.get("doc", tmp_path))
+    session: dict[str, object] = {}  # one session per document, as a notebook runs its cells
     for block in re.findall(r"^```python\n(.*?)^```", doc.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL):
-        exec(compile(block, f"{doc.name} (python block)", "exec"), {})  # on the store the commands made
+        exec(compile(block, f"{doc.name} (python block)", "exec"), session)  # on the store the commands made
     if doc.name in ("README.md", "cli.md", "findings.md"):
         assert ran >= 3, f"{doc.name}: the test found only {ran} commands to run"
 
