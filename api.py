@@ -488,7 +488,10 @@ class Trace:
 
         if format != "perfetto":
             raise TraceqError(f"export: unknown format {format!r} (perfetto)")
-        return write_chrome_trace(self.con, self.id, Path(path), self._attributed(None), progress=progress)
+        from traceq.analysis.stored import is_kept
+
+        attribution = None if is_kept(self.con, self.id) else self._attributed(None)  # kept: joined in DuckDB
+        return write_chrome_trace(self.con, self.id, Path(path), attribution, progress=progress)
 
 
 def _rules_key() -> object:

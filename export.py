@@ -42,8 +42,12 @@ def _us(column: str, origin: int) -> str:
     return _US.format(col=column, origin=origin)
 
 
-def _event_queries(t: int, origin: int) -> dict[str, str]:
-    """Per kind of event, a query whose one column `e` is each event's JSON text."""
+def _event_queries(t: int, origin: int, kept: bool) -> dict[str, str]:
+    """Per kind of event, a query whose one column `e` is each event's JSON text; kernels'
+    attribution from the store where it is `kept`, else from the registered frame."""
+    kernels = (f"(SELECT * FROM kernels_attributed WHERE trace_id = {t}) k" if kept else
+               "kernels k LEFT JOIN _traceq_export_attribution a ON a.kernel_id = k.kernel_id")
+    a = "k" if kept else "a"
     ts, end = _us("start_ns", origin), _us("end_ns", origin)
     dur = "((end_ns - start_ns)::DECIMAL(20, 0) / 1000)::DECIMAL(20, 3)"
     return {
@@ -55,10 +59,9 @@ def _event_queries(t: int, origin: int) -> dict[str, str]:
                            grid: [k.grid_x, k.grid_y, k.grid_z], block: [k.block_x, k.block_y, k.block_z],
                            registers_per_thread: k.registers_per_thread,
                            smem_bytes: coalesce(k.smem_static_bytes, 0) + coalesce(k.smem_dynamic_bytes, 0),
-                           layer: a.layer, pass: a.pass, iteration: a.iteration, stage: a.stage,
-                           library: a.library}}}}) AS e
-            FROM kernels k LEFT JOIN _traceq_export_attribution a ON a.kernel_id = k.kernel_id
-            WHERE k.trace_id = {t}""",
+                           layer: {a}.layer, pass: {a}.pass, iteration: {a}.iteration, stage: {a}.stage,
+                           library: {a}.library}}}}) AS e
+            FROM {kernels} WHERE k.trace_id = {t}""",
         "memop": f"""
             SELECT to_json({{name: coalesce(copy_kind, dst_kind, op), cat: op, ph: 'X', ts: {ts}, dur: {dur},
                     pid: coalesce(device_id, 0), tid: coalesce(stream_id, 0),
@@ -143,16 +146,17 @@ def _origin(con: duckdb.DuckDBPyConnection, t: int) -> int:
 
 
 def write_chrome_trace(
-    con: duckdb.DuckDBPyConnection, trace_id: int, path: Path, attribution: pl.DataFrame,
+    con: duckdb.DuckDBPyConnection, trace_id: int, path: Path, attribution: pl.DataFrame | None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, int]:
     """Write the trace's events to `path` (gzip-compressed when it ends in .gz) as a Chrome
     trace JSON object; `attribution` gives each kernel_id its layer, pass, iteration, stage and
-    library. Returns how many events of each kind were written (a flow is two events)."""
+    library (None: read them from `kernels_attributed`, where the store keeps them). Returns how many events of each kind were written (a flow is two events)."""
     t = int(trace_id)
-    queries = _event_queries(t, _origin(con, t))
-    con.register("_traceq_export_attribution",
-                 attribution.select("kernel_id", "layer", "pass", "iteration", "stage", "library"))
+    queries = _event_queries(t, _origin(con, t), kept=attribution is None)
+    if attribution is not None:
+        con.register("_traceq_export_attribution",
+                     attribution.select("kernel_id", "layer", "pass", "iteration", "stage", "library"))
     partial = path.with_name(path.name + ".part")  # a failed export leaves no half-written file
     ordered = first_row(con, "SELECT current_setting('preserve_insertion_order')")[0]
     con.execute("SET preserve_insertion_order = false")  # events in any order: DuckDB need not buffer them
@@ -166,7 +170,8 @@ def write_chrome_trace(
         raise
     finally:
         con.execute(f"SET preserve_insertion_order = {bool(ordered)}")
-        con.unregister("_traceq_export_attribution")
+        if attribution is not None:
+            con.unregister("_traceq_export_attribution")
     return written
 
 
