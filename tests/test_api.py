@@ -18,7 +18,7 @@ import traceq
 from traceq.cli import app
 
 runner = CliRunner()
-SAMPLE_FILES = sorted([*SAMPLES.glob("*.sqlite"), *SAMPLES.glob("*.json")])
+SAMPLE_FILES = sorted([*SAMPLES.glob("*.sqlite"), *SAMPLES.glob("*.json"), *SAMPLES.glob("*_kineto.json.gz")])
 SPEC = str(SAMPLES / "alexnet.model.toml")
 
 COMMANDS = {  # what the CLI runs (with -t TRACE) -> the same through the API
@@ -68,7 +68,7 @@ def _rows(rows: list[dict]) -> list[dict]:
 
 
 def _trace_name(path: Path) -> str:
-    return path.name.removesuffix(".json").removesuffix(".sqlite")
+    return path.name.removesuffix(".gz").removesuffix(".json").removesuffix(".sqlite")
 
 
 @pytest.mark.parametrize("sample", [_trace_name(p) for p in SAMPLE_FILES])
