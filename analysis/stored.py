@@ -121,7 +121,8 @@ def attribute_trace(con: duckdb.DuckDBPyConnection, trace_id: int) -> float:
     kernels, names, contexts = kernel_contexts(con, t, ("dur_ns",), ordered=False, stored=False)
     precisions = kernel_precisions(con, t, kernels.select(kernel_id="id", name=names["name"].gather(kernels["name_row"])))
     # a kept context is a computed one with the kernel's precision: still a few thousand
-    per_kernel = (kernels.select("id", "context").join(precisions.rename({"kernel_id": "id"}), on="id", how="left")
+    per_kernel = (kernels.select("id", "context").sort("id")  # context ids numbered in kernel order: the same every load
+                  .join(precisions.rename({"kernel_id": "id"}), on="id", how="left", maintain_order="left")
                   .with_columns(key=pl.struct("context", "precision", "precision_from")))
     distinct = per_kernel.select(pl.col("key").unique(maintain_order=True)).unnest("key")
     table = (distinct.with_columns(context_id=pl.int_range(0, distinct.height, dtype=pl.UInt32))
@@ -136,7 +137,8 @@ def attribute_trace(con: duckdb.DuckDBPyConnection, trace_id: int) -> float:
     con.register("_traceq_kept_contexts", table)
     con.register("_traceq_kept_classes", classes)
     try:
-        con.execute(f"INSERT INTO kernel_classes SELECT {t}, name, library, operation FROM _traceq_kept_classes")
+        con.execute(f"INSERT INTO kernel_classes SELECT {t}, name, library, operation FROM _traceq_kept_classes "
+                    "ORDER BY name")
         con.execute(f"INSERT INTO kernel_attribution SELECT {t}, kernel_id, context_id FROM _traceq_kept_ids "
                     "ORDER BY kernel_id")
         con.execute(f"INSERT INTO kernel_contexts SELECT {t}, context_id, layer, pass, iteration, stage, library, "

@@ -26,6 +26,7 @@ def _contents(db: Path) -> dict[str, list[tuple]]:
                   for t in event_tables(con) if t != "traces"}
         tables["traces"] = con.execute(
             "SELECT * EXCLUDE (trace_id, loaded_at, load_seconds) FROM traces").fetchall()
+        tables["attributions"] = con.execute("SELECT * EXCLUDE (trace_id, seconds) FROM attributions").fetchall()
         return tables
     finally:
         con.close()

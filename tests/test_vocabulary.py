@@ -121,7 +121,7 @@ def test_usage_lines_name_arguments_plainly() -> None:
     for name, command in get_command(app).commands.items():  # type: ignore[attr-defined]
         usage = next(line for line in runner.invoke(app, [name, "--help"], env={"COLUMNS": "200"}).stdout
                      .splitlines() if "Usage:" in line).strip()
-        assert re.fullmatch(rf"Usage: traceq {name} \[OPTIONS\]( \[?[A-Z]+(\]\.\.\.|\.\.\.)?)*", usage), usage
+        assert re.fullmatch(rf"Usage: traceq {name} \[OPTIONS\]( \[?[A-Z]+(\]|\]\.\.\.|\.\.\.)?)*", usage), usage
 
 
 def _same(a: list[dict], b: list[dict]) -> bool:
