@@ -1,0 +1,622 @@
+"""Mutation fuzzer for `traceq load` and the commands after it (issue 16; run on demand or from a test).
+
+    python tools/fuzz.py --mutants 10000 --seed 1 --jsonl fuzz.jsonl --keep /tmp/fuzz-failures
+    python tools/fuzz.py --mutants 200 --start 4800 --seed 1       # one chunk of a longer run
+    python tools/fuzz.py --only 4873 --seed 1 --keep /tmp/one       # replay a single mutant
+
+Each mutant is a copy of one corpus trace with one mutation (`MUTATIONS`), loaded with
+`traceq load` into a copy of a store that already holds a good trace. What must hold:
+
+- no traceback, and an exit status of 0 or 1;
+- a refusal (exit 1) is one `traceq: ...` line on stderr, and the store is byte for byte as before;
+- after an acceptance (exit 0) the store's earlier trace is unchanged, and `traceq traces`, `top`,
+  `layers`, `libs`, `stages`, `ru`, `memory` and `report` each either work or refuse in one line.
+
+Mutant i of a run is made from `random.Random(f"{seed}:{i}")` alone, so any mutant of any run
+can be made again (`--only i`) and a long run can be cut into chunks (`--start`). The commands
+run in this process through typer's CliRunner (a process each would cost a second per command).
+
+Mutations are classes, one per kind of damage, each naming the trace formats it applies to; a
+corpus file's format is judged by `trace_format`. Supporting a new format is one entry in
+`trace_format`, its mutation classes appended to `MUTATIONS`, and its files in `corpus()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import random
+import re
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+SAMPLES = ("lenet_b256_cudnn.sqlite", "alexnet_b256_cudnn.sqlite", "alexnet_b64_nocache.sqlite",
+           "ddp_resnet18_2gpu.sqlite")
+"""Bundled samples in the corpus: every nsys feature traceq reads (NVTX layers, memory events,
+two GPUs), each small enough to load in a fraction of a second."""
+
+REALTRACES = (
+    "nsys_sqlite/martisu1631998__kmeans-parallel__report2.sqlite",  # old schema, TARGET_INFO_CUDA_GPU
+    "nsys_sqlite/MohanadOdema__DLProf__w_Relu__nsys_profile.sqlite",  # nsys 2022.1, NVTX op ranges
+    "nsys_sqlite/LeiWang1999__memfusion_artifact__report1.sqlite",  # nsys 2023.1, NVTX, 4 GPUs
+    "nsys_sqlite/CO18326__uvmTorch__report1.sqlite",  # no kernel table
+    "nvprof_sqlite/eganhila__mandelbrot_csgf_2017__output.nvvp",  # Version 9, one kernel
+    "nvprof_sqlite/m-goldstein__GPU_ML__timeline.nvvp",  # Version 12, cuDNN
+    "nvprof_sqlite/F64081169__Nvprof_Jetson_Nano_Example__yolo.nvvp",  # NVTX markers
+    "nvprof_sqlite/josiahdavis__profiling-lm__net.sql",  # pyprof markers
+    "nvprof_sqlite/esarmstrong__ece408__forward1_analysis.nvprof",  # KERNEL, not CONCURRENT_KERNEL
+    "nvprof_sqlite/shukoushuu__EM-Algorithm__analysis.nvprof",  # Version 8, Fermi
+)
+"""Third-party traces from ../shared/realtraces (used where present, never copied into the repo)."""
+
+BASE_TRACE = ROOT / "sample_traces" / "lenet_b256_cudnn.sqlite"
+"""The good trace every mutant's store already holds."""
+
+COMMANDS = (("traces",), ("top",), ("layers",), ("libs",), ("stages",), ("ru",), ("memory",), ("report",))
+"""Commands that must work (or refuse in one line) on an accepted mutant, the mutant's trace being
+the latest loaded, so each runs on it by default."""
+
+
+def corpus(include_shared: bool = True) -> list[Path]:
+    """The traces mutants are made from: the samples, and the realtraces when ../shared is there."""
+    files = [ROOT / "sample_traces" / name for name in SAMPLES]
+    if include_shared and (SHARED / "realtraces").is_dir():
+        files += [p for p in (SHARED / "realtraces" / rel for rel in REALTRACES) if p.exists()]
+    return files
+
+
+def trace_format(path: Path) -> str:
+    """The container a corpus file is in, which decides the mutations that apply to it."""
+    head = path.read_bytes()[:16]
+    if head.startswith(b"SQLite format 3\x00"):
+        return "sqlite"
+    raise ValueError(f"{path}: no mutations for this format")
+
+
+# ---------------------------------------------------------------------------------- mutations
+
+
+class NotApplicable(Exception):
+    """The mutation has nothing to act on in this file (no such column, say): pick another."""
+
+
+class Mutation:
+    """One kind of damage. `apply` writes the mutant at `dst` (a copy of the source is already
+    there) and returns what it did in a few words."""
+
+    name: str = ""
+    formats: tuple[str, ...] = ()
+
+    def apply(self, dst: Path, rng: random.Random) -> str:
+        raise NotImplementedError
+
+
+# Tables the readers read, the usual targets (others are hit a fifth of the time).
+READ_TABLES = (
+    "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "CUPTI_ACTIVITY_KIND_DRIVER", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMCPY2",
+    "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_MARKER", "CUPTI_ACTIVITY_KIND_MARKER_DATA",
+    "CUPTI_ACTIVITY_KIND_DEVICE", "CUPTI_ACTIVITY_KIND_NAME", "NVTX_EVENTS", "CUDA_GPU_MEMORY_USAGE_EVENTS",
+    "StringIds", "StringTable", "TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU", "META_DATA_EXPORT",
+    "EXPORT_META_DATA", "TARGET_INFO_SESSION_START_TIME", "PROCESSES", "ThreadNames", "Version",
+)
+TIME_COLUMNS = ("start", "end", "timestamp")
+STRING_ID_COLUMNS = {  # columns holding ids into StringIds (nsys) or StringTable (nvprof)
+    "CUPTI_ACTIVITY_KIND_KERNEL": ("demangledName", "shortName", "mangledName", "name"),
+    "CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL": ("name",),
+    "CUPTI_ACTIVITY_KIND_RUNTIME": ("nameId",),
+    "NVTX_EVENTS": ("textId",),
+    "CUPTI_ACTIVITY_KIND_MARKER": ("name", "domain"),
+    "CUPTI_ACTIVITY_KIND_DEVICE": ("name",),
+    "CUPTI_ACTIVITY_KIND_NAME": ("name",),
+    "ThreadNames": ("nameId",),
+}
+
+
+class _Sql(Mutation):
+    """A mutation made with SQL statements on the copy."""
+
+    formats = ("sqlite",)
+
+    def apply(self, dst: Path, rng: random.Random) -> str:
+        con = sqlite3.connect(dst)
+        try:
+            what = self.change(con, rng)
+            con.commit()
+        except sqlite3.DatabaseError as e:  # a constraint or a damaged copy: nothing to test
+            raise NotApplicable(str(e)) from None
+        finally:
+            con.close()
+        return what
+
+    def change(self, con: sqlite3.Connection, rng: random.Random) -> str:
+        raise NotImplementedError
+
+
+def _tables(con: sqlite3.Connection) -> list[str]:
+    return sorted(r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                            "AND name NOT LIKE 'sqlite_%'"))
+
+
+def _columns(con: sqlite3.Connection, table: str) -> list[tuple[str, str]]:
+    """(name, declared type) of each column."""
+    return [(r[1], (r[2] or "").upper()) for r in con.execute(f'PRAGMA table_info("{table}")')]
+
+
+def _pick_table(con: sqlite3.Connection, rng: random.Random, want=lambda t, cols: bool(cols)) -> str:
+    """A table with rows for which `want(table, columns)` holds, mostly one the readers read."""
+    tables = [t for t in _tables(con) if con.execute(f'SELECT 1 FROM "{t}" LIMIT 1').fetchone()
+              and want(t, _columns(con, t))]
+    read = [t for t in tables if t in READ_TABLES]
+    pool = read if read and rng.random() < 0.8 else tables
+    if not pool:
+        raise NotApplicable("no table to mutate")
+    return rng.choice(pool)
+
+
+def _where(con: sqlite3.Connection, table: str, rng: random.Random) -> tuple[str, str]:
+    """A WHERE clause picking every row (a third of the time) or a few random ones, and how to
+    say so. Row ids come from Python's generator, so the mutant is reproducible."""
+    if rng.random() < 1 / 3:
+        return "1", ""
+    try:
+        rowids = [r[0] for r in con.execute(f'SELECT rowid FROM "{table}"')]
+    except sqlite3.OperationalError:  # WITHOUT ROWID
+        return "1", ""
+    chosen = rng.sample(rowids, min(len(rowids), rng.choice((1, 1, 2, 5, 20))))
+    return f"rowid IN ({', '.join(map(str, chosen))})", f" in {len(chosen)} rows"
+
+
+def _execute(con: sqlite3.Connection, table: str, sql: str, params: Sequence[object] = ()) -> None:
+    """`sql` on `table`; where a constraint (NOT NULL, a typed key) refuses it, `table` is rebuilt
+    without its constraints first, as a tool that rewrites a file without them would leave it."""
+    try:
+        con.execute(sql, params)
+    except sqlite3.IntegrityError:
+        _relax(con, table)
+        con.execute(sql, params)
+
+
+def _relax(con: sqlite3.Connection, table: str, drop: str | None = None) -> None:
+    """Rebuild `table` with the same rows (less column `drop`) and no constraints."""
+    keep = ", ".join(f'"{c}"' for c, _ in _columns(con, table) if c != drop)
+    con.execute(f'CREATE TABLE "traceq_fuzz_tmp" AS SELECT {keep} FROM "{table}"')
+    con.execute(f'DROP TABLE "{table}"')
+    con.execute(f'ALTER TABLE "traceq_fuzz_tmp" RENAME TO "{table}"')
+
+
+def _integer_columns(cols: Sequence[tuple[str, str]]) -> list[str]:
+    return [c for c, t in cols if "INT" in t]
+
+
+def _update(con: sqlite3.Connection, table: str, column: str, value: object, rng: random.Random,
+            label: str) -> str:
+    where, rows = _where(con, table, rng)
+    _execute(con, table, f'UPDATE "{table}" SET "{column}" = ? WHERE {where}', [value])
+    return f"{table}.{column} = {label}{rows}"
+
+
+class SetNull(_Sql):
+    name = "set_null"
+
+    def change(self, con: sqlite3.Connection, rng: random.Random) -> str:
+        table = _pick_table(con, rng)
+        columns = [c for c, _ in _columns(con, table)]
+        chosen = rng.sample(columns, min(len(columns), rng.choice((1, 1, 2))))
+        where, rows = _where(con, table, rng)
+        assignments = ", ".join(f'"{c}" = NULL' for c in chosen)
+        _execute(con, table, f'UPDATE "{table}" SET {assignments} WHERE {where}')
+        return f"{table}.{','.join(chosen)} = NULL{rows}"
+
+
+class TextInInteger(_Sql):
+    name = "text_in_int"
+    VALUES = ("abc", "", "12x", "NaN", "éé", " 7", "0x10", "1e400", "9999999999999999999999999")
+
+    def change(self, con: sqlite3.Connection, rng: random.Random) -> str:
+        table = _pick_table(con, rng, lambda t, cols: bool(_integer_columns(cols)))
+        column = rng.choice(_integer_columns(_columns(con, table)))
+        value = rng.choice(self.VALUES)
+        return _update(con, table, column, value, rng, repr(value))
+
+
+class NonFinite(_Sql):
+    """Floats in integer columns: SQLite keeps 1e400 as Inf, 1e22 and 2.5 as REAL."""
+
+    name = "nonfinite"
+    VALUES = (float("inf"), float("-inf"), 1e22, -1e19, 2.5, -0.5)
+
+    def change(self, con: sqlite3.Connection, rng: random.Random) -> str:
+        table = _pick_table(con, rng, lambda t, cols: bool(_integer_columns(cols)))
+        column = rng.choice(_integer_columns(_columns(con, table)))
+        value = rng.choice(self.VALUES)
+        return _update(con, table, column, value, rng, repr(value))
+
+
+class ExtremeTimestamp(_Sql):
+    name = "bad_ts"
+    VALUES = (0, -1, 1, -(2**63), 2**63 - 1, 2**62, -(2**62), 10**18, 2**53, -(10**15))
+
+    def change(self, con: sqlite3.Connection, rng: random.Random) -> str:
+        table = _pick_table(con, rng, lambda t, cols: any(c in TIME_COLUMNS for c, _ in cols))
+        column = rng.choice([c for c, _ in _columns(con, table) if c in TIME_COLUMNS])
+        value = rng.choice(self.VALUES)
+        return _update(con, table, column, value, rng, str(value))
+
+
+class EndBeforeStart(_Sql):
+    name = "end_lt_start"
+
+    def change(self, con: sqlite3.Connection, rng: random.Random) -> str:
+        table = _pick_table(con, rng, lambda t, cols: {"start", "end"} <= {c for c, _ in cols})
+        where, rows = _where(con, table, rng)
+        gap = rng.choice((1, 1000, 10**9))
+        _execute(con, table, f'UPDATE "{table}" SET "end" = start - {gap} WHERE {where} AND start IS NOT NULL')
+        return f"{table}.end = start - {gap}{rows}"
+
+
+class DanglingStringId(_Sql):
+    """String ids that resolve to nothing: ids past the string table, or strings deleted."""
+
+    name = "dangling_id"
+
+    def change(self, con: sqlite3.Connection, rng: random.Random) -> str:
+        tables = _tables(con)
+        strings = "StringIds" if "StringIds" in tables else "StringTable"
+        if strings not in tables:
+            raise NotApplicable("no string table")
+        key = "id" if strings == "StringIds" else "_id_"
+        if rng.random() < 0.3:
+            ids = [r[0] for r in con.execute(f'SELECT "{key}" FROM {strings}')]
+            gone = rng.sample(ids, min(len(ids), rng.choice((1, 5, 50))))
+            con.execute(f'DELETE FROM {strings} WHERE "{key}" IN ({", ".join(map(str, gone))})')
+            return f"{len(gone)} rows of {strings} deleted"
+        table = _pick_table(con, rng, lambda t, cols: any(c in STRING_ID_COLUMNS.get(t, ()) for c, _ in cols))
+        column = rng.choice([c for c, _ in _columns(con, table) if c in STRING_ID_COLUMNS.get(table, ())])
+        top = con.execute(f'SELECT max("{key}") FROM {strings}').fetchone()[0] or 0
+        value = rng.choice((top + 1, top + 1000, -5, 2**31, 2**62))
+        return _update(con, table, column, value, rng, str(value))
+
+
+class BadUtf8(_Sql):
+    name = "bad_utf8"
+    VALUES = (b"\xcc\xff", b"conv\xc3(", b"\xed\xa0\x80", b"\x00\xfe")
+
+    def change(self, con: sqlite3.Connection, rng: random.Random) -> str:
+        table = _pick_table(con, rng, lambda t, cols: any("CHAR" in ty or "TEXT" in ty for _, ty in cols))
+        column = rng.choice([c for c, ty in _columns(con, table) if "CHAR" in ty or "TEXT" in ty])
+        value = rng.choice(self.VALUES)
+        where, rows = _where(con, table, rng)
+        _execute(con, table, f'UPDATE "{table}" SET "{column}" = CAST(coalesce("{column}", \'\') || CAST(? AS TEXT) '
+                 f"AS TEXT) WHERE {where}", [value])
+        return f"{table}.{column} += {value!r}{rows}"
+
+
+class DropTable(_Sql):
+    name = "drop_table"
+
+    def change(self, con: sqlite3.Connection, rng: random.Random) -> str:
+        table = _pick_table(con, rng, lambda t, cols: True)
+        con.execute(f'DROP TABLE "{table}"')
+        return f"DROP TABLE {table}"
+
+
+class DropColumn(_Sql):
+    """A column dropped; where SQLite refuses (a key or index uses it), the table is rebuilt
+    without it ("relaxed": its constraints go too)."""
+
+    name = "drop_column"
+
+    def change(self, con: sqlite3.Connection, rng: random.Random) -> str:
+        table = _pick_table(con, rng, lambda t, cols: len(cols) > 1)
+        cols = [c for c, _ in _columns(con, table)]
+        column = rng.choice(cols)
+        try:
+            con.execute(f'ALTER TABLE "{table}" DROP COLUMN "{column}"')
+            return f"{table}.{column} dropped"
+        except sqlite3.OperationalError:
+            _relax(con, table, drop=column)
+            return f"{table}.{column} dropped (relaxed)"
+
+
+class _Bytes(Mutation):
+    """Damage to the file's bytes, as a disk or a copy makes it."""
+
+    formats = ("sqlite",)
+
+    @staticmethod
+    def page_size(data: bytes) -> int:
+        size = int.from_bytes(data[16:18], "big")
+        return 65536 if size == 1 else size or 4096
+
+
+class ByteFlip(_Bytes):
+    name = "byteflip"
+
+    def apply(self, dst: Path, rng: random.Random) -> str:
+        data = bytearray(dst.read_bytes())
+        page = self.page_size(data)
+        pages = rng.sample(range(len(data) // page), min(len(data) // page, rng.choice((1, 2, 3))))
+        for p in pages:
+            for _ in range(rng.choice((1, 4, 16))):
+                data[p * page + rng.randrange(page)] ^= 1 << rng.randrange(8)
+        dst.write_bytes(bytes(data))
+        return f"bits flipped in pages {pages}"
+
+
+class ZeroPages(_Bytes):
+    name = "zeropage"
+
+    def apply(self, dst: Path, rng: random.Random) -> str:
+        data = bytearray(dst.read_bytes())
+        page = self.page_size(data)
+        pages = rng.sample(range(1, len(data) // page), min(len(data) // page - 1, rng.choice((1, 2, 3))))
+        for p in pages:
+            data[p * page:(p + 1) * page] = bytes(page)
+        dst.write_bytes(bytes(data))
+        return f"pages {pages} zeroed"
+
+
+class Truncate(_Bytes):
+    name = "truncate"
+
+    def apply(self, dst: Path, rng: random.Random) -> str:
+        data = dst.read_bytes()
+        keep = rng.randrange(1, len(data))
+        dst.write_bytes(data[:keep])
+        return f"cut at byte {keep:,} of {len(data):,}"
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    ByteFlip(), ZeroPages(), Truncate(), DropTable(), DropColumn(), SetNull(), TextInInteger(),
+    NonFinite(), ExtremeTimestamp(), EndBeforeStart(), DanglingStringId(), BadUtf8(),
+)
+"""Every mutation class; a mutant's class is drawn uniformly among those for its file's format."""
+
+
+# ---------------------------------------------------------------------------------- checking
+
+
+@dataclass
+class Outcome:
+    """What one mutant did. `problems` is empty when every property held."""
+
+    index: int
+    source: str
+    mutation: str
+    what: str
+    result: str = ""  # 'refused', 'loaded', or 'skipped' (the mutation did not apply)
+    message: str = ""  # the refusal, or the load's summary line
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Harness:
+    """Makes and checks mutants in a scratch folder, against a store holding `base` (BASE_TRACE;
+    None: no store, for making mutants only)."""
+
+    def __init__(self, files: Sequence[Path], seed: str, workdir: Path, mutations: Sequence[Mutation] = MUTATIONS,
+                 base: Path | None = BASE_TRACE):
+        from typer.testing import CliRunner
+
+        from traceq.cli import app
+
+        self.app, self.runner = app, CliRunner()
+        self.files = list(files)
+        self.formats = {p: trace_format(p) for p in self.files}
+        self.seed = seed
+        self.mutations = list(mutations)
+        self.work = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.base = workdir / "base.duckdb"
+        if base is not None:
+            result = self.runner.invoke(app, ["load", str(base), "--db", str(self.base)])
+            if result.exit_code != 0:
+                raise RuntimeError(f"cannot make the base store: {result.output}")
+            self.base_rows = _fingerprint(self.base, 1)
+
+    def mutant(self, index: int) -> tuple[Path, Outcome]:
+        """Mutant `index` of this seed, written to the work folder."""
+        rng = random.Random(f"{self.seed}:{index}")
+        source = rng.choice(self.files)
+        kinds = [m for m in self.mutations if self.formats[source] in m.formats]
+        for _ in range(20):  # another mutation when one finds nothing to act on
+            mutation = rng.choice(kinds)
+            dst = self.work / f"m{index}_{mutation.name}{source.suffix}"
+            shutil.copyfile(source, dst)
+            try:
+                what = mutation.apply(dst, rng)
+                return dst, Outcome(index, source.name, mutation.name, what)
+            except NotApplicable:
+                dst.unlink()
+        return dst, Outcome(index, source.name, "none", "no mutation applied", result="skipped")
+
+    def check(self, index: int) -> Outcome:
+        """Make mutant `index` and check it; the mutant is deleted unless a property failed."""
+        path, outcome = self.mutant(index)
+        if outcome.result != "skipped":
+            self.check_file(path, outcome)
+            if not outcome.problems:
+                path.unlink()
+        return outcome
+
+    def check_file(self, path: Path, outcome: Outcome | None = None) -> Outcome:
+        """Load `path` into a copy of the base store and check every property (module docstring)."""
+        started = time.perf_counter()
+        outcome = outcome or Outcome(-1, path.name, "given", "as it is")
+        db = self.work / "store.duckdb"
+        shutil.copyfile(self.base, db)
+        before = _digest(db)
+        load = self._invoke(["load", str(path), "--db", str(db)], "load", outcome)
+        if load is None:
+            pass
+        elif load.exit_code == 1:
+            outcome.result, outcome.message = "refused", load.stderr.strip()
+            if _digest(db) != before or Path(f"{db}.wal").exists():
+                outcome.problems.append("store changed by a refused load")
+        elif load.exit_code == 0:
+            outcome.result, outcome.message = "loaded", load.stdout.strip()
+            if _fingerprint(db, 1) != self.base_rows:
+                outcome.problems.append("the earlier trace changed")
+            for command in COMMANDS:
+                extra = ["-o", str(self.work / "report.html")] if command == ("report",) else []
+                self._invoke([*command, "--db", str(db), *extra], command[0], outcome)
+        outcome.seconds = round(time.perf_counter() - started, 3)
+        return outcome
+
+    def _invoke(self, args: list[str], label: str, outcome: Outcome):
+        result = self.runner.invoke(self.app, args)
+        try:
+            if result.exception is not None and not isinstance(result.exception, SystemExit):
+                outcome.problems.append(f"{label}: traceback {signature(result.exception)}")
+                return None
+            if result.exit_code not in (0, 1):
+                outcome.problems.append(f"{label}: exit status {result.exit_code}")
+            elif result.exit_code == 1:
+                lines = result.stderr.strip().splitlines()
+                if len(lines) != 1 or not lines[0].startswith("traceq: "):
+                    outcome.problems.append(f"{label}: refused with {len(lines)} lines: {result.stderr.strip()[:200]}")
+            return result
+        finally:
+            gc.collect()  # a failed command's traceback holds its store connection open
+
+
+def signature(exc: BaseException) -> str:
+    """'Type: message @ file:line' of an exception, numbers replaced by N, the frame the last
+    in traceq's own code."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "traceq" in f.filename
+              and "/tools/" not in f.filename]
+    where = f" @ {Path(frames[-1].filename).parent.name}/{Path(frames[-1].filename).name}:{frames[-1].lineno}" \
+        if frames else ""
+    first = (str(exc).strip().splitlines() or [""])[0][:120]
+    return re.sub(r"\d+", "N", f"{type(exc).__name__}: {first}") + where
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _fingerprint(db: Path, trace_id: int) -> str:
+    """A digest of every row the store holds for one trace, table by table."""
+    import duckdb
+
+    from traceq.store import event_tables
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        digest = hashlib.sha256()
+        for table in event_tables(con):
+            if table == "traces":
+                rows = con.execute("SELECT * EXCLUDE (loaded_at, load_seconds) FROM traces "
+                                   "WHERE trace_id = ?", [trace_id]).fetchall()
+            else:
+                rows = con.execute(f'SELECT * FROM "{table}" WHERE trace_id = ? ORDER BY ALL', [trace_id]).fetchall()
+            digest.update(f"{table}:{rows!r}".encode())
+        return digest.hexdigest()
+    finally:
+        con.close()
+
+
+@contextmanager
+def scratch() -> Iterator[Path]:
+    """A scratch folder for a Harness, deleted afterwards."""
+    with tempfile.TemporaryDirectory(prefix="traceq-fuzz-") as tmp:
+        yield Path(tmp)
+
+
+def run(harness: Harness, indexes: Sequence[int], log=None, keep: Path | None = None,
+        progress: bool = False) -> list[Outcome]:
+    """Check each mutant; write each outcome as a JSON line to `log`, failing mutants to `keep`."""
+    outcomes = []
+    for n, index in enumerate(indexes):
+        outcome = harness.check(index)
+        outcomes.append(outcome)
+        if log is not None:
+            log.write(json.dumps(asdict(outcome)) + "\n")
+            log.flush()
+        if outcome.problems:
+            mutant = next(harness.work.glob(f"m{index}_*"), None)
+            if keep is not None and mutant is not None:
+                keep.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(mutant), keep / mutant.name)
+            elif mutant is not None:
+                mutant.unlink()
+        if progress:
+            mark = "FAIL " + "; ".join(outcome.problems) if outcome.problems else outcome.result
+            print(f"[{n + 1}/{len(indexes)}] #{index} {outcome.source} {outcome.what[:70]}: {mark[:160]}",
+                  file=sys.stderr)
+    return outcomes
+
+
+def summary(outcomes: Sequence[Outcome]) -> str:
+    """A markdown table of outcomes per mutation class, then the distinct failures."""
+    by_class: dict[str, Counter[str]] = {}
+    for o in outcomes:
+        row = by_class.setdefault(o.mutation, Counter())
+        row[o.result or "none"] += 1
+        row["failed"] += bool(o.problems)
+    lines = ["| mutation | mutants | refused | loaded | skipped | failed |", "|---|---:|---:|---:|---:|---:|"]
+    for name in sorted(by_class):
+        c = by_class[name]
+        lines.append(f"| {name} | {sum(c[k] for k in ('refused', 'loaded', 'skipped'))} | {c['refused']} "
+                     f"| {c['loaded']} | {c['skipped']} | {c['failed']} |")
+    total = Counter()
+    for c in by_class.values():
+        total.update(c)
+    lines.append(f"| all | {len(outcomes)} | {total['refused']} | {total['loaded']} | {total['skipped']} "
+                 f"| {total['failed']} |")
+    failures = Counter(p for o in outcomes for p in o.problems)
+    if failures:
+        lines += ["", "| failure | mutants |", "|---|---:|"] + [f"| {p} | {n} |" for p, n in failures.most_common()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mutants", type=int, default=100, help="how many mutants (default 100)")
+    parser.add_argument("--start", type=int, default=0, help="index of the first mutant (for chunks)")
+    parser.add_argument("--only", type=int, action="append", help="check just this mutant (repeatable)")
+    parser.add_argument("--seed", default="1", help="the run's seed: same seed, same mutants")
+    parser.add_argument("--no-shared", action="store_true", help="the samples alone, not ../shared/realtraces")
+    parser.add_argument("--jsonl", type=Path, help="append each mutant's outcome here as a JSON line")
+    parser.add_argument("--keep", type=Path, help="move failing mutants into this folder")
+    parser.add_argument("--quiet", action="store_true", help="no line per mutant on stderr")
+    parser.add_argument("--summarize", type=Path, nargs="+", metavar="JSONL",
+                        help="only print the summary of earlier runs' --jsonl files (chunks of one run)")
+    args = parser.parse_args(argv)
+    if args.summarize:
+        outcomes = [Outcome(**json.loads(line)) for path in args.summarize for line in path.read_text().splitlines()]
+        print(summary(outcomes))
+        print(f"\n{len(outcomes)} mutants in {sum(o.seconds for o in outcomes):,.0f} s of checking")
+        return 1 if any(o.problems for o in outcomes) else 0
+    indexes = args.only or range(args.start, args.start + args.mutants)
+    started = time.perf_counter()
+    with scratch() as work:
+        harness = Harness(corpus(not args.no_shared), args.seed, work)
+        log = args.jsonl.open("a") if args.jsonl else None
+        try:
+            outcomes = run(harness, list(indexes), log, args.keep, progress=not args.quiet)
+        finally:
+            if log is not None:
+                log.close()
+    print(summary(outcomes))
+    print(f"\n{len(outcomes)} mutants, seed {args.seed!r}, in {time.perf_counter() - started:.0f} s")
+    return 1 if any(o.problems for o in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
