@@ -143,6 +143,8 @@ def gpu_operations(
     columns = ["pid", "device_id", "start_ns", "end_ns", "dur_ns"]
 
     def code(column: str, values: pl.Series, offset: int) -> pl.Expr:
+        if values.is_empty():  # no memops: replace_strict would keep the column's own dtype
+            return pl.lit(None, pl.UInt32)
         return pl.col(column).replace_strict(values, pl.int_range(offset, offset + len(values), eager=True),
                                              return_dtype=pl.UInt32)
 
