@@ -256,7 +256,7 @@ def load(
                 f"{result.status} {result.name!r} (trace {result.trace_id}) from {path}: "
                 f"{result.kernel_count:,} kernels, {rows.get('api_events', 0):,} API calls, "
                 f"{rows.get('memops', 0):,} memcpy/memset, {rows.get('nvtx_events', 0):,} NVTX events "
-                f"in {result.seconds:.2f} s"
+                f"in {result.seconds:.2f} s" + "".join(f"; {note}" for note in result.notes)
             )
 
 

@@ -2,7 +2,8 @@
 
 `load_trace(con, path)` picks the reader by content (`detect.reader_for`), streams the file
 into the store inside one transaction, and records the trace in `traces`. On any error the
-transaction is rolled back, so the store is exactly as it was.
+transaction is rolled back, so the store is exactly as it was. What a damaged file's rows lacked
+is repaired or dropped on the way in (traceq.ingest.validate) and listed in `LoadResult.notes`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sqlite3
 import subprocess
 import tempfile
 import time
@@ -23,7 +25,7 @@ import duckdb
 
 from traceq.analysis.kernels import build_kernel_summary
 from traceq.errors import TraceFormatError, TraceqError
-from traceq.ingest.base import LoadOptions, Reader, Sink, SourceInfo
+from traceq.ingest.base import LoadOptions, Reader, Sink, Source, SourceInfo, source_damage
 from traceq.ingest.detect import reader_for
 from traceq.ingest.kineto import KinetoReader
 from traceq.ingest.nsys import NsysReader
@@ -42,7 +44,8 @@ second DuckDB thread only added CPU time, which the SQLite reader threads need
 
 @dataclass(frozen=True)
 class LoadResult:
-    """What `load_trace` did. `status` is 'loaded', 'replaced' or 'already_loaded'."""
+    """What `load_trace` did. `status` is 'loaded', 'replaced' or 'already_loaded'; `notes` say
+    what a damaged file's rows lacked and what was done ('12 kernels with end < start dropped')."""
 
     trace_id: int
     name: str
@@ -50,6 +53,7 @@ class LoadResult:
     kernel_count: int
     seconds: float = 0.0
     rows: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def sha256_of(path: Path) -> str:
@@ -122,6 +126,7 @@ def load_trace(
 
     src = reader.open(path, LoadOptions(engine=engine or os.environ.get("TRACEQ_SQLITE_READER") or "auto",
                                         python_functions=python_functions))
+    damage = source_damage(src)  # an SQLite source counts what it repairs itself (its text factory)
     saved = {k: first_row(con, f"SELECT current_setting('{k}')")[0] for k in LOAD_SETTINGS}
     _apply(con, LOAD_SETTINGS)
     con.execute("BEGIN TRANSACTION")
@@ -129,17 +134,14 @@ def load_trace(
         for tid in sorted(stale):
             delete_trace(con, tid)
         trace_id = int(first_row(con, "SELECT nextval('trace_ids')")[0])
-        total = max(reader.estimate_rows(src), 1)
-        done = 0
-
-        def advance(rows: int) -> None:
-            nonlocal done
-            done += rows
-            if progress is not None:
-                progress(min(done, total), total)
-
-        sink = Sink(con, trace_id, advance)
-        info = reader.read(src, sink)
+        sink = Sink(con, trace_id, damage=damage)
+        try:
+            info = _read(reader, src, sink, progress)
+        except sqlite3.DatabaseError as e:  # wherever a reader meets it: a damaged page, say
+            raise TraceFormatError(f"{path} is damaged: {e}") from None
+        except UnicodeDecodeError:  # SQLite's message quoting damaged text, itself not UTF-8
+            raise TraceFormatError(f"{path} is damaged: SQLite reports damage in text that is not UTF-8") from None
+        damage.check_totals()
         _apply(con, {"threads": saved["threads"]})  # the inserts are done: the summary may use every thread
         build_kernel_summary(con, trace_id)
         kernels = sink.rows.get("kernel_events", 0)
@@ -150,13 +152,32 @@ def load_trace(
         _record_trace(con, trace_id, name, path, digest(), info, time.perf_counter() - started)
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:  # the failure closed the transaction already: keep its error
+            pass
         raise
     finally:
         src.close()
         _apply(con, saved)
     return LoadResult(trace_id, name, "replaced" if stale else "loaded", kernels,
-                      time.perf_counter() - started, dict(sink.rows))
+                      time.perf_counter() - started, dict(sink.rows), damage.notes())
+
+
+def _read(reader: Reader, src: Source, sink: Sink,
+          progress: Callable[[int, int], None] | None) -> SourceInfo:
+    """`reader.read(src, sink)`, reporting progress against the reader's estimate of the rows."""
+    total = max(reader.estimate_rows(src), 1)
+    done = 0
+
+    def advance(rows: int) -> None:
+        nonlocal done
+        done += rows
+        if progress is not None:
+            progress(min(done, total), total)
+
+    sink.progress = advance
+    return reader.read(src, sink)
 
 
 def _apply(con: duckdb.DuckDBPyConnection, settings: dict[str, str]) -> None:

@@ -192,9 +192,13 @@ class ArrowScanner:
                 table = pa.RecordBatchReader.from_stream(stream).read_all()
             finally:
                 statement.close()
-        except Exception:  # typically a value of another type than the first row's: sqlite3
-            return None     # reads the chunk again, and names the problem if it is damage
-        return table.slice(1).rename_columns(schema.names).cast(schema)
+            table = table.slice(1).rename_columns(schema.names).cast(schema)
+            for field, column in zip(schema, table.columns):
+                if _is_text(field.type):
+                    column.validate(full=True)  # the driver passes text that is not UTF-8 as it is
+        except Exception:  # a value of another type than the first row's, text that is not UTF-8:
+            return None     # sqlite3 reads the chunk again, and repairs and counts what is damaged
+        return table
 
 
 MIN_PRESUMED = 2

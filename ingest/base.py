@@ -19,7 +19,8 @@ from typing import Any, ClassVar, Protocol
 import duckdb
 import pyarrow as pa
 
-from traceq.errors import TraceFormatError, TraceqError
+from traceq.errors import TraceqError
+from traceq.ingest.validate import EVENT_NOUNS, Damage, decode_text, to_arrow
 
 BATCH_ROWS = 50_000
 """Rows fetched from a source per batch: bounds the memory a load uses whatever the trace size."""
@@ -94,18 +95,26 @@ class SqliteReader:
 
 
 class Sink:
-    """Appends Arrow batches to the store's tables for one trace, inside the caller's transaction."""
+    """Appends Arrow batches to the store's tables for one trace, inside the caller's transaction.
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, trace_id: int, progress: Progress | None = None):
+    The last check at the boundary: a row with NULL where its store column is NOT NULL is dropped,
+    and an integer too large for its (32-bit) store column becomes NULL, each counted in `damage`
+    (see traceq.ingest.validate); readers drop rows with bad times before this, on their threads.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, trace_id: int, progress: Progress | None = None,
+                 damage: Damage | None = None):
         self.con = con
         self.trace_id = trace_id
         self.progress = progress
+        self.damage = damage if damage is not None else Damage()
         self.rows: dict[str, int] = {}
-        self._columns: dict[str, set[str]] = {}
+        self._columns: dict[str, _StoreColumns] = {}
 
     def append(self, table: str, batch: pa.Table, source_rows: int | None = None) -> None:
         """Insert `batch` into `table`, matching columns by name; unknown columns are an error."""
         self._check(table, batch.schema)
+        batch = self._fit(table, batch)
         if batch.num_rows:
             self._insert(table, batch)
             self.rows[table] = self.rows.get(table, 0) + batch.num_rows
@@ -131,9 +140,10 @@ class Sink:
         def stream() -> Iterator[pa.RecordBatch]:
             try:
                 for t in chain([first], it):
-                    self.rows[table] = self.rows.get(table, 0) + t.num_rows
                     if self.progress is not None:
                         self.progress(t.num_rows)
+                    t = self._fit(table, t)
+                    self.rows[table] = self.rows.get(table, 0) + t.num_rows
                     yield from _conform(t, schema).to_batches()
             except BaseException as e:
                 failure.append(e)
@@ -149,12 +159,34 @@ class Sink:
     def _check(self, table: str, schema: pa.Schema) -> None:
         known = self._columns.get(table)
         if known is None:
-            known = {r[0] for r in self.con.execute(
-                "SELECT column_name FROM duckdb_columns() WHERE table_name = ?", [table]).fetchall()}
-            self._columns[table] = known
-        extra = set(schema.names) - known
+            known = self._columns[table] = _StoreColumns(self.con, table)
+        extra = set(schema.names) - known.names
         if extra:
             raise AssertionError(f"reader sent columns {sorted(extra)} that {table} lacks")
+
+    def _fit(self, table: str, batch: pa.Table) -> pa.Table:
+        """`batch` less rows with NULL in a NOT NULL column, 32-bit columns' larger values NULL."""
+        import pyarrow.compute as pc
+
+        columns = self._columns[table]
+        for name in columns.int32 & set(batch.column_names):
+            column = batch[name]
+            if column.type != pa.int64() or not len(column):
+                continue
+            low, high = pc.min_max(column).values()
+            if low.is_valid and (low.as_py() < -(2**31) or high.as_py() >= 2**31):
+                fits = pc.and_(pc.greater_equal(column, -(2**31)), pc.less(column, 2**31))
+                self.damage.add("value", f"too large for {table}.{name} set to NULL",
+                                len(column) - column.null_count - int(pc.sum(pc.cast(fits, pa.int64())).as_py() or 0))
+                batch = batch.set_column(batch.column_names.index(name), name,
+                                         pc.if_else(fits, column, pa.scalar(None, pa.int64())))
+        lacking = [name for name in columns.not_null & set(batch.column_names) if batch[name].null_count]
+        if lacking:
+            keep = pc.and_(*[pc.is_valid(batch[c]) for c in lacking]) if len(lacking) > 1 else pc.is_valid(batch[lacking[0]])
+            self.damage.add(EVENT_NOUNS.get(table, f"{table} row"), f"without {' or '.join(sorted(lacking))} dropped",
+                            batch.num_rows - int(pc.sum(pc.cast(keep, pa.int64())).as_py() or 0))
+            batch = batch.filter(keep)
+        return batch
 
     def _insert(self, table: str, data: pa.Table | pa.RecordBatchReader) -> None:
         self.con.register("_traceq_batch", data)
@@ -162,8 +194,24 @@ class Sink:
             self.con.execute(
                 f'INSERT INTO "{table}" BY NAME SELECT {self.trace_id} AS trace_id, * FROM _traceq_batch'
             )
-        finally:
-            self.con.unregister("_traceq_batch")
+        except BaseException:
+            try:  # in a transaction the failed insert aborted, this fails too: keep the first error
+                self.con.unregister("_traceq_batch")
+            except duckdb.Error:
+                pass
+            raise
+        self.con.unregister("_traceq_batch")
+
+
+class _StoreColumns:
+    """A store table's column names, those declared NOT NULL and those of 32-bit integers."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, table: str):
+        rows = con.execute("SELECT column_name, data_type, is_nullable FROM duckdb_columns() "
+                           "WHERE table_name = ?", [table]).fetchall()
+        self.names = {r[0] for r in rows}
+        self.not_null = {r[0] for r in rows if not r[2] and r[0] != "trace_id"}
+        self.int32 = {r[0] for r in rows if r[1] == "INTEGER"}
 
 
 def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -226,18 +274,25 @@ def as_select(columns: Sequence[tuple[str, str]]) -> str:
 
 
 def fetch_batches(
-    src: sqlite3.Connection, sql: str, schema: pa.Schema, params: Sequence[object] = ()
+    src: sqlite3.Connection, sql: str, schema: pa.Schema, params: Sequence[object] = (), source: str | None = None,
 ) -> Iterator[pa.Table]:
-    """Run `sql` and yield its rows as Arrow tables of at most BATCH_ROWS rows with `schema`."""
-    try:
-        cur = src.execute(sql, params)
-        while rows := cur.fetchmany(BATCH_ROWS):
-            columns = list(zip(*rows))
-            yield pa.Table.from_arrays(
-                [pa.array(col, type=field.type) for col, field in zip(columns, schema)], schema=schema
-            )
-    except sqlite3.DatabaseError as e:
-        raise TraceFormatError(f"the SQLite file is damaged or truncated ({e})") from None
+    """Run `sql` and yield its rows as Arrow tables of at most BATCH_ROWS rows with `schema`.
+
+    A value of another type than its field's becomes NULL, counted in the source's damage
+    (`validate.to_arrow`; `source`, the table read, names where in the count).
+    """
+    damage = source_damage(src)
+    cur = src.execute(sql, params)
+    while rows := cur.fetchmany(BATCH_ROWS):
+        columns = list(zip(*rows))
+        yield pa.Table.from_arrays(
+            [to_arrow(col, field, damage, source) for col, field in zip(columns, schema)], schema=schema
+        )
+
+
+def source_damage(src: sqlite3.Connection) -> Damage:
+    """The `Damage` of a source opened by `open_sqlite` (a new one for any other connection)."""
+    return getattr(src, "damage", None) or Damage()
 
 
 def scan_table(
@@ -260,22 +315,24 @@ def scan_table(
         except sqlite3.OperationalError:  # WITHOUT ROWID
             scanner = None
     if scanner is None:
-        batches = fetch_batches(src, sql, schema)
+        batches = fetch_batches(src, sql, schema, source=table)
         yield from (batches if transform is None else map(transform, batches))
         return
-    try:
-        yield from scanner.scan(src, table, columns, schema, where,
-                                lambda chunk_sql: fetch_batches(src, chunk_sql, schema), transform)
-    except sqlite3.DatabaseError as e:
-        raise TraceFormatError(f"the SQLite file is damaged or truncated ({e})") from None
+    yield from scanner.scan(src, table, columns, schema, where,
+                            lambda chunk_sql: fetch_batches(src, chunk_sql, schema, source=table), transform)
 
 
 class Strings:
-    """An id -> text table (nsys StringIds, nvprof StringTable) for vectorised lookups."""
+    """An id -> text table (nsys StringIds, nvprof StringTable) for vectorised lookups.
 
-    def __init__(self, ids: Sequence[int], values: Sequence[str | None]):
+    With a `damage`, the ids looked up that resolve to nothing (or to a NULL text) are counted
+    there: callers pass NULL, not an id, where the source means "no text".
+    """
+
+    def __init__(self, ids: Sequence[int], values: Sequence[str | None], damage: Damage | None = None):
         import pyarrow.compute as pc
 
+        self.damage = damage
         size = (max(ids) + 1) if ids else 0
         if size <= 4 * len(ids) + 1_000_000:
             dense: list[str | None] = [None] * size
@@ -297,20 +354,25 @@ class Strings:
         import pyarrow.compute as pc
 
         if self._dense is None or self._present is None:
-            return pa.DictionaryArray.from_arrays(
-                pc.cast(pc.index_in(ids, value_set=self._ids), pa.int32()), self._values)
+            return self._counted(ids, pa.DictionaryArray.from_arrays(
+                pc.cast(pc.index_in(ids, value_set=self._ids), pa.int32()), self._values))
         size = len(self._dense)
         ids = pc.cast(ids, pa.int64())
         inside = pc.and_(pc.greater_equal(ids, 0), pc.less(ids, size))
         safe = pc.if_else(inside, ids, pa.scalar(None, type=pa.int64()))
         keep = pc.fill_null(pc.take(self._present, safe), False)
         indices = pc.if_else(keep, pc.cast(ids, pa.int32(), safe=False), pa.scalar(None, type=pa.int32()))
-        return pa.DictionaryArray.from_arrays(indices, self._dense)
+        return self._counted(ids, pa.DictionaryArray.from_arrays(indices, self._dense))
 
     @classmethod
-    def from_query(cls, src: sqlite3.Connection, sql: str) -> Strings:
+    def from_query(cls, src: sqlite3.Connection, sql: str, what: str) -> Strings:
+        """The (id, text) rows `sql` selects; a row whose id is not a non-negative integer is
+        dropped, and counted as damage to `what` (the table's name)."""
+        damage = source_damage(src)
         rows = src.execute(sql).fetchall()
-        return cls([r[0] for r in rows], [r[1] for r in rows])
+        good = [(i, v if isinstance(v, str) else None) for i, v in rows if type(i) is int and i >= 0]
+        damage.add(f"{what} row", "with an id that is not an integer dropped", len(rows) - len(good))
+        return cls([r[0] for r in good], [r[1] for r in good], damage)
 
     def lookup(self, ids: pa.Array) -> pa.Array:
         """The text for each id; null for null or unknown ids."""
@@ -320,8 +382,14 @@ class Strings:
             size = len(self._dense)
             valid = pc.and_(pc.greater_equal(ids, 0), pc.less(ids, size))
             safe = pc.if_else(valid, ids, pa.scalar(None, type=ids.type))
-            return pc.take(self._dense, safe)
-        return pc.take(self._values, pc.index_in(ids, value_set=self._ids))
+            return self._counted(ids, pc.take(self._dense, safe))
+        return self._counted(ids, pc.take(self._values, pc.index_in(ids, value_set=self._ids)))
+
+    def _counted(self, ids: pa.Array, texts: pa.Array) -> pa.Array:
+        if self.damage is not None:
+            self.damage.add("unknown string id", "read as no text",
+                            texts.null_count - ids.null_count)
+        return texts
 
 
 def enum_lookup(codes: pa.Array, labels: dict[int, str]) -> pa.DictionaryArray:
@@ -602,9 +670,11 @@ def row_numbers(n: int) -> pa.Array:
 
 
 class SourceConnection(sqlite3.Connection):
-    """A read-only SQLite source; `scanner` (an ArrowScanner or None) streams big tables fast."""
+    """A read-only SQLite source; `scanner` (an ArrowScanner or None) streams big tables fast,
+    `damage` counts what was repaired while reading it (text that is not UTF-8 among others)."""
 
     scanner: Any = None
+    damage: Damage | None = None
 
     def close(self) -> None:
         if self.scanner is not None:
@@ -618,7 +688,8 @@ def open_sqlite(path: Path, engine: str = "stdlib") -> sqlite3.Connection:
 
     `engine` says how `scan_table` reads big tables: 'stdlib' (the sqlite3 module, always
     there), 'adbc' (the ADBC SQLite driver on several threads; TraceFormatError when it is not
-    installed) or 'auto' (adbc when it imports, else stdlib).
+    installed) or 'auto' (adbc when it imports, else stdlib). What is repaired while reading is
+    counted in the connection's `damage`.
     """
     from traceq.ingest import arrow_sqlite
 
@@ -629,6 +700,8 @@ def open_sqlite(path: Path, engine: str = "stdlib") -> sqlite3.Connection:
     # DuckDB pulls `Sink.append_all`'s stream, and so runs these queries, on its own threads;
     # only one of them at a time, while the loading thread waits in DuckDB.
     con = sqlite3.connect(uri, uri=True, factory=SourceConnection, check_same_thread=False)
+    con.damage = Damage()
+    con.text_factory = decode_text(con.damage)
     con.execute("PRAGMA query_only = 1")
     if engine != "stdlib":
         try:

@@ -88,6 +88,8 @@ def _sqlite_tables(path: Path) -> set[str]:
             con.close()
     except sqlite3.DatabaseError as e:
         raise TraceFormatError(f"{path} is a damaged SQLite file ({e})") from None
+    except UnicodeDecodeError:  # SQLite's own message quotes the damaged schema, not UTF-8 either
+        raise TraceFormatError(f"{path} is a damaged SQLite file (its schema is not UTF-8 text)") from None
     return tables
 
 

@@ -46,6 +46,7 @@ from traceq.ingest.base import (
     select_list,
     table_names,
 )
+from traceq.ingest.validate import check_columns, scaled, valid_times
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -56,8 +57,11 @@ MEMORY = "CUDA_GPU_MEMORY_USAGE_EVENTS"
 GRAPH_NODES = "CUDA_GRAPH_NODE_EVENTS"
 EVENT_TABLES = (KERNEL, RUNTIME, MEMCPY, MEMSET, NVTX, MEMORY, GRAPH_NODES)
 
-PID = "{col} / 16777216 % 16777216"  # globalPid / globalTid -> process id (notes §4.1)
-TID = "{col} % 16777216"
+REQUIRED = {
+    KERNEL: ("start", "end"), RUNTIME: ("start", "end"), MEMCPY: ("start", "end"), MEMSET: ("start", "end"),
+    NVTX: ("start", "eventType"), MEMORY: ("start", "memoryOperationType"), "StringIds": ("id", "value"),
+}
+"""Columns without which a table's rows mean nothing: a file lacking one is refused (others read as NULL)."""
 
 NVTX_KIND = {34: "mark", 59: "pushpop", 60: "startend"}
 NVTX_DOMAIN_CREATE = 75
@@ -87,12 +91,13 @@ class NsysReader(SqliteReader):
 
     def read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
         tables = table_names(src)
-        strings = Strings.from_query(src, "SELECT id, value FROM StringIds")
+        check_columns(src, tables, REQUIRED)
+        strings = Strings.from_query(src, "SELECT id, value FROM StringIds", "StringIds")
         _read_gpus(src, tables, sink)
         _read_processes(src, tables, strings, sink)
         if KERNEL in tables:
             names, configs, queues = Names(), Names(), Names()
-            sink.append_all("kernel_events", _kernels(src, names, configs, queues))
+            sink.append_all("kernel_events", _kernels(src, names, configs, queues, sink))
             demangled, short, mangled = list(zip(*names.keys)) or [(), (), ()]
             sink.append("kernel_names", kernel_names(_texts(strings, demangled), _texts(strings, short),
                                                      _texts(strings, mangled)), source_rows=0)
@@ -101,7 +106,7 @@ class NsysReader(SqliteReader):
             sink.append("kernel_queues", kernel_queues(queues.keys), source_rows=0)
         if RUNTIME in tables:
             names, threads = Names(), Names()
-            sink.append_all("api_events", _api_calls(src, names, threads))
+            sink.append_all("api_events", _api_calls(src, names, threads, sink))
             classes, ids = list(zip(*names.keys)) or [(), ()]
             sink.append("api_names", api_names([API_KIND.get(c, "other") for c in classes],
                                                _texts(strings, ids)), source_rows=0)
@@ -109,15 +114,15 @@ class NsysReader(SqliteReader):
             sink.append("api_threads", api_threads(_pid(global_tids).to_pylist(), _tid(global_tids).to_pylist(),
                                                    global_tids.to_pylist()), source_rows=0)
         if MEMCPY in tables:
-            sink.append_all("memops", _memcpy(src))
+            sink.append_all("memops", _memcpy(src, sink))
         if MEMSET in tables:
-            sink.append_all("memops", _memset(src))
+            sink.append_all("memops", _memset(src, sink))
         if NVTX in tables:
             attributes = Names()
-            sink.append_all("nvtx_events", _nvtx(src, strings, attributes))
+            sink.append_all("nvtx_events", _nvtx(src, strings, attributes, sink))
             sink.append("nvtx_attributes", nvtx_attributes(attributes.keys), source_rows=0)
         if MEMORY in tables:
-            sink.append_all("memory_events", _memory_events(src))
+            sink.append_all("memory_events", _memory_events(src, sink))
         if GRAPH_NODES in tables:
             sink.append_all("graph_nodes", _graph_nodes(src))
         return _source_info(src, tables)
@@ -128,9 +133,10 @@ def _texts(strings: Strings, ids: Sequence[int | None]) -> list[str | None]:
     return strings.lookup(pa.array(ids, I64)).to_pylist()
 
 
-def _kernels(src: sqlite3.Connection, names: Names, configs: Names, queues: Names) -> Iterator[pa.Table]:
+def _kernels(src: sqlite3.Connection, names: Names, configs: Names, queues: Names, sink: Sink) -> Iterator[pa.Table]:
     """kernel_events rows; `names` numbers the (demangled, short, mangled) StringIds ids of each,
-    `configs` its launch configuration (KERNEL_CONFIG_COLUMNS), `queues` its KERNEL_QUEUE_COLUMNS."""
+    `configs` its launch configuration (KERNEL_CONFIG_COLUMNS), `queues` its KERNEL_QUEUE_COLUMNS;
+    rows with unusable times are dropped (into `sink.damage`)."""
     have = column_names(src, KERNEL)
     wanted = [
         ("start_ns", "start", ["start"]),
@@ -159,6 +165,7 @@ def _kernels(src: sqlite3.Connection, names: Names, configs: Names, queues: Name
     schema = _schema(*[(w[0], I64) for w in wanted])
 
     def columns(batch: pa.Table) -> pa.Table:  # on the reading threads
+        batch = valid_times(batch, "kernel_events", sink.damage)
         node = batch["graph_node_id"]
         batch = (batch
                  .set_column(batch.schema.get_field_index("pid"), "pid", _pid(batch["pid"]))
@@ -177,7 +184,7 @@ def _kernels(src: sqlite3.Connection, names: Names, configs: Names, queues: Name
         offset += batch.num_rows
 
 
-def _api_calls(src: sqlite3.Connection, names: Names, threads: Names) -> Iterator[pa.Table]:
+def _api_calls(src: sqlite3.Connection, names: Names, threads: Names, sink: Sink) -> Iterator[pa.Table]:
     """api_events rows; `names` numbers the (event class, StringIds id) of each call, `threads`
     its globalTid (the decoded pid and tid go once per thread into api_threads)."""
     have = column_names(src, RUNTIME)
@@ -193,6 +200,7 @@ def _api_calls(src: sqlite3.Connection, names: Names, threads: Names) -> Iterato
     schema = _schema(*[(w[0], I64) for w in wanted])
 
     def columns(batch: pa.Table) -> pa.Table:  # on the reading threads
+        batch = valid_times(batch, "api_events", sink.damage)
         return (batch.append_column("name_key", key_rows(batch["event_class"], batch["name_id"]))
                 .append_column("thread_key", key_rows(batch["global_tid"])))
 
@@ -207,7 +215,7 @@ def _api_calls(src: sqlite3.Connection, names: Names, threads: Names) -> Iterato
         })
 
 
-def _memcpy(src: sqlite3.Connection) -> Iterator[pa.Table]:
+def _memcpy(src: sqlite3.Connection, sink: Sink) -> Iterator[pa.Table]:
     have = column_names(src, MEMCPY)
     wanted = [
         ("start_ns", "start", ["start"]), ("end_ns", '"end"', ["end"]),
@@ -215,12 +223,14 @@ def _memcpy(src: sqlite3.Connection) -> Iterator[pa.Table]:
         ("dst_kind", "dstKind", ["dstKind"]), ("bytes", "bytes", ["bytes"]),
         ("device_id", "deviceId", ["deviceId"]), ("context_id", "contextId", ["contextId"]),
         ("stream_id", "streamId", ["streamId"]), ("correlation_id", "correlationId", ["correlationId"]),
-        ("pid", PID.format(col="globalPid"), ["globalPid"]),
+        ("pid", "globalPid", ["globalPid"]),
     ]
     schema = _schema(*[(w[0], I64) for w in wanted])
 
     def columns(batch: pa.Table) -> pa.Table:
+        batch = valid_times(batch, "memops", sink.damage)
         cols = {c: batch[c] for c in batch.column_names}
+        cols["pid"] = _pid(cols["pid"])
         cols["dur_ns"] = pc.subtract(cols["end_ns"], cols["start_ns"])
         cols["op"] = pa.array(["memcpy"] * batch.num_rows, type=STR)
         cols["copy_kind"] = enum_lookup(cols["copy_kind"].combine_chunks(), cupti.MEMCPY_KIND)
@@ -231,7 +241,7 @@ def _memcpy(src: sqlite3.Connection) -> Iterator[pa.Table]:
     yield from scan_table(src, MEMCPY, select_columns(have, wanted), schema, transform=columns)
 
 
-def _memset(src: sqlite3.Connection) -> Iterator[pa.Table]:
+def _memset(src: sqlite3.Connection, sink: Sink) -> Iterator[pa.Table]:
     have = column_names(src, MEMSET)
     wanted = [
         ("start_ns", "start", ["start"]), ("end_ns", '"end"', ["end"]),
@@ -239,12 +249,14 @@ def _memset(src: sqlite3.Connection) -> Iterator[pa.Table]:
         ("dst_kind", "memKind", ["memKind"]),
         ("device_id", "deviceId", ["deviceId"]), ("context_id", "contextId", ["contextId"]),
         ("stream_id", "streamId", ["streamId"]), ("correlation_id", "correlationId", ["correlationId"]),
-        ("pid", PID.format(col="globalPid"), ["globalPid"]),
+        ("pid", "globalPid", ["globalPid"]),
     ]
     schema = _schema(*[(w[0], I64) for w in wanted])
 
     def columns(batch: pa.Table) -> pa.Table:
+        batch = valid_times(batch, "memops", sink.damage)
         cols = {c: batch[c] for c in batch.column_names}
+        cols["pid"] = _pid(cols["pid"])
         cols["dur_ns"] = pc.subtract(cols["end_ns"], cols["start_ns"])
         cols["op"] = pa.array(["memset"] * batch.num_rows, type=STR)
         cols["dst_kind"] = enum_lookup(cols["dst_kind"].combine_chunks(), cupti.MEMORY_KIND)
@@ -253,7 +265,7 @@ def _memset(src: sqlite3.Connection) -> Iterator[pa.Table]:
     yield from scan_table(src, MEMSET, select_columns(have, wanted), schema, transform=columns)
 
 
-def _nvtx(src: sqlite3.Connection, strings: Strings, attributes: Names) -> Iterator[pa.Table]:
+def _nvtx(src: sqlite3.Connection, strings: Strings, attributes: Names, sink: Sink) -> Iterator[pa.Table]:
     """nvtx_events rows; `attributes` numbers the NVTX_ATTRIBUTE_COLUMNS of each."""
     have = column_names(src, NVTX)
     domains = {}
@@ -278,11 +290,13 @@ def _nvtx(src: sqlite3.Connection, strings: Strings, attributes: Names) -> Itera
     types = {"text": STR}
     schema = _schema(*[(w[0], types.get(w[0], I64)) for w in wanted])
     kinds = ", ".join(str(k) for k in NVTX_KIND)
-    known = [(d * 16777216 + p, text) for (d, p), text in domains.items() if d is not None]
+    known = [(d * 16777216 + p, text) for (d, p), text in domains.items()
+             if d is not None and 0 <= d < 2**38]  # a larger id is damage: its key would pass 64 bits
     domain_keys = pa.array([k for k, _ in known], type=I64)
     domain_names = pa.array([t for _, t in known], type=STR)
 
     def columns(batch: pa.Table) -> pa.Table:
+        batch = valid_times(batch, "nvtx_events", sink.damage, end_required=False)  # marks have no end
         gtid = batch["global_tid"]
         pid = _pid(gtid)
         if domains:
@@ -310,7 +324,7 @@ def _nvtx(src: sqlite3.Connection, strings: Strings, attributes: Names) -> Itera
         yield nvtx_batch(batch, attributes)
 
 
-def _memory_events(src: sqlite3.Connection) -> Iterator[pa.Table]:
+def _memory_events(src: sqlite3.Connection, sink: Sink) -> Iterator[pa.Table]:
     have = column_names(src, MEMORY)
     wanted = [
         ("ts_ns", "start", ["start"]),
@@ -320,12 +334,14 @@ def _memory_events(src: sqlite3.Connection) -> Iterator[pa.Table]:
         ("mem_kind", "memKind", ["memKind"]),
         ("device_id", "deviceId", ["deviceId"]), ("context_id", "contextId", ["contextId"]),
         ("stream_id", "streamId", ["streamId"]), ("correlation_id", "correlationId", ["correlationId"]),
-        ("pid", PID.format(col="globalPid"), ["globalPid"]),
+        ("pid", "globalPid", ["globalPid"]),
     ]
     schema = _schema(*[(w[0], I64) for w in wanted])
 
     def columns(batch: pa.Table) -> pa.Table:
+        batch = valid_times(batch, "memory_events", sink.damage)
         cols = {c: batch[c] for c in batch.column_names}
+        cols["pid"] = _pid(cols["pid"])
         cols["op"] = enum_lookup(cols["op"].combine_chunks(), cupti.MEMORY_OPERATION)
         cols["mem_kind"] = enum_lookup(cols["mem_kind"].combine_chunks(), cupti.MEMORY_KIND)
         cols["address"] = pc.cast(cols["address"], pa.uint64(), safe=False)
@@ -378,29 +394,36 @@ def _read_gpus(src: sqlite3.Connection, tables: set[str], sink: Sink) -> None:
         # bandwidth in MB/s (a V100 row reads 1380000, 32510, 947802).
         wanted = [
             ("device_id", "deviceId", ["deviceId"]), ("name", "name", ["name"]),
-            ("clock_hz", "coreClockRate * 1000", ["coreClockRate"]),
-            ("memory_bytes", "globalMemorySize * 1048576", ["globalMemorySize"]),
-            ("memory_bandwidth_bytes_per_s", "globalMemoryBandwidth * 1000000", ["globalMemoryBandwidth"]),
+            ("clock_hz", "coreClockRate", ["coreClockRate"]),  # scaled below
+            ("memory_bytes", "globalMemorySize", ["globalMemorySize"]),
+            ("memory_bandwidth_bytes_per_s", "globalMemoryBandwidth", ["globalMemoryBandwidth"]),
             *CUPTI_DEVICE_LIMITS,
             ("max_smem_per_block_optin_bytes", "NULL", []),
         ]
+        units = {"clock_hz": 1000, "memory_bytes": 1048576, "memory_bandwidth_bytes_per_s": 1000000}
         sql = f"SELECT DISTINCT {select_list(have, wanted)} FROM TARGET_INFO_CUDA_GPU ORDER BY 1"
     else:
         return
     types = {"name": STR}
     schema = _schema(*[(w[0], types.get(w[0], I64)) for w in wanted])
-    for batch in fetch_batches(src, sql, schema):
+    table = "TARGET_INFO_GPU" if "TARGET_INFO_GPU" in tables else "TARGET_INFO_CUDA_GPU"
+    for batch in fetch_batches(src, sql, schema, source=table):
+        if table == "TARGET_INFO_CUDA_GPU":
+            batch = scaled(batch, units, sink.damage, table)
         sink.append("gpus", batch)
 
 
 def _read_processes(src: sqlite3.Connection, tables: set[str], strings: Strings, sink: Sink) -> None:
     if "PROCESSES" in tables:
         schema = _schema(("pid", I64), ("name", STR))
-        for batch in fetch_batches(src, "SELECT DISTINCT pid, name FROM PROCESSES", schema):
+        columns = select_list(column_names(src, "PROCESSES"), [("pid", "pid", ["pid"]), ("name", "name", ["name"])])
+        for batch in fetch_batches(src, f"SELECT DISTINCT {columns} FROM PROCESSES", schema, source="PROCESSES"):
             sink.append("processes", batch)
     if "ThreadNames" in tables:
         schema = _schema(("global_tid", I64), ("name_id", I64))
-        for batch in fetch_batches(src, "SELECT globalTid, nameId FROM ThreadNames", schema):
+        columns = select_list(column_names(src, "ThreadNames"), [("global_tid", "globalTid", ["globalTid"]),
+                                                                  ("name_id", "nameId", ["nameId"])])
+        for batch in fetch_batches(src, f"SELECT {columns} FROM ThreadNames", schema, source="ThreadNames"):
             gtid = batch["global_tid"]
             sink.append("threads", pa.table({
                 "pid": _pid(gtid), "tid": _tid(gtid),
@@ -409,17 +432,21 @@ def _read_processes(src: sqlite3.Connection, tables: set[str], strings: Strings,
 
 
 def _source_info(src: sqlite3.Connection, tables: set[str]) -> SourceInfo:
+    """Producer, schema version and session start: descriptive, so a table or column missing
+    (or a damaged value) leaves them unknown rather than refusing the file."""
     meta: dict[str, str] = {}
     for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
-        if table in tables:
+        if table in tables and {"name", "value"} <= column_names(src, table):
             meta.update({str(k): str(v) for k, v in src.execute(f"SELECT name, value FROM {table}")})
     tool = None
     if "EXPORT_PRODUCT_VERSION" in meta:
         tool = f"{meta.get('EXPORT_PRODUCT_NAME', 'NVIDIA Nsight Systems')} {meta['EXPORT_PRODUCT_VERSION']}"
     start = None
-    if "TARGET_INFO_SESSION_START_TIME" in tables:
-        row = src.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
-        start = int(row[0]) if row and row[0] is not None else None
+    session = "TARGET_INFO_SESSION_START_TIME"
+    if session in tables and "utcEpochNs" in column_names(src, session):
+        for batch in fetch_batches(src, f"SELECT utcEpochNs FROM {session} LIMIT 1", _schema(("t", I64)),
+                                   source=session):
+            start = batch["t"][0].as_py()
     return SourceInfo(format="nsys", tool=tool, schema_version=meta.get("EXPORT_SCHEMA_VERSION"),
                       session_start_utc_ns=start)
 

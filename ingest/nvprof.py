@@ -5,8 +5,10 @@ Each table holds CUPTI activity records of one kind, a column per field (notes/t
 
 - Time: nvprof stores nanoseconds since the Unix epoch. The earliest timestamp among kernels,
   memcpy/memset, API calls and markers is time zero and `session_start_utc_ns`, so times are
-  session-relative as with nsys. Records with start 0 or end < start are dropped: they are kernels
-  still running when nvprof stopped (start = end = 0 in one qcu file).
+  session-relative as with nsys. A timestamp of 0 is CUPTI's "unknown": such records are dropped
+  (and counted, as are those with end < start), like kernels still running when nvprof stopped
+  (start = end = 0 in one qcu file). Time zero is taken among timestamps of the years 2000 to
+  2100 only, so that one damaged record cannot move it (traceq.ingest.validate has the rest).
 - Kernels: CONCURRENT_KERNEL, plus KERNEL (filled instead with --analysis-metrics or
   --concurrent-kernels off) less the rows whose (correlationId, deviceId) CONCURRENT_KERNEL also
   holds, which are the same launches. `name` is a StringTable id of the mangled symbol; cxxfilt
@@ -44,7 +46,6 @@ import cxxfilt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traceq.errors import TraceFormatError
 from traceq.ingest import cupti, cupti_cbid
 from traceq.ingest.base import (
     CUPTI_DEVICE_LIMITS,
@@ -71,6 +72,7 @@ from traceq.ingest.base import (
     select_list,
     table_names,
 )
+from traceq.ingest.validate import check_columns, scaled, to_arrow, valid_times
 
 _KIND = "CUPTI_ACTIVITY_KIND_"
 CONCURRENT_KERNEL = _KIND + "CONCURRENT_KERNEL"
@@ -88,8 +90,12 @@ KERNEL_TABLES = (CONCURRENT_KERNEL, KERNEL)
 API_TABLES = {RUNTIME: ("runtime", cupti_cbid.RUNTIME), DRIVER: ("driver", cupti_cbid.DRIVER)}
 SPAN_TABLES = (*KERNEL_TABLES, RUNTIME, DRIVER, MEMCPY, MEMCPY2, MEMSET)
 EVENT_TABLES = (*SPAN_TABLES, MARKER)
-REQUIRED = {t: ("start", "end") for t in SPAN_TABLES} | {MARKER: ("flags", "timestamp", "id")}
-VALID = 'start > 0 AND "end" >= start'
+REQUIRED = ({t: ("start", "end") for t in SPAN_TABLES} | {MARKER: ("flags", "timestamp", "id")}
+            | {"StringTable": ("_id_", "value")})
+"""Columns without which a table's rows mean nothing: a file lacking one is refused."""
+START, END = "NULLIF(start, 0)", 'NULLIF("end", 0)'  # 0: CUPTI's unknown timestamp
+EPOCH_2000_NS, EPOCH_2100_NS = 946_684_800 * 10**9, 4_102_444_800 * 10**9
+"""The timestamps time zero is chosen among (ns since the Unix epoch)."""
 
 # cupti_activity.h enumerations.
 MEMORY_KIND = {0: "Unknown", 1: "Pageable", 2: "Pinned", 3: "Device", 4: "Array", 5: "Managed",
@@ -114,18 +120,15 @@ class NvprofReader(SqliteReader):
         return row_estimate(src, EVENT_TABLES)
 
     def read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
-        try:
-            return _read(src, sink)
-        except sqlite3.DatabaseError as e:
-            raise TraceFormatError(f"the SQLite file is damaged or truncated ({e})") from None
+        tables = table_names(src)
+        check_columns(src, tables, REQUIRED)
+        t0 = _time_zero(src, tables)
+        # _id_ 0 is the '-- null --' placeholder: no name, the default NVTX domain (looked up as NULL).
+        strings = Strings.from_query(src, "SELECT _id_, value FROM StringTable WHERE _id_ > 0", "StringTable")
+        return _read(src, tables, t0, strings, sink)
 
 
-def _read(src: sqlite3.Connection, sink: Sink) -> SourceInfo:
-    tables = table_names(src)
-    _check_columns(src, tables)
-    t0 = _time_zero(src, tables)
-    # _id_ 0 is the '-- null --' placeholder: no name, the default NVTX domain.
-    strings = Strings.from_query(src, "SELECT _id_, value FROM StringTable WHERE _id_ > 0")
+def _read(src: sqlite3.Connection, tables: set[str], t0: int, strings: Strings, sink: Sink) -> SourceInfo:
     pid = _pid_sql(src, tables)
     if DEVICE in tables:
         _read_gpus(src, strings, sink)
@@ -153,20 +156,17 @@ def _read(src: sqlite3.Connection, sink: Sink) -> SourceInfo:
                       session_start_utc_ns=t0 or None)
 
 
-def _check_columns(src: sqlite3.Connection, tables: set[str]) -> None:
-    for table, needed in REQUIRED.items():
-        if table in tables:
-            missing = [c for c in needed if c not in column_names(src, table)]
-            if missing:
-                raise TraceFormatError(f"{table} lacks column {', '.join(missing)}: not an nvprof database "
-                                       "traceq understands")
-
-
 def _time_zero(src: sqlite3.Connection, tables: set[str]) -> int:
-    """The earliest event timestamp (ns since the epoch), or 0 when there are no events."""
-    parts = [f'SELECT min(start) AS t FROM "{t}" WHERE {VALID}' for t in SPAN_TABLES if t in tables]
+    """The earliest event timestamp (ns since the epoch) of the years 2000 to 2100 in a record
+    whose end is not before its start, or 0 when there is none."""
+    def plausible(column: str) -> str:
+        return f"typeof({column}) = 'integer' AND {column} BETWEEN {EPOCH_2000_NS} AND {EPOCH_2100_NS}"
+
+    end = plausible('"end"')
+    parts = [f'SELECT min(start) AS t FROM "{t}" WHERE {plausible("start")} AND {end} AND "end" >= start'
+             for t in SPAN_TABLES if t in tables]
     if MARKER in tables:
-        parts.append(f"SELECT min(timestamp) AS t FROM {MARKER} WHERE timestamp > 0")
+        parts.append(f"SELECT min(timestamp) AS t FROM {MARKER} WHERE {plausible('timestamp')}")
     if not parts:
         return 0
     row = src.execute(f"SELECT min(t) FROM ({' UNION ALL '.join(parts)})").fetchone()
@@ -178,7 +178,7 @@ def _pid_sql(src: sqlite3.Connection, tables: set[str]) -> str:
     pids: set[int] = set()
     for table in API_TABLES:
         if table in tables:
-            pids |= {int(r[0]) for r in src.execute(f"SELECT DISTINCT processId FROM {table}") if r[0] is not None}
+            pids |= {r[0] for r in src.execute(f"SELECT DISTINCT processId FROM {table}") if type(r[0]) is int}
     if NAME in tables:
         for kind, obj in src.execute(f"SELECT objectKind, objectId FROM {NAME}"):
             if kind == OBJECT_PROCESS and isinstance(obj, bytes) and len(obj) >= 4:
@@ -201,8 +201,8 @@ def _read_kernels(src: sqlite3.Connection, tables: set[str], strings: Strings, t
         total = "coalesce(localMemoryTotal_v2, localMemoryTotal)" if "localMemoryTotal_v2" in have \
             else "localMemoryTotal"
         wanted = [
-            ("start_ns", f"start - {t0}", ["start"]),
-            ("end_ns", f'"end" - {t0}', ["end"]),
+            ("start_ns", START, ["start"]),  # made relative to t0 by valid_times
+            ("end_ns", END, ["end"]),
             ("device_id", "deviceId", ["deviceId"]),
             ("context_id", "contextId", ["contextId"]),
             ("stream_id", "streamId", ["streamId"]),
@@ -222,7 +222,7 @@ def _read_kernels(src: sqlite3.Connection, tables: set[str], strings: Strings, t
             ("launch_type", "launchType", ["launchType"]),
             ("graph_node_id", "NULLIF(graphNodeId, 0)", ["graphNodeId"]),
         ]
-        where = VALID
+        where = "1"
         if table == KERNEL and CONCURRENT_KERNEL in tables:
             where += (f" AND NOT EXISTS (SELECT 1 FROM {CONCURRENT_KERNEL} c "
                       "WHERE c.correlationId = x.correlationId AND c.deviceId = x.deviceId)")
@@ -233,7 +233,8 @@ def _read_kernels(src: sqlite3.Connection, tables: set[str], strings: Strings, t
 
     def kernels() -> Iterator[pa.Table]:
         offset = 0
-        for batch in fetch_batches(src, " UNION ALL ".join(selects), schema):
+        for batch in fetch_batches(src, " UNION ALL ".join(selects), schema, source=" and ".join(present)):
+            batch = valid_times(batch, "kernel_events", sink.damage, t0)
             yield numbered(kernel_batch(batch, name_id=names.number(batch["name_id"]),
                                         config_id=configs.number(*[batch[c] for c in KERNEL_CONFIG_COLUMNS]),
                                         queue_id=queues.number(*[batch[c] for c in KERNEL_QUEUE_COLUMNS])),
@@ -262,7 +263,7 @@ class _KernelNames:
 def _kernel_names(src: sqlite3.Connection, tables: Iterable[str], strings: Strings) -> _KernelNames:
     ids: set[int] = set()
     for table in tables:
-        ids |= {int(r[0]) for r in src.execute(f"SELECT DISTINCT name FROM {table}") if r[0] is not None}
+        ids |= {r[0] for r in src.execute(f"SELECT DISTINCT name FROM {table}") if type(r[0]) is int}
     ordered = sorted(ids)
     return _KernelNames(ordered, strings.lookup(pa.array(ordered, type=I64)).to_pylist())
 
@@ -333,27 +334,29 @@ def _read_api_calls(src: sqlite3.Connection, table: str, t0: int, names: Names, 
     its (process, thread)."""
     api = API_TABLES[table][0]
     wanted = [
-        ("start_ns", f"start - {t0}", ["start"]),
-        ("end_ns", f'"end" - {t0}', ["end"]),
+        ("start_ns", START, ["start"]),  # made relative to t0 by valid_times
+        ("end_ns", END, ["end"]),
         ("cbid", "cbid", ["cbid"]),
         ("correlation_id", "correlationId", ["correlationId"]),
         ("pid", "processId", ["processId"]),
-        ("tid", "threadId & 4294967295", ["threadId"]),
+        ("tid", "threadId", ["threadId"]),  # stored signed: masked to 32 bits below
         ("return_value", "returnValue", ["returnValue"]),
     ]
-    sql = f"SELECT {select_list(column_names(src, table), wanted)} FROM {table} WHERE {VALID}"
+    sql = f"SELECT {select_list(column_names(src, table), wanted)} FROM {table}"
 
     def columns(batch: pa.Table) -> pa.Table:
+        batch = valid_times(batch, "api_events", sink.damage, t0)
         return pa.table({
             "start_ns": batch["start_ns"],
             "end_ns": batch["end_ns"],
             "name_id": names.number(pa.repeat(pa.scalar(api), batch.num_rows), batch["cbid"]),
-            "thread_id": threads.number(batch["pid"], batch["tid"]),
+            "thread_id": threads.number(batch["pid"], pc.bit_wise_and(batch["tid"], 0xFFFFFFFF)),
             "correlation_id": batch["correlation_id"],
             "return_value": batch["return_value"],
         })
 
-    sink.append_all("api_events", map(columns, fetch_batches(src, sql, pa.schema([(w[0], I64) for w in wanted]))))
+    schema = pa.schema([(w[0], I64) for w in wanted])
+    sink.append_all("api_events", map(columns, fetch_batches(src, sql, schema, source=table)))
 
 
 def _api_names(names: Names) -> pa.Table:
@@ -369,8 +372,8 @@ def _api_names(names: Names) -> pa.Table:
 def _read_memops(src: sqlite3.Connection, table: str, t0: int, pid: str, sink: Sink) -> None:
     have = column_names(src, table)
     wanted = [
-        ("start_ns", f"start - {t0}", ["start"]),
-        ("end_ns", f'"end" - {t0}', ["end"]),
+        ("start_ns", START, ["start"]),  # made relative to t0 by valid_times
+        ("end_ns", END, ["end"]),
         ("bytes", "bytes", ["bytes"]),
         ("device_id", "deviceId", ["deviceId"]),
         ("context_id", "contextId", ["contextId"]),
@@ -385,9 +388,10 @@ def _read_memops(src: sqlite3.Connection, table: str, t0: int, pid: str, sink: S
         op = "memcpy"
         wanted += [("copy_kind", "copyKind", ["copyKind"]), ("src_kind", "srcKind", ["srcKind"]),
                    ("dst_kind", "dstKind", ["dstKind"])]
-    sql = f"SELECT {select_list(have, wanted)} FROM {table} x WHERE {VALID}"
+    sql = f"SELECT {select_list(have, wanted)} FROM {table} x"
 
     def columns(batch: pa.Table) -> pa.Table:
+        batch = valid_times(batch, "memops", sink.damage, t0)
         cols = {c: batch[c] for c in batch.column_names}
         cols["dur_ns"] = pc.subtract(cols["end_ns"], cols["start_ns"])
         cols["op"] = pa.array([op] * batch.num_rows, type=STR)
@@ -398,12 +402,13 @@ def _read_memops(src: sqlite3.Connection, table: str, t0: int, pid: str, sink: S
             cols["copy_kind"] = enum_lookup(cols["copy_kind"].combine_chunks(), cupti.MEMCPY_KIND)
         return pa.table(cols)
 
-    sink.append_all("memops", map(columns, fetch_batches(src, sql, pa.schema([(w[0], I64) for w in wanted]))))
+    schema = pa.schema([(w[0], I64) for w in wanted])
+    sink.append_all("memops", map(columns, fetch_batches(src, sql, schema, source=table)))
 
 
 def _read_nvtx(src: sqlite3.Connection, tables: set[str], strings: Strings, t0: int, sink: Sink) -> None:
     have = column_names(src, MARKER)
-    domain = "s.domain" if "domain" in have else "NULL"
+    domain = "NULLIF(s.domain, 0)" if "domain" in have else "NULL"  # 0: the default domain
     data_join, data_cols = "", "NULL, NULL, NULL"
     if MARKER_DATA in tables and {"id", "flags", "color", "category"} <= column_names(src, MARKER_DATA):
         data_join = (f"LEFT JOIN (SELECT id, flags, color, category FROM {MARKER_DATA} GROUP BY id) d "
@@ -413,24 +418,27 @@ def _read_nvtx(src: sqlite3.Connection, tables: set[str], strings: Strings, t0: 
                         ("kind", I64), ("object", BIN), ("end_kind", I64), ("end_object", BIN),
                         ("start_row", I64), ("end_row", I64),
                         ("data_flags", I64), ("color", I64), ("category", I64)])
+    # Times are made relative to t0 by valid_times. The rowid is _id_ (its INTEGER PRIMARY KEY).
     ranges = f"""
-        SELECT s.timestamp - {t0}, e.timestamp - {t0}, s.name, {domain}, s.objectKind, s.objectId,
-               e.objectKind, e.objectId, s._id_, e._id_, {data_cols}
+        SELECT NULLIF(s.timestamp, 0), e.timestamp, NULLIF(s.name, 0), {domain}, s.objectKind, s.objectId,
+               e.objectKind, e.objectId, s.rowid, e.rowid, {data_cols}
         FROM {MARKER} s
         JOIN {MARKER} e ON e.id = s.id AND (e.flags & {MARKER_END}) != 0 AND e.timestamp >= s.timestamp
         {data_join}
-        WHERE (s.flags & {MARKER_START}) != 0 AND s.timestamp > 0
-        ORDER BY substr(s.objectId, 1, 8), {domain}, s.timestamp, s._id_"""
+        WHERE (s.flags & {MARKER_START}) != 0
+        ORDER BY substr(s.objectId, 1, 8), {domain}, s.timestamp, s.rowid"""
     nesting, attributes = _Nesting(), Names()
-    for batch in fetch_batches(src, ranges, schema):
+    for batch in fetch_batches(src, ranges, schema, source=MARKER):
+        batch = valid_times(batch, "nvtx_events", sink.damage, t0)
         sink.append("nvtx_events", nvtx_batch(_nvtx_table(batch, strings, nesting), attributes),
                     source_rows=2 * batch.num_rows)
     marks = f"""
-        SELECT s.timestamp - {t0}, NULL, s.name, {domain}, s.objectKind, s.objectId,
-               NULL, NULL, s._id_, NULL, {data_cols}
+        SELECT NULLIF(s.timestamp, 0), NULL, NULLIF(s.name, 0), {domain}, s.objectKind, s.objectId,
+               NULL, NULL, s.rowid, NULL, {data_cols}
         FROM {MARKER} s {data_join}
-        WHERE (s.flags & {MARKER_INSTANT}) != 0 AND s.timestamp > 0"""
-    for batch in fetch_batches(src, marks, schema):
+        WHERE (s.flags & {MARKER_INSTANT}) != 0"""
+    for batch in fetch_batches(src, marks, schema, source=MARKER):
+        batch = valid_times(batch, "nvtx_events", sink.damage, t0, end_required=False)
         sink.append("nvtx_events", nvtx_batch(_nvtx_table(batch, strings, None), attributes))
     sink.append("nvtx_attributes", nvtx_attributes(attributes.keys), source_rows=0)
 
@@ -502,13 +510,14 @@ def _read_gpus(src: sqlite3.Connection, strings: Strings, sink: Sink) -> None:
     wanted = [
         ("device_id", "id", ["id"]),
         ("name_id", "name", ["name"]),
-        ("clock_hz", "coreClockRate * 1000", ["coreClockRate"]),  # kHz
+        ("clock_hz", "coreClockRate", ["coreClockRate"]),  # kHz, scaled below
         ("memory_bytes", "globalMemorySize", ["globalMemorySize"]),
-        ("memory_bandwidth_bytes_per_s", "globalMemoryBandwidth * 1000", ["globalMemoryBandwidth"]),  # kB/s
+        ("memory_bandwidth_bytes_per_s", "globalMemoryBandwidth", ["globalMemoryBandwidth"]),  # kB/s
         *CUPTI_DEVICE_LIMITS,
     ]
     sql = f"SELECT DISTINCT {select_list(column_names(src, DEVICE), wanted)} FROM {DEVICE} ORDER BY 1"
-    for batch in fetch_batches(src, sql, pa.schema([(w[0], I64) for w in wanted])):
+    for batch in fetch_batches(src, sql, pa.schema([(w[0], I64) for w in wanted]), source=DEVICE):
+        batch = scaled(batch, {"clock_hz": 1000, "memory_bandwidth_bytes_per_s": 1000}, sink.damage, DEVICE)
         cols = {c: batch[c] for c in batch.column_names if c != "name_id"}
         cols["name"] = strings.lookup(batch["name_id"].combine_chunks())
         sink.append("gpus", pa.table(cols))
@@ -520,7 +529,8 @@ def _read_names(src: sqlite3.Connection, strings: Strings, sink: Sink) -> None:
                        [OBJECT_PROCESS, OBJECT_THREAD]).fetchall()
     kinds = [r[0] for r in rows]
     pids, tids = _object_ids([r[1] for r in rows], kinds)
-    names = strings.lookup(pa.array([r[2] for r in rows], type=I64)).to_pylist()
+    name_ids = to_arrow([r[2] for r in rows], pa.field("name", I64), sink.damage, NAME)
+    names = strings.lookup(name_ids).to_pylist()
     procs = [(p, n) for k, p, n in zip(kinds, pids, names) if k == OBJECT_PROCESS]
     threads = [(p, t, n) for k, p, t, n in zip(kinds, pids, tids, names) if k == OBJECT_THREAD]
     if procs:

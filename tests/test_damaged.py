@@ -27,9 +27,187 @@ runner = CliRunner()
 K = "CUPTI_ACTIVITY_KIND_"
 
 
+def damaged(tmp_path: Path, source: Path, *statements: str, params: tuple = ()) -> Path:
+    """A copy of `source` with `statements` run on it (each with `params`)."""
+    copy = tmp_path / f"damaged{source.suffix}"
+    shutil.copy(source, copy)
+    con = sqlite3.connect(copy)
+    for sql in statements:
+        con.execute(sql, params if "?" in sql else ())
+    con.commit()
+    con.close()
+    return copy
+
+
+def sqlite_rows(path: Path, sql: str) -> list[tuple]:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def load(tmp_path: Path, path: Path, engine: str = "auto") -> tuple[str, duckdb.DuckDBPyConnection]:
+    """`traceq load` of `path` into a new store: (the summary's notes after the time, a read-only
+    connection to the store)."""
+    db = tmp_path / f"{engine}.duckdb"
+    result = runner.invoke(app, ["load", str(path), "--db", str(db)], env={"TRACEQ_SQLITE_READER": engine})
+    assert result.exit_code == 0, result.output
+    line = result.stdout.strip()
+    assert "\n" not in line
+    notes = line.split(" s; ", 1)[1] if " s; " in line else ""
+    return notes, duckdb.connect(str(db), read_only=True)
+
+
+def test_kernels_with_end_before_start_are_dropped_and_counted(tmp_path: Path) -> None:
+    path = damaged(tmp_path, sample("lenet_b256_cudnn.sqlite"),
+                   f'UPDATE {K}KERNEL SET "end" = start - 1 WHERE rowid % 20 = 3')
+    reversed_ = sqlite_rows(path, f'SELECT count(*) FROM {K}KERNEL WHERE "end" < start')[0][0]
+    kept = sqlite_rows(path, f'SELECT start, "end" FROM {K}KERNEL WHERE "end" >= start ORDER BY rowid')
+    assert reversed_ == 13
+    notes, con = load(tmp_path, path)
+    assert notes == "13 kernels with end < start dropped"
+    assert con.execute("SELECT start_ns, end_ns FROM kernels ORDER BY kernel_id").fetchall() == kept
+    assert con.execute("SELECT kernel_count FROM traces").fetchall() == [(len(kept),)]
+
+
+def test_rows_without_times_or_out_of_range_are_dropped_and_counted(tmp_path: Path) -> None:
+    path = damaged(tmp_path, sample("lenet_b256_cudnn.sqlite"),  # start is NOT NULL: rebuild the table without it
+                   f"CREATE TABLE copy AS SELECT * FROM {K}MEMCPY", f"DROP TABLE {K}MEMCPY",
+                   f"ALTER TABLE copy RENAME TO {K}MEMCPY",
+                   f"UPDATE {K}MEMCPY SET start = NULL WHERE rowid IN (1, 2, 3)",
+                   f"UPDATE {K}KERNEL SET start = -9223372036854775808 WHERE rowid IN (5, 6)",
+                   f'UPDATE {K}RUNTIME SET "end" = 4611686018427387904 WHERE rowid = 7')
+    copies = sqlite_rows(path, f"SELECT count(*) FROM {K}MEMCPY WHERE start IS NOT NULL")[0][0] + sqlite_rows(
+        path, f"SELECT count(*) FROM {K}MEMSET")[0][0]
+    notes, con = load(tmp_path, path)
+    assert notes == ("2 kernels with times out of range dropped; 1 API call with times out of range dropped; "
+                     "3 memcpy/memset without a start or end time dropped")
+    assert con.execute("SELECT count(*) FROM memops").fetchall() == [(copies,)]
+    assert con.execute("SELECT count(*) FROM kernels").fetchall() == [(258,)]
+
+
+def test_durations_adding_up_past_64_bits_refuse_the_file(tmp_path: Path) -> None:
+    """Each kernel 2^50 ns long (13 days, within range): 37,284 of them add up to 1.3 millennia."""
+    path = damaged(tmp_path, sample("alexnet_b256_nocudnn.sqlite"), f'UPDATE {K}KERNEL SET "end" = start + {2**50}')
+    line = assert_load_refused(tmp_path / "store.duckdb", path, "kernel durations add up to", "years")
+    assert "1,330 years" in line  # 37,284 x 2^50 ns
+
+
+def test_values_of_the_wrong_type_become_null_and_are_counted(tmp_path: Path) -> None:
+    """Text and floats in integer columns, on both readers of big tables: ADBC (whose chunk is read
+    again by sqlite3) and sqlite3 alone give the same store and the same summary."""
+    path = damaged(tmp_path, sample("lenet_b256_cudnn.sqlite"),
+                   f"UPDATE {K}KERNEL SET gridX = 'abc' WHERE rowid IN (10, 11)",
+                   f"UPDATE {K}KERNEL SET blockX = 1e400 WHERE rowid = 12",
+                   f"UPDATE {K}MEMSET SET value = 'NaN' WHERE rowid = 1")
+    corr = {r[0] for r in sqlite_rows(path, f"SELECT correlationId FROM {K}KERNEL WHERE rowid IN (10, 11, 12)")}
+    stores = {}
+    for engine in ("adbc", "stdlib"):
+        notes, con = load(tmp_path, path, engine)
+        assert notes == ("3 non-integer values set to NULL (CUPTI_ACTIVITY_KIND_KERNEL); "
+                         "1 non-integer value set to NULL (CUPTI_ACTIVITY_KIND_MEMSET)")
+        nulls = con.execute("SELECT correlation_id FROM kernels WHERE grid_x IS NULL OR block_x IS NULL").fetchall()
+        assert {r[0] for r in nulls} == corr
+        stores[engine] = [con.execute(f"SELECT * EXCLUDE (trace_id) FROM {t} ORDER BY ALL").fetchall()
+                          for t in ("kernels", "memops", "api_calls", "nvtx")]
+    assert stores["adbc"] == stores["stdlib"]
+
+
+def test_integers_too_large_for_the_store_become_null(tmp_path: Path) -> None:
+    path = damaged(tmp_path, sample("lenet_b256_cudnn.sqlite"), f"UPDATE {K}KERNEL SET gridX = {2**40} WHERE rowid = 4")
+    notes, con = load(tmp_path, path)
+    assert notes == "1 value too large for kernel_configs.grid_x set to NULL"
+    assert con.execute("SELECT count(*) FROM kernels WHERE grid_x IS NULL").fetchall() == [(1,)]
+
+
+def test_rows_lacking_a_value_the_store_needs_are_dropped(tmp_path: Path) -> None:
+    """A memory event whose operation is neither alloc nor free has no `op`, which the store needs."""
+    path = damaged(tmp_path, sample("alexnet_b64_nocache.sqlite"),
+                   "UPDATE CUDA_GPU_MEMORY_USAGE_EVENTS SET memoryOperationType = 7 WHERE rowid IN (3, 4)")
+    events = sqlite_rows(path, "SELECT count(*) FROM CUDA_GPU_MEMORY_USAGE_EVENTS")[0][0]
+    notes, con = load(tmp_path, path)
+    assert notes == "2 memory events without op dropped"
+    assert con.execute("SELECT count(*) FROM memory_events").fetchall() == [(events - 2,)]
+
+
+@pytest.mark.parametrize("engine", ["adbc", "stdlib"])
+def test_text_that_is_not_utf8_is_read_with_replacement(tmp_path: Path, engine: str) -> None:
+    """In StringIds (read with sqlite3) and in NVTX texts (read by ADBC, which passes the bytes
+    through: the chunk is read again with sqlite3)."""
+    path = damaged(tmp_path, sample("alexnet_b256_cudnn.sqlite"),
+                   "UPDATE StringIds SET value = CAST(CAST(value AS BLOB) || X'CCFF' AS TEXT) WHERE id = "
+                   f"(SELECT shortName FROM {K}KERNEL ORDER BY rowid LIMIT 1)",
+                   "UPDATE NVTX_EVENTS SET text = CAST(X'636F6E76C328' AS TEXT) WHERE rowid IN (SELECT rowid "
+                   "FROM NVTX_EVENTS WHERE text IS NOT NULL AND eventType = 59 ORDER BY rowid LIMIT 2)")
+    notes, con = load(tmp_path, path, engine)
+    assert notes == "3 texts not UTF-8 read with U+FFFD for the bad bytes"
+    assert con.execute("SELECT count(*) FROM nvtx WHERE name = 'conv\ufffd('").fetchall() == [(2,)]
+    assert con.execute("SELECT count(DISTINCT short_name) FROM kernels WHERE short_name LIKE '%\ufffd%'"
+                       ).fetchall() == [(1,)]
+
+
+def test_string_ids_that_resolve_to_nothing_leave_names_empty(tmp_path: Path) -> None:
+    """A kernel whose three name ids are gone is '<unnamed kernel>'; an API call's name is NULL."""
+    path = damaged(tmp_path, sample("lenet_b256_cudnn.sqlite"),
+                   f"UPDATE {K}KERNEL SET demangledName = 999999, shortName = 999999, mangledName = 999999 "
+                   "WHERE rowid = 1",
+                   f"UPDATE {K}RUNTIME SET nameId = -5 WHERE rowid IN (1, 2)")
+    notes, con = load(tmp_path, path)
+    assert notes == "5 unknown string ids read as no text"  # a kernel's three, and two calls'
+    assert con.execute("SELECT name, short_name FROM kernels WHERE kernel_id = 0").fetchall() == [
+        ("<unnamed kernel>", "<unnamed kernel>")]
+    assert con.execute("SELECT count(*) FROM api_calls WHERE name IS NULL").fetchall() == [(2,)]
+
+
+def test_string_table_rows_with_ids_that_are_not_integers_are_dropped(tmp_path: Path) -> None:
+    path = damaged(tmp_path, sample("lenet_b256_cudnn.sqlite"),  # id is the INTEGER PRIMARY KEY: rebuild without
+                   "CREATE TABLE copy AS SELECT * FROM StringIds", "DROP TABLE StringIds",
+                   "ALTER TABLE copy RENAME TO StringIds", "UPDATE StringIds SET id = 'x' || id WHERE id < 3")
+    notes, _ = load(tmp_path, path)
+    assert notes.startswith("3 StringIds rows with an id that is not an integer dropped")
+
+
+def test_a_table_lacking_a_required_column_refuses_the_file(tmp_path: Path) -> None:
+    path = damaged(tmp_path, sample("lenet_b256_cudnn.sqlite"), f"ALTER TABLE {K}KERNEL DROP COLUMN start")
+    db = tmp_path / "store.duckdb"
+    assert runner.invoke(app, ["load", str(sample("alexnet_b128_cudnn.sqlite")), "--db", str(db)]).exit_code == 0
+    assert_load_refused(db, path, f"{K}KERNEL lacks column start")
+
+
+def test_nvprof_times_reversed_or_unknown(tmp_path: Path) -> None:
+    """nvprof: a start of 0 is CUPTI's unknown time; time zero ignores a damaged early record."""
+    source = shared("realtraces", "nvprof_sqlite", "m-goldstein__GPU_ML__timeline.nvvp")
+    path = damaged(tmp_path, source, f'UPDATE {K}CONCURRENT_KERNEL SET "end" = start - 5 WHERE rowid IN (2, 4)',
+                   f"UPDATE {K}CONCURRENT_KERNEL SET start = 0 WHERE rowid = 6",
+                   f"UPDATE {K}RUNTIME SET start = 5 WHERE rowid = 1")
+    first = sqlite_rows(path, " UNION ALL ".join(
+        f'SELECT min(start) FROM {K}{t} WHERE start > 946684800000000000 AND "end" >= start'
+        for t in ("CONCURRENT_KERNEL", "RUNTIME", "DRIVER", "MEMCPY", "MEMSET")))
+    notes, con = load(tmp_path, path)
+    assert notes == ("2 kernels with end < start dropped; 1 kernel without a start or end time dropped; "
+                     "1 API call with times out of range dropped")
+    assert con.execute("SELECT kernel_count, session_start_utc_ns FROM traces").fetchall() == [
+        (38 - 3, min(r[0] for r in first))]
+
+
+REPRODUCERS = shared_files("fuzz-repro", "sig*")
+
+
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory) -> fuzz.Harness:
     return fuzz.Harness([], "repro", tmp_path_factory.mktemp("repro"))
+
+
+@pytest.mark.parametrize("path", REPRODUCERS or [pytest.param(None, marks=pytest.mark.skip(
+    reason="../shared/fuzz-repro is absent"))], ids=lambda p: p.name[:5] if p else "absent")
+def test_reproducer(harness: fuzz.Harness, path: Path) -> None:
+    """Each damaged trace that once gave a traceback: refused in one line with the store as it was,
+    or loaded with every command working (or refusing in one line) on it."""
+    outcome = harness.check_file(path)
+    assert outcome.problems == [], outcome
+    if outcome.result == "refused":
+        assert any(w in outcome.message for w in ("damaged", "lacks column")), outcome.message
 
 
 @pytest.mark.parametrize("name", ["nsys_sqlite/CO18326__uvmTorch__report1.sqlite",  # no kernels

@@ -27,6 +27,7 @@ def store(tmp_path_factory: pytest.TempPathFactory):
 def _load(store, path: Path) -> int:
     name = f"{path.parent.name}/{path.stem}"
     result = load_trace(store, path, name=name)
+    assert result.notes == []  # a real export is never repaired (traceq.ingest.validate)
     return result.trace_id
 
 
