@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from traceq.analysis.choices import CompareBy, GroupBy, MemoryBy, NameBy, TrafficBy
 from traceq.errors import TraceqError, TraceqWarning
-from traceq.store import default_store_path, delete_trace, first_row, open_store, resolve_trace
+from traceq.store import default_store_path, delete_trace, first_row, open_store, resolve_trace, restore_size
 
 if TYPE_CHECKING:
     import duckdb
@@ -143,6 +143,7 @@ class Store:
         existed = self.path.exists()
         self.close()  # a read-only connection cannot write: open one that can for the load
         con = self._open(read_only=False, create=True)
+        size = self.path.stat().st_size
         try:
             result = load_trace(con, path, name=name, replace=replace, progress=progress, engine=engine,
                                 python_functions=python_functions, attribute=attribute)
@@ -150,6 +151,8 @@ class Store:
             con.close()
             if not existed:
                 _remove_store(self.path)
+            else:  # what the rolled-back load wrote past the old end
+                restore_size(self.path, size)
             raise
         if self.write:
             self._con = con

@@ -115,6 +115,11 @@ def user_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         _err("interrupted")
         raise typer.Exit(code=130) from None
+    except RuntimeError as e:  # DuckDB's form of Ctrl-C when it arrives inside a query
+        if str(e) != "Query interrupted":
+            raise
+        _err("interrupted")
+        raise typer.Exit(code=130) from None
 
 
 def _store(db: Path | None, **kwargs: bool) -> Store:

@@ -86,10 +86,47 @@ def open_store(
     con = _connect_waiting(path, read_only and path.exists(), lock_timeout, on_wait)
     try:
         _ensure_schema(con, path, create=create and not read_only)
+        if not read_only:
+            reclaim_space(con, path)
     except BaseException:
         con.close()
         raise
     return con
+
+
+HEADER_BYTES = 3 * 4096
+"""What precedes a DuckDB file's first block: its file header and two database headers."""
+
+
+def reclaim_space(con: duckdb.DuckDBPyConnection, path: Path) -> int:
+    """Give back the space a killed load left at the end of the store file; returns the bytes.
+
+    DuckDB writes a big append's row groups into the file before its transaction commits
+    (optimistic writes). A load killed before its commit leaves them past the last block the
+    file's header counts: there is no WAL (nothing was committed) and they are not in the free
+    list, so the store's contents are intact, but a plain open or CHECKPOINT keeps the space;
+    DuckDB truncates the file only at a checkpoint that writes something. This makes one (a
+    scratch table created and dropped) when such a tail is there, and no WAL is.
+    """
+    total, block = first_row(con, "SELECT total_blocks, block_size FROM pragma_database_size() "
+                                  "WHERE database_name = current_database()")
+    tail = path.stat().st_size - HEADER_BYTES - total * block
+    if tail < block or Path(f"{path}.wal").exists():
+        return 0
+    con.execute("CREATE TABLE traceq_reclaim (x INTEGER)")
+    con.execute("DROP TABLE traceq_reclaim")
+    con.execute("CHECKPOINT")
+    return tail
+
+
+def restore_size(path: Path, size: int) -> None:
+    """Cut the store file back to `size` bytes after a load that failed (its connection closed).
+
+    The rolled-back load's optimistic writes (see `reclaim_space`) lie past the file's old end
+    and nothing references them: without them the file is byte for byte what it was.
+    """
+    if path.exists() and path.stat().st_size > size and not Path(f"{path}.wal").exists():
+        os.truncate(path, size)
 
 
 def _connect_waiting(

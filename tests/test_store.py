@@ -206,6 +206,100 @@ def test_interrupted_load_keeps_the_store(tmp_path: Path) -> None:
     assert _counts(db)["traces"] == 2
 
 
+@pytest.fixture(scope="module")
+def big_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """alexnet_b256_nocudnn with its events copied three more times (112K kernels, 159K API
+    calls): enough rows that DuckDB writes some into the store before the load commits."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import scale
+
+    out = tmp_path_factory.mktemp("big") / "alexnet_x4.sqlite"
+    scale.scale(sample("alexnet_b256_nocudnn.sqlite"), out, copies=3)
+    return out
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_load_refused_after_writing_leaves_the_store_byte_for_byte(
+        tmp_path: Path, big_trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused only once every row is in (durations too long to add up): DuckDB had already written
+    row groups past the store's end (it does under memory pressure: a 50 MB limit here, as 400 MB
+    with a million kernels); they are cut off again."""
+    import shutil
+    import sqlite3
+
+    import traceq.cli
+    import traceq.ingest
+
+    monkeypatch.setitem(traceq.ingest.LOAD_SETTINGS, "memory_limit", "50MB")
+
+    db = tmp_path / "s.duckdb"
+    assert _invoke("load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db)).exit_code == 0
+    damaged = tmp_path / "long.sqlite"
+    shutil.copy(big_trace, damaged)
+    con = sqlite3.connect(damaged)
+    con.execute(f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = start + {2**50}')
+    con.commit()
+    con.close()
+    before, size = _digest(db), db.stat().st_size
+    grew: list[int] = []
+    real_restore = traceq.cli.restore_size
+    monkeypatch.setattr(traceq.cli, "restore_size", lambda path, n: (grew.append(path.stat().st_size - n),
+                                                                    real_restore(path, n)))
+    result = _invoke("load", str(damaged), "--db", str(db))
+    assert result.exit_code == 1 and "durations add up to" in result.stderr
+    assert grew and grew[0] > 0, "DuckDB wrote nothing before the refusal: the test tests nothing"
+    assert db.stat().st_size == size and _digest(db) == before
+
+
+def test_a_killed_load_leaves_the_contents_and_the_next_write_gives_the_space_back(
+        tmp_path: Path, big_trace: Path) -> None:
+    """kill -9 once the load has written past the store's end: the store keeps its one trace; the
+    space stays until a command writes the store (here a load of a trace it holds already)."""
+    db = tmp_path / "s.duckdb"
+    assert _invoke("load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db)).exit_code == 0
+    before, size = _counts(db), db.stat().st_size
+    loader = _traceq("load", str(big_trace), "--db", str(db))
+    while db.stat().st_size <= size and loader.poll() is None:
+        time.sleep(0.01)
+    loader.kill()
+    loader.wait(timeout=20)
+    assert loader.returncode == -9, "the load ended before it wrote past the store's end"
+    assert db.stat().st_size > size and not Path(f"{db}.wal").exists()
+    assert _counts(db) == before
+    assert _invoke("traces", "--db", str(db)).exit_code == 0  # a reader cannot give it back
+    again = _invoke("load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db))
+    assert "already loaded" in again.stdout
+    assert db.stat().st_size == size and _counts(db) == before
+
+
+def test_ctrl_c_inside_a_query_is_one_line_and_the_store_as_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while DuckDB runs a query of the load (it raises RuntimeError('Query interrupted'),
+    not KeyboardInterrupt): `traceq: interrupted`, exit 130, the store byte for byte as before."""
+    import signal
+    import threading
+
+    import traceq.ingest
+
+    db = tmp_path / "s.duckdb"
+    assert _invoke("load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db)).exit_code == 0
+    before = _digest(db)
+
+    def slow_summary(con, trace_id: int) -> None:  # a query long enough to be interrupted inside
+        threading.Timer(0.3, os.kill, [os.getpid(), signal.SIGINT]).start()
+        con.execute("SELECT count(*) FROM range(100000000000)").fetchall()
+
+    monkeypatch.setattr(traceq.ingest, "build_kernel_summary", slow_summary)
+    result = _invoke("load", str(sample("alexnet_b128_cudnn.sqlite")), "--db", str(db))
+    assert (result.exit_code, result.stderr) == (130, "traceq: interrupted\n"), result.output
+    assert _digest(db) == before
+
+
 def test_trace_ids_are_never_reused(tmp_path: Path) -> None:
     db = tmp_path / "s.duckdb"
     _invoke("load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db))
