@@ -75,7 +75,10 @@ class Store:
             self._con = self._open(read_only=not write)
 
     def _open(self, *, read_only: bool, create: bool = False) -> duckdb.DuckDBPyConnection:
-        return open_store(self.path, read_only=read_only, create=create, on_wait=self._on_wait)
+        try:
+            return open_store(self.path, read_only=read_only, create=create, on_wait=self._on_wait)
+        finally:  # an on_wait that showed a notice may take it back (the CLI's erases its line)
+            getattr(self._on_wait, "clear", lambda: None)()
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:

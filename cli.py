@@ -123,7 +123,28 @@ def user_errors() -> Iterator[None]:
 
 
 def _store(db: Path | None, **kwargs: bool) -> Store:
-    return Store(db or default_store_path(), on_wait=_err, **kwargs)
+    return Store(db or default_store_path(), on_wait=_WaitNotice(), **kwargs)
+
+
+class _WaitNotice:
+    """Says on a terminal that the store is busy, on a line erased when the wait ends: a refusal
+    after the wait is then the only line, as every refusal is. Off a terminal it says nothing
+    (the refusal says how long it waited)."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def __call__(self, message: str) -> None:
+        if sys.stderr.isatty():
+            sys.stderr.write(f"traceq: {message}")
+            sys.stderr.flush()
+            self.shown = True
+
+    def clear(self) -> None:  # called by Store when its open ends, waited or not
+        if self.shown:
+            sys.stderr.write("\r\x1b[2K")
+            sys.stderr.flush()
+            self.shown = False
 
 
 def _emit(text: str, out: Path | None) -> None:

@@ -146,7 +146,7 @@ def test_a_second_writer_waits_then_loads(tmp_path: Path) -> None:
     out, err = loader.communicate(timeout=60)
     holder.wait(timeout=10)
     assert loader.returncode == 0, err
-    assert f"traceq: waiting for {db}: another traceq process is using it" in err
+    assert err == ""  # off a terminal the wait is not announced (tests/test_lock_notice.py: on one)
     assert time.monotonic() - started > 1.0
     assert _counts(db)["traces"] == 2
 
@@ -162,9 +162,39 @@ def test_a_second_writer_gives_up_after_the_timeout(tmp_path: Path) -> None:
     out, err = loader.communicate(timeout=60)
     holder.wait(timeout=20)
     assert loader.returncode == 1
-    assert err.strip().splitlines()[-1] == (
-        f"traceq: {db} is in use by another traceq process (waited 1 s); try again when it finishes")
+    assert err.strip().splitlines() == [
+        f"traceq: {db} is in use by another traceq process (waited 1 s); try again when it finishes"]
     assert _counts(db) == before
+
+
+def test_on_a_terminal_the_wait_notice_is_erased_before_the_refusal(tmp_path: Path) -> None:
+    """Refusing after the wait is one line on screen: the notice shown while waiting is erased."""
+    import pty
+
+    db = tmp_path / "s.duckdb"
+    assert _invoke("load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db)).exit_code == 0
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db), "3"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    master, slave = pty.openpty()
+    loader = subprocess.Popen([sys.executable, "-m", "traceq", "traces", "--db", str(db)], stdout=subprocess.PIPE,
+                              stderr=slave, env={**os.environ, "TRACEQ_LOCK_TIMEOUT": "1"})
+    os.close(slave)
+    raw = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the loader closed its end
+            break
+        if not chunk:
+            break
+        raw += chunk
+    os.close(master)
+    loader.wait(timeout=20)
+    holder.wait(timeout=20)
+    text = raw.decode()
+    assert loader.returncode == 1 and f"traceq: waiting for {db}" in text
+    on_screen = [line.split("\r\x1b[2K")[-1] for line in text.replace("\r\n", "\n").split("\n") if line.strip()]
+    assert on_screen == [f"traceq: {db} is in use by another traceq process (waited 1 s); try again when it finishes"]
 
 
 def test_two_loads_at_once_both_land(tmp_path: Path) -> None:
