@@ -218,3 +218,24 @@ def test_every_command_works_on_real_traces_without_kernels_or_copies(harness: f
     path = shared("realtraces", *name.split("/"))
     outcome = harness.check_file(path)
     assert outcome.result == "loaded" and outcome.problems == [], outcome
+
+
+def test_fuzzing_a_small_budget() -> None:
+    """15 mutants of the samples (the seed is fixed: the same 15 each run), about 25 s on an idle
+    machine; `python tools/fuzz.py --mutants 10000` is the large budget, run on demand."""
+    with fuzz.scratch() as work:
+        harness = fuzz.Harness(fuzz.corpus(include_shared=False), "ci", work)
+        outcomes = fuzz.run(harness, range(15))
+    assert [o.problems for o in outcomes if o.problems] == []
+    assert {o.result for o in outcomes} >= {"loaded", "refused"}
+
+
+def test_the_fuzzer_is_reproducible(tmp_path: Path) -> None:
+    """The same seed and index give the same mutant, byte for byte."""
+    files = fuzz.corpus(include_shared=False)
+    digests = []
+    for run in ("a", "b"):
+        harness = fuzz.Harness(files, "same", tmp_path / run, base=None)
+        path, outcome = harness.mutant(7)
+        digests.append((hashlib.sha256(path.read_bytes()).hexdigest(), outcome.what))
+    assert digests[0] == digests[1]
