@@ -137,11 +137,13 @@ def load_trace(
         sink = Sink(con, trace_id, damage=damage)
         try:
             info = _read(reader, src, sink, progress)
+            damage.check_totals()
         except sqlite3.DatabaseError as e:  # wherever a reader meets it: a damaged page, say
             raise TraceFormatError(f"{path} is damaged: {e}") from None
         except UnicodeDecodeError:  # SQLite's message quoting damaged text, itself not UTF-8
             raise TraceFormatError(f"{path} is damaged: SQLite reports damage in text that is not UTF-8") from None
-        damage.check_totals()
+        except TraceFormatError as e:  # the reader's or the checks' (ingest.validate): name the file
+            raise TraceFormatError(f"{path}: {e}") from None
         _apply(con, {"threads": saved["threads"]})  # the inserts are done: the summary may use every thread
         build_kernel_summary(con, trace_id)
         kernels = sink.rows.get("kernel_events", 0)
