@@ -58,6 +58,15 @@ def ncu_layer(row: dict[str, str]) -> str:
     return stack[-1] if stack else ""
 
 
+def source_rows(path: Path, sql: str) -> list[tuple]:
+    """The rows of a query on an SQLite file, read independently of traceq."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
 def source_count(path: Path, table: str, where: str = "") -> int:
     """Rows in a table of an SQLite file, counted independently of traceq (0 when absent)."""
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import ROOT, assert_load_refused, sample, shared, shared_files
+from conftest import ROOT, assert_load_refused, sample, shared, shared_files, source_rows
 from typer.testing import CliRunner
 
 from traceq.cli import app
@@ -39,14 +39,6 @@ def damaged(tmp_path: Path, source: Path, *statements: str, params: tuple = ()) 
     return copy
 
 
-def sqlite_rows(path: Path, sql: str) -> list[tuple]:
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
-
-
 def load(tmp_path: Path, path: Path, engine: str = "auto") -> tuple[str, duckdb.DuckDBPyConnection]:
     """`traceq load` of `path` into a new store: (the summary's notes after the time, a read-only
     connection to the store)."""
@@ -62,8 +54,8 @@ def load(tmp_path: Path, path: Path, engine: str = "auto") -> tuple[str, duckdb.
 def test_kernels_with_end_before_start_are_dropped_and_counted(tmp_path: Path) -> None:
     path = damaged(tmp_path, sample("lenet_b256_cudnn.sqlite"),
                    f'UPDATE {K}KERNEL SET "end" = start - 1 WHERE rowid % 20 = 3')
-    reversed_ = sqlite_rows(path, f'SELECT count(*) FROM {K}KERNEL WHERE "end" < start')[0][0]
-    kept = sqlite_rows(path, f'SELECT start, "end" FROM {K}KERNEL WHERE "end" >= start ORDER BY rowid')
+    reversed_ = source_rows(path, f'SELECT count(*) FROM {K}KERNEL WHERE "end" < start')[0][0]
+    kept = source_rows(path, f'SELECT start, "end" FROM {K}KERNEL WHERE "end" >= start ORDER BY rowid')
     assert reversed_ == 13
     notes, con = load(tmp_path, path)
     assert notes == "13 kernels with end < start dropped"
@@ -78,7 +70,7 @@ def test_rows_without_times_or_out_of_range_are_dropped_and_counted(tmp_path: Pa
                    f"UPDATE {K}MEMCPY SET start = NULL WHERE rowid IN (1, 2, 3)",
                    f"UPDATE {K}KERNEL SET start = -9223372036854775808 WHERE rowid IN (5, 6)",
                    f'UPDATE {K}RUNTIME SET "end" = 4611686018427387904 WHERE rowid = 7')
-    copies = sqlite_rows(path, f"SELECT count(*) FROM {K}MEMCPY WHERE start IS NOT NULL")[0][0] + sqlite_rows(
+    copies = source_rows(path, f"SELECT count(*) FROM {K}MEMCPY WHERE start IS NOT NULL")[0][0] + source_rows(
         path, f"SELECT count(*) FROM {K}MEMSET")[0][0]
     notes, con = load(tmp_path, path)
     assert notes == ("2 kernels with times out of range dropped; 1 API call with times out of range dropped; "
@@ -101,7 +93,7 @@ def test_values_of_the_wrong_type_become_null_and_are_counted(tmp_path: Path) ->
                    f"UPDATE {K}KERNEL SET gridX = 'abc' WHERE rowid IN (10, 11)",
                    f"UPDATE {K}KERNEL SET blockX = 1e400 WHERE rowid = 12",
                    f"UPDATE {K}MEMSET SET value = 'NaN' WHERE rowid = 1")
-    corr = {r[0] for r in sqlite_rows(path, f"SELECT correlationId FROM {K}KERNEL WHERE rowid IN (10, 11, 12)")}
+    corr = {r[0] for r in source_rows(path, f"SELECT correlationId FROM {K}KERNEL WHERE rowid IN (10, 11, 12)")}
     stores = {}
     for engine in ("adbc", "stdlib"):
         notes, con = load(tmp_path, path, engine)
@@ -125,7 +117,7 @@ def test_rows_lacking_a_value_the_store_needs_are_dropped(tmp_path: Path) -> Non
     """A memory event whose operation is neither alloc nor free has no `op`, which the store needs."""
     path = damaged(tmp_path, sample("alexnet_b64_nocache.sqlite"),
                    "UPDATE CUDA_GPU_MEMORY_USAGE_EVENTS SET memoryOperationType = 7 WHERE rowid IN (3, 4)")
-    events = sqlite_rows(path, "SELECT count(*) FROM CUDA_GPU_MEMORY_USAGE_EVENTS")[0][0]
+    events = source_rows(path, "SELECT count(*) FROM CUDA_GPU_MEMORY_USAGE_EVENTS")[0][0]
     notes, con = load(tmp_path, path)
     assert notes == "2 memory events without op dropped"
     assert con.execute("SELECT count(*) FROM memory_events").fetchall() == [(events - 2,)]
@@ -181,7 +173,7 @@ def test_nvprof_times_reversed_or_unknown(tmp_path: Path) -> None:
     path = damaged(tmp_path, source, f'UPDATE {K}CONCURRENT_KERNEL SET "end" = start - 5 WHERE rowid IN (2, 4)',
                    f"UPDATE {K}CONCURRENT_KERNEL SET start = 0 WHERE rowid = 6",
                    f"UPDATE {K}RUNTIME SET start = 5 WHERE rowid = 1")
-    first = sqlite_rows(path, " UNION ALL ".join(
+    first = source_rows(path, " UNION ALL ".join(
         f'SELECT min(start) FROM {K}{t} WHERE start > 946684800000000000 AND "end" >= start'
         for t in ("CONCURRENT_KERNEL", "RUNTIME", "DRIVER", "MEMCPY", "MEMSET")))
     notes, con = load(tmp_path, path)

@@ -4,12 +4,11 @@ SQLite files, plus allocations placed on real API calls to check the per-layer a
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import sample, trace_id
+from conftest import sample, source_rows, trace_id
 from typer.testing import CliRunner
 
 from traceq.analysis.attribution import kernel_attribution
@@ -24,11 +23,7 @@ HOST_KIND_IDS = "(0, 1)"  # ENUM_CUDA_MEM_KIND: Pageable, Pinned
 
 
 def _source(name: str, sql: str) -> list[tuple]:
-    con = sqlite3.connect(f"file:{sample(name + '.sqlite')}?mode=ro", uri=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
+    return source_rows(sample(name + ".sqlite"), sql)
 
 
 def _source_peak(name: str) -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 import cxxfilt
 import pytest
 from conftest import assert_load_refused
+from conftest import source_rows as query
 from typer.testing import CliRunner
 
 from traceq.cli import app
@@ -42,14 +43,6 @@ def nvprof(stem: str) -> Path:
         pytest.skip(ABSENT)
     (path,) = [p for p in NVPROF_FILES if p.name.startswith(stem)]
     return path
-
-
-def query(path: Path, sql: str) -> list[tuple]:
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def tables(path: Path) -> set[str]:

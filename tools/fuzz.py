@@ -234,17 +234,11 @@ class TextInInteger(_Sql):
         return _update(con, table, column, value, rng, repr(value))
 
 
-class NonFinite(_Sql):
+class NonFinite(TextInInteger):
     """Floats in integer columns: SQLite keeps 1e400 as Inf, 1e22 and 2.5 as REAL."""
 
     name = "nonfinite"
     VALUES = (float("inf"), float("-inf"), 1e22, -1e19, 2.5, -0.5)
-
-    def change(self, con: sqlite3.Connection, rng: random.Random) -> str:
-        table = _pick_table(con, rng, lambda t, cols: bool(_integer_columns(cols)))
-        column = rng.choice(_integer_columns(_columns(con, table)))
-        value = rng.choice(self.VALUES)
-        return _update(con, table, column, value, rng, repr(value))
 
 
 class ExtremeTimestamp(_Sql):
