@@ -325,13 +325,17 @@ def scan_table(
 class Strings:
     """An id -> text table (nsys StringIds, nvprof StringTable) for vectorised lookups.
 
-    With a `damage`, the ids looked up that resolve to nothing (or to a NULL text) are counted
-    there: callers pass NULL, not an id, where the source means "no text".
+    Ids are non-negative (a negative one, which no string table holds, resolves to nothing). With
+    a `damage`, the ids looked up that resolve to nothing (or to a NULL text) are counted there:
+    callers pass NULL, not an id, where the source means "no text".
     """
 
     def __init__(self, ids: Sequence[int], values: Sequence[str | None], damage: Damage | None = None):
         import pyarrow.compute as pc
 
+        if any(i < 0 for i in ids):
+            kept = [(i, v) for i, v in zip(ids, values) if i >= 0]
+            ids, values = [i for i, _ in kept], [v for _, v in kept]
         self.damage = damage
         size = (max(ids) + 1) if ids else 0
         if size <= 4 * len(ids) + 1_000_000:
@@ -371,7 +375,7 @@ class Strings:
         damage = source_damage(src)
         rows = src.execute(sql).fetchall()
         good = [(i, v if isinstance(v, str) else None) for i, v in rows if type(i) is int and i >= 0]
-        damage.add(f"{what} row", "with an id that is not an integer dropped", len(rows) - len(good))
+        damage.add(f"{what} row", "with an id that is not a non-negative integer dropped", len(rows) - len(good))
         return cls([r[0] for r in good], [r[1] for r in good], damage)
 
     def lookup(self, ids: pa.Array) -> pa.Array:

@@ -248,14 +248,15 @@ def _read_kernels(src: sqlite3.Connection, tables: set[str], strings: Strings, t
     ids = pa.array([key[0] for key in names.keys], I64)
     sink.append("kernel_names", kernel_names(symbols.demangled.lookup(ids).to_pylist(),
                                              symbols.short.lookup(ids).to_pylist(),
-                                             strings.lookup(ids).to_pylist()), source_rows=0)
+                                             symbols.mangled.lookup(ids).to_pylist()), source_rows=0)
 
 
 class _KernelNames:
-    """Demangled and short names for the StringTable ids kernels use."""
+    """Mangled (as stored), demangled and short names for the StringTable ids kernels use."""
 
     def __init__(self, ids: list[int], symbols: list[str | None]):
         pairs = [demangle(s) if s is not None else (None, None) for s in symbols]
+        self.mangled = Strings(ids, symbols)
         self.demangled = Strings(ids, [p[0] for p in pairs])
         self.short = Strings(ids, [p[1] for p in pairs])
 

@@ -139,6 +139,17 @@ def test_text_that_is_not_utf8_is_read_with_replacement(tmp_path: Path, engine: 
                        ).fetchall() == [(1,)]
 
 
+def test_nvprof_kernel_names_with_negative_ids(tmp_path: Path) -> None:
+    """Every kernel's name id negative (no string table holds one): every kernel unnamed, none
+    lost; the unknown id is counted once (kernel names are looked up per distinct id)."""
+    source = shared("realtraces", "nvprof_sqlite", "m-goldstein__GPU_ML__timeline.nvvp")
+    path = damaged(tmp_path, source, f"UPDATE {K}CONCURRENT_KERNEL SET name = -5")
+    kernels = source_rows(path, f"SELECT count(*) FROM {K}CONCURRENT_KERNEL")[0][0]
+    notes, con = load(tmp_path, path)
+    assert notes == "1 unknown string id read as no text"
+    assert con.execute("SELECT name, count(*) FROM kernels GROUP BY name").fetchall() == [("<unnamed kernel>", kernels)]
+
+
 def test_string_ids_that_resolve_to_nothing_leave_names_empty(tmp_path: Path) -> None:
     """A kernel whose three name ids are gone is '<unnamed kernel>'; an API call's name is NULL."""
     path = damaged(tmp_path, sample("lenet_b256_cudnn.sqlite"),
@@ -157,7 +168,7 @@ def test_string_table_rows_with_ids_that_are_not_integers_are_dropped(tmp_path: 
                    "CREATE TABLE copy AS SELECT * FROM StringIds", "DROP TABLE StringIds",
                    "ALTER TABLE copy RENAME TO StringIds", "UPDATE StringIds SET id = 'x' || id WHERE id < 3")
     notes, _ = load(tmp_path, path)
-    assert notes.startswith("3 StringIds rows with an id that is not an integer dropped")
+    assert notes.startswith("3 StringIds rows with an id that is not a non-negative integer dropped")
 
 
 def test_a_table_lacking_a_required_column_refuses_the_file(tmp_path: Path) -> None:
