@@ -561,18 +561,15 @@ def summary(outcomes: Sequence[Outcome]) -> str:
     by_class: dict[str, Counter[str]] = {}
     for o in outcomes:
         row = by_class.setdefault(o.mutation, Counter())
-        row[o.result or "none"] += 1
+        row["mutants"] += 1
+        row[o.result or "none"] += 1  # none: the load raised
         row["failed"] += bool(o.problems)
-    lines = ["| mutation | mutants | refused | loaded | skipped | failed |", "|---|---:|---:|---:|---:|---:|"]
-    for name in sorted(by_class):
-        c = by_class[name]
-        lines.append(f"| {name} | {sum(c[k] for k in ('refused', 'loaded', 'skipped'))} | {c['refused']} "
-                     f"| {c['loaded']} | {c['skipped']} | {c['failed']} |")
-    total = Counter()
+    total: Counter[str] = Counter()
     for c in by_class.values():
         total.update(c)
-    lines.append(f"| all | {len(outcomes)} | {total['refused']} | {total['loaded']} | {total['skipped']} "
-                 f"| {total['failed']} |")
+    lines = ["| mutation | mutants | refused | loaded | skipped | failed |", "|---|---:|---:|---:|---:|---:|"]
+    for name, c in [*sorted(by_class.items()), ("all", total)]:
+        lines.append(f"| {name} | {c['mutants']} | {c['refused']} | {c['loaded']} | {c['skipped']} | {c['failed']} |")
     failures = Counter(p for o in outcomes for p in o.problems)
     if failures:
         lines += ["", "| failure | mutants |", "|---|---:|"] + [f"| {p} | {n} |" for p, n in failures.most_common()]
