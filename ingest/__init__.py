@@ -142,8 +142,8 @@ def load_trace(
             raise TraceFormatError(f"{path} is damaged: {e}") from None
         except UnicodeDecodeError:  # SQLite's message quoting damaged text, itself not UTF-8
             raise TraceFormatError(f"{path} is damaged: SQLite reports damage in text that is not UTF-8") from None
-        except TraceFormatError as e:  # the reader's or the checks' (ingest.validate): name the file
-            raise TraceFormatError(f"{path}: {e}") from None
+        except TraceFormatError as e:  # the reader's or the checks' (ingest.validate): name the file once
+            raise TraceFormatError(str(e) if str(e).startswith(str(path)) else f"{path}: {e}") from None
         _apply(con, {"threads": saved["threads"]})  # the inserts are done: the summary may use every thread
         build_kernel_summary(con, trace_id)
         kernels = sink.rows.get("kernel_events", 0)

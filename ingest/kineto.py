@@ -35,7 +35,9 @@ What comes from where (old traces' categories in brackets):
 
 Times: `ts` and `dur` are microseconds written as decimals (some versions with three digits
 after the point, some as integers); they are read as exact decimals and stored as integer ns,
-never through a float. Events with required fields missing are refused.
+never through a float. Events lacking a name, pid or tid traceq needs are refused; events whose
+times are missing, not numbers, out of range or reversed are dropped and counted (`_valid_times`,
+docs/damaged-traces.md), as in the other readers.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import pyarrow as pa
 from traceq.errors import TraceFormatError
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo
 from traceq.ingest.json_events import Batch, TraceEvents, uncompressed_size
+from traceq.ingest.validate import TIME_LIMIT_NS, Damage
 from traceq.ingest.nvprof import base_name, demangle
 from traceq.store import connect
 
@@ -115,7 +118,9 @@ _KIND = """CASE
 END"""
 """What traceq makes of an event; NULL: nothing (flows, overhead, the profiler's own spans)."""
 
-_NS = "CAST({0} * 1000 AS BIGINT)"  # a decimal cast to an integer rounds half away from zero, exactly
+# A decimal cast to an integer rounds half away from zero, exactly; a time past 64 bits of ns is held
+# at +-9e18 ns, which `_valid_times` drops as out of range.
+_NS = "CAST(CASE WHEN abs({0}) < 9000000000000000 THEN {0} ELSE sign({0}) * 9000000000000000 END * 1000 AS BIGINT)"
 
 
 def _structure(spec: dict[str, str]) -> str:
@@ -217,6 +222,7 @@ class KinetoReader:
             meta = events.metadata
             counts = dict(scratch.execute("SELECT kind, count(*) FROM ev GROUP BY kind").fetchall())
             _check(scratch, events, counts)
+            _valid_times(scratch, sink.damage)
             _write_tables(scratch, sink, meta)
             return _source_info(meta)
         finally:
@@ -273,12 +279,15 @@ def _first_line(e: BaseException) -> str:
 
 
 _REQUIRED = {
-    "kernel": ("ts_ns", "dur_ns", "name"), "memcpy": ("ts_ns", "dur_ns"), "memset": ("ts_ns", "dur_ns"),
-    "runtime": ("ts_ns", "dur_ns", "name", "pid", "tid"), "driver": ("ts_ns", "dur_ns", "name", "pid", "tid"),
-    "cpu_op": ("ts_ns", "dur_ns", "name", "pid", "tid"), "user_annotation": ("ts_ns", "dur_ns", "name", "pid", "tid"),
-    "gpu_user_annotation": ("ts_ns", "dur_ns", "name"), "python_function": ("ts_ns", "dur_ns", "pid", "tid"),
-    "memory": ("ts_ns", "mem_bytes"),
+    "kernel": ("name",), "runtime": ("name", "pid", "tid"), "driver": ("name", "pid", "tid"),
+    "cpu_op": ("name", "pid", "tid"), "user_annotation": ("name", "pid", "tid"), "gpu_user_annotation": ("name",),
+    "python_function": ("pid", "tid"), "memory": ("mem_bytes",),
 }
+"""Fields without which an event cannot be stored: the file is refused. (Times: `_valid_times`.)"""
+_TIMED = {"kernel": "kernel", "memcpy": "memcpy/memset", "memset": "memcpy/memset", "runtime": "API call",
+          "driver": "API call", "cpu_op": "NVTX event", "user_annotation": "NVTX event",
+          "gpu_user_annotation": "NVTX event", "python_function": "NVTX event", "memory": "memory event"}
+"""The kinds of events with times (`ts`, and `dur` but for memory events), named as in the load's summary."""
 
 
 def _check(scratch: duckdb.DuckDBPyConnection, events: TraceEvents, counts: dict[str, int]) -> None:
@@ -299,17 +308,36 @@ def _check(scratch: duckdb.DuckDBPyConnection, events: TraceEvents, counts: dict
         missing = scratch.execute(f"SELECT * FROM ({tests}) WHERE seq IS NOT NULL ORDER BY seq LIMIT 1").fetchall()
         if missing:
             kind, column, seq = missing[0]
-            label = {"ts_ns": "ts", "dur_ns": "dur", "mem_bytes": "args.Bytes"}.get(column, column)
+            label = {"mem_bytes": "args.Bytes"}.get(column, column)
             raise TraceFormatError(f"{path}: {at(seq)}, a {kind} event, has no valid \"{label}\"; "
                                    "the trace is damaged or not from the PyTorch profiler")
-        negative = scratch.execute("SELECT min(seq) FROM ev WHERE dur_ns < 0 AND kind IN "
-                                   "('kernel', 'memcpy', 'memset', 'runtime', 'driver')").fetchall()[0][0]
-        if negative is not None:
-            raise TraceFormatError(f"{path}: {at(negative)} has a negative \"dur\"")
     if not any(counts.get(k) for k in _GPU_KINDS):
         raise TraceFormatError(
             f"{path} has no GPU events (no kernel, memcpy or memset): profile with "
             "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
+
+
+def _valid_times(scratch: duckdb.DuckDBPyConnection, damage: Damage) -> None:
+    """Delete from `ev` the events whose times an analysis cannot use, counted in `damage` as the
+    other readers count them (ingest/validate.py): `ts` (or `dur`) missing or not a number; a time
+    more than TIME_LIMIT_NS from the trace's time zero (the median start, which a few damaged
+    events cannot move); a negative `dur`."""
+    timed = ", ".join(f"'{k}'" for k in _TIMED)
+    zero = scratch.execute(f"SELECT quantile_disc(ts_ns, 0.5) FROM ev WHERE kind IN ({timed})").fetchall()[0][0] or 0
+    end = "CAST(ts_ns AS HUGEINT) + CASE WHEN kind = 'memory' THEN 0 ELSE dur_ns END"
+    missing = "ts_ns IS NULL OR (dur_ns IS NULL AND kind <> 'memory')"
+    out = f"abs(CAST(ts_ns AS HUGEINT) - {zero}) >= {TIME_LIMIT_NS} OR abs({end} - {zero}) >= {TIME_LIMIT_NS}"
+    reversed_ = "dur_ns < 0 AND kind <> 'memory'"
+    counts = scratch.execute(f"""
+        SELECT kind, count(*) FILTER ({missing}), count(*) FILTER (NOT ({missing}) AND ({out})),
+               count(*) FILTER (NOT ({missing}) AND NOT ({out}) AND {reversed_})
+        FROM ev WHERE kind IN ({timed}) GROUP BY kind""").fetchall()
+    for kind, without, out_of_range, reversed_count in counts:
+        damage.add(_TIMED[kind], "without a start or end time dropped", without)
+        damage.add(_TIMED[kind], "with times out of range dropped", out_of_range)
+        damage.add(_TIMED[kind], "with end < start dropped", reversed_count)
+    if any(sum(row[1:]) for row in counts):  # a clean trace deletes nothing
+        scratch.execute(f"DELETE FROM ev WHERE kind IN ({timed}) AND ({missing} OR {out} OR {reversed_})")
 
 
 # --- pass 2: the store's tables ------------------------------------------------------------

@@ -6,6 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
+import duckdb
 import pytest
 from conftest import assert_load_refused, sample
 from typer.testing import CliRunner
@@ -40,7 +41,8 @@ def test_truncated_json(store: Path, tmp_path: Path) -> None:
     text = sample("alexnet_b256_kineto.json").read_bytes()
     cut = tmp_path / "cut.json"
     cut.write_bytes(text[: len(text) // 2])
-    assert_load_refused(store, cut, "truncated")
+    message = assert_load_refused(store, cut, "truncated")
+    assert message.count(str(cut)) == 1, message  # the file named once
 
 
 def test_json_that_is_not_a_trace(store: Path, tmp_path: Path) -> None:
@@ -53,32 +55,60 @@ def test_trace_without_gpu_events(store: Path, tmp_path: Path) -> None:
     assert_load_refused(store, write(tmp_path / "cpu.json", {"traceEvents": [cpu, cpu]}), "no GPU events")
 
 
-@pytest.mark.parametrize("missing", ["ts", "dur", "name"])
-def test_kernel_missing_a_field(store: Path, tmp_path: Path, missing: str) -> None:
-    kernel = {k: v for k, v in KERNEL.items() if k != missing}
+def test_kernel_missing_a_name(store: Path, tmp_path: Path) -> None:
+    kernel = {k: v for k, v in KERNEL.items() if k != "name"}
     trace = write(tmp_path / "k.json", {"traceEvents": [KERNEL, kernel, KERNEL]})
-    assert_load_refused(store, trace, "traceEvents[1]", f'"{missing}"')
+    assert_load_refused(store, trace, "traceEvents[1]", '"name"')
 
 
-def test_events_that_are_not_objects(store: Path, tmp_path: Path) -> None:
-    assert_load_refused(store, write(tmp_path / "n.json", {"traceEvents": [KERNEL, 3, KERNEL]}), "event objects")
+def load_damaged(store: Path, path: Path, text: bytes) -> tuple[str, list[tuple]]:
+    """Load `text` (written to `path`) into `store`: its summary's notes and the kernels stored."""
+    path.write_bytes(text)
+    result = CliRunner().invoke(app, ["load", str(path), "--db", str(store)])
+    assert result.exit_code == 0, result.output
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        kernels = con.execute("SELECT start_ns, end_ns, name FROM kernel_events JOIN kernel_names USING "
+                              "(trace_id, name_id) WHERE trace_id = 2 ORDER BY start_ns").fetchall()
+    finally:
+        con.close()
+    return result.stdout.strip().partition("; ")[2], kernels
 
 
-def test_gzip_of_something_else(store: Path, tmp_path: Path) -> None:
-    other = tmp_path / "x.json.gz"
-    other.write_bytes(gzip.compress(b"hello, world\n" * 10))
-    assert_load_refused(store, other, "not a trace traceq can read")
+MARK = "DAMAGED"
 
 
-def test_an_error_far_into_the_file_names_its_event(store: Path, tmp_path: Path, monkeypatch) -> None:
-    """With small blocks the trace is read in many batches; the message still names the event's
-    index in traceEvents, counted again from the file."""
-    from traceq.ingest import json_events
+@pytest.mark.parametrize("field, value, note", [
+    ("ts", None, "1 kernel without a start or end time dropped"),
+    ("dur", None, "1 kernel without a start or end time dropped"),
+    ("ts", "10000000000000", "1 kernel with times out of range dropped"),  # 1e13 us: 116 days from the others
+    ("ts", "9223372036854775808", "1 kernel with times out of range dropped"),  # past 64 bits of ns
+    ("dur", "1e20", "1 kernel with times out of range dropped"),
+    ("dur", "-0.001", "1 kernel with end < start dropped"),
+])
+def test_kernels_with_unusable_times_are_dropped_and_counted(store: Path, tmp_path: Path, field: str,
+                                                             value: str | None, note: str) -> None:
+    """As in the SQLite readers (docs/damaged-traces.md): the damaged kernel goes, the others stay."""
+    kernel = {k: (MARK if k == field else v) for k, v in KERNEL.items() if k != field or value is not None}
+    later = {**KERNEL, "ts": 20.5}
+    text = json.dumps({"traceEvents": [KERNEL, kernel, later]}).replace(f'"{MARK}"', value or "")
+    notes, kernels = load_damaged(store, tmp_path / "t.json", text.encode())
+    assert notes == note
+    assert kernels == [(10_500, 12_750, "k"), (20_500, 22_750, "k")]
 
-    monkeypatch.setattr(json_events, "BLOCK_BYTES", 4096)
-    monkeypatch.setattr(json_events, "BATCH_BYTES", 8192)
-    events = [dict(KERNEL, ts=10.5 + i, args=dict(KERNEL["args"], correlation=i)) for i in range(2000)]
-    del events[1234]["dur"]
-    path = tmp_path / "far.json"
-    path.write_text(json.dumps({"traceEvents": events}, indent=1))
-    assert_load_refused(store, path, "traceEvents[1234]", '"dur"')
+
+@pytest.mark.parametrize("field, value", [("ts", '"abc"'), ("ts", "NaN"), ("dur", "Infinity"), ("ts", "1e30")])
+def test_times_that_are_not_numbers_refuse_the_file(store: Path, tmp_path: Path, field: str, value: str) -> None:
+    """DuckDB's JSON reader refuses a value its DECIMAL column cannot hold: one line naming it."""
+    kernel = {**KERNEL, field: MARK}
+    text = json.dumps({"traceEvents": [KERNEL, kernel, KERNEL]}).replace(f'"{MARK}"', value)
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    assert_load_refused(store, path, "cannot read", value.strip('"'))
+
+
+def test_text_that_is_not_utf8_refuses_the_file(store: Path, tmp_path: Path) -> None:
+    events = [KERNEL, {**KERNEL, "name": MARK, "ts": 15.5}, {**KERNEL, "ts": 20.5}]
+    path = tmp_path / "u.json"
+    path.write_bytes(json.dumps({"traceEvents": events}).encode().replace(MARK.encode(), b"conv\xff"))
+    assert_load_refused(store, path, "not UTF-8")
