@@ -7,6 +7,7 @@ summary and the store against counts SQLite gives on the damaged file itself. Th
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import shutil
 import sqlite3
@@ -231,6 +232,19 @@ def test_fuzzing_a_small_budget() -> None:
         outcomes = fuzz.run(harness, range(15))
     assert [o.problems for o in outcomes if o.problems] == []
     assert {o.result for o in outcomes} >= {"loaded", "refused"}
+
+
+def test_fuzzing_kineto_a_small_budget(tmp_path: Path) -> None:
+    """8 mutants of the Kineto sample, plain and gzip-compressed (fixed seed: JSON cut short, wrong
+    types, missing fields, bad numbers, duplicate keys, text not UTF-8, gzip damage), about 15 CPU s."""
+    plain = fuzz.ROOT / "sample_traces" / "alexnet_b256_kineto.json"
+    compressed = tmp_path / "alexnet_b256_kineto.json.gz"
+    compressed.write_bytes(gzip.compress(plain.read_bytes(), mtime=0))
+    with fuzz.scratch() as work:
+        outcomes = fuzz.run(fuzz.Harness([plain, compressed], "ci-kineto-37", work), range(8))
+    assert [o.problems for o in outcomes if o.problems] == []
+    assert {o.result for o in outcomes} >= {"loaded", "refused"}
+    assert len({o.mutation for o in outcomes}) >= 6  # the seed was chosen to try most classes
 
 
 def test_the_fuzzer_is_reproducible(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import gzip
 import hashlib
 import json
 import random
@@ -45,9 +46,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 
 SAMPLES = ("lenet_b256_cudnn.sqlite", "alexnet_b256_cudnn.sqlite", "alexnet_b64_nocache.sqlite",
-           "ddp_resnet18_2gpu.sqlite")
+           "ddp_resnet18_2gpu.sqlite", "alexnet_b256_kineto.json")
 """Bundled samples in the corpus: every nsys feature traceq reads (NVTX layers, memory events,
-two GPUs), each small enough to load in a fraction of a second."""
+two GPUs), each small enough to load in a fraction of a second, and a Kineto JSON trace."""
 
 REALTRACES = (
     "nsys_sqlite/martisu1631998__kmeans-parallel__report2.sqlite",  # old schema, TARGET_INFO_CUDA_GPU
@@ -60,6 +61,10 @@ REALTRACES = (
     "nvprof_sqlite/josiahdavis__profiling-lm__net.sql",  # pyprof markers
     "nvprof_sqlite/esarmstrong__ece408__forward1_analysis.nvprof",  # KERNEL, not CONCURRENT_KERNEL
     "nvprof_sqlite/shukoushuu__EM-Algorithm__analysis.nvprof",  # Version 8, Fermi
+    "kineto_json/pytorch__kineto__before_fix_trace.json",  # plain JSON, old categories (Kernel, Runtime)
+    "kineto_json/facebookresearch__param__dlrm_kineto__worker0_step_12.1694128201545.pt.trace.json.gz",  # NCCL
+    "kineto_json/facebookresearch__HolisticTraceAnalysis__with_gpu_user_annotation__step_based_trace_2543932.json.gz",
+    "kineto_json/facebookresearch__HolisticTraceAnalysis__amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",  # ROCm
 )
 """Third-party traces from ../shared/realtraces (used where present, never copied into the repo)."""
 
@@ -84,6 +89,10 @@ def trace_format(path: Path) -> str:
     head = path.read_bytes()[:16]
     if head.startswith(b"SQLite format 3\x00"):
         return "sqlite"
+    if head.startswith(b"\x1f\x8b"):
+        return "json.gz"
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "json"
     raise ValueError(f"{path}: no mutations for this format")
 
 
@@ -375,9 +384,260 @@ class Truncate(_Bytes):
         return f"cut at byte {keep:,} of {len(data):,}"
 
 
+# --- Kineto JSON (plain and gzip) ---------------------------------------------------------------
+# A JSON mutation reads the trace (gunzipped), changes some events and writes it back in the same
+# container, one event a line as Kineto does. Numbers keep their text (`Raw`), so an undamaged
+# value is written exactly as it was read.
+
+
+class Raw(str):
+    """JSON text written as it is: a number as read, or a literal no encoder writes (NaN, 1e400)."""
+
+
+def _dump(value: object) -> str:
+    if isinstance(value, Raw):
+        return str(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_dump(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_dump(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def _read_json(path: Path) -> bytes:
+    data = path.read_bytes()
+    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+
+
+def _write_json(path: Path, text: bytes, like: bytes) -> None:
+    """`text` written to `path`, gzip-compressed (reproducibly: no time stamp) when `like` was."""
+    path.write_bytes(gzip.compress(text, mtime=0) if like[:2] == b"\x1f\x8b" else text)
+
+
+# Events the reader makes rows of (ingest/kineto.py `_KIND`): the usual targets.
+READ_CATEGORIES = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset", "cuda_runtime", "Runtime",
+                   "cuda_driver", "cpu_op", "Operator", "user_annotation", "gpu_user_annotation"}
+EVENT_FIELDS = ("ts", "dur", "ph", "cat", "name", "pid", "tid", "args")
+NUMBER_FIELDS = ("ts", "dur", "args.correlation", "args.device", "args.stream", "args.grid", "args.block",
+                 "args.bytes", "args.Bytes", "args.Total Allocated", "args.Addr", "args.Device Type",
+                 "args.External id", "args.registers per thread", "args.shared memory", "args.flops",
+                 "args.est. achieved occupancy %", "args.In msg nelems", "pid", "tid")
+
+
+class _Json(Mutation):
+    """A mutation of some events of a Kineto trace, parsed and written back."""
+
+    formats = ("json", "json.gz")
+
+    def apply(self, dst: Path, rng: random.Random) -> str:
+        raw = dst.read_bytes()
+        try:
+            doc = json.loads(_read_json(dst), parse_float=Raw, parse_int=Raw, parse_constant=Raw)
+        except ValueError as e:  # not a whole JSON document: nothing to act on
+            raise NotApplicable(str(e)) from None
+        events = doc if isinstance(doc, list) else doc.get("traceEvents")
+        if not isinstance(events, list) or not events:
+            raise NotApplicable("no traceEvents")
+        what = self.change(doc, events, rng)
+        _write_json(dst, self.encode(doc), raw)
+        return what
+
+    def change(self, doc: dict | list, events: list, rng: random.Random) -> str:
+        raise NotImplementedError
+
+    def encode(self, doc: dict | list) -> bytes:
+        events = doc if isinstance(doc, list) else doc["traceEvents"]
+        body = "[\n  " + ",\n  ".join(_dump(e) for e in events) + "\n]" if isinstance(events, list) else _dump(events)
+        if isinstance(doc, list):
+            return body.encode()
+        keys = [f"{json.dumps(k)}: {body if k == 'traceEvents' else _dump(v)}" for k, v in doc.items()]
+        return ("{\n  " + ",\n  ".join(keys) + "\n}\n").encode()
+
+
+def _pick_events(events: list, rng: random.Random, want=lambda e: True) -> tuple[list[dict], str]:
+    """Some event objects for which `want(event)` holds, mostly ones the reader reads: all of
+    them a third of the time, else 1 to 20; and how to say so."""
+    objects = [e for e in events if isinstance(e, dict) and want(e)]
+    read = [e for e in objects if e.get("cat") in READ_CATEGORIES or e.get("ph") == "M" or e.get("name") == "[memory]"]
+    pool = read if read and rng.random() < 0.8 else objects
+    if not pool:
+        raise NotApplicable("no event to mutate")
+    if rng.random() < 1 / 3:
+        return pool, f" in all {len(pool)} such events"
+    chosen = rng.sample(pool, min(len(pool), rng.choice((1, 1, 2, 5, 20))))
+    return chosen, f" in {len(chosen)} events"
+
+
+def _pick_key(events: list, keys: Sequence[str], rng: random.Random) -> str:
+    """One of `keys` that some event has (so that a class rarely finds nothing to act on)."""
+    present = [k for k in keys if any(isinstance(e, dict) and _has(e, k) for e in events)]
+    if not present:
+        raise NotApplicable("no such field")
+    return rng.choice(present)
+
+
+def _has(event: dict, key: str) -> bool:
+    head, _, rest = key.partition(".")
+    return head in event and (not rest or isinstance(event[head], dict) and rest in event[head])
+
+
+def _set(event: dict, key: str, value: object) -> None:
+    head, _, rest = key.partition(".")
+    if rest:
+        if not isinstance(event.get(head), dict):
+            event[head] = {}
+        event[head][rest] = value
+    else:
+        event[head] = value
+
+
+class JsonWrongType(_Json):
+    """A field of another JSON type: text for a number, a number for text, a list, an object, null."""
+
+    name = "json_wrong_type"
+    VALUES = ("abc", "", "12", "1e3", [], {}, [1, "x"], None, True, 3.5, -7, {"a": 1})
+
+    def change(self, doc, events, rng):
+        key = _pick_key(events, EVENT_FIELDS + NUMBER_FIELDS, rng)
+        chosen, where = _pick_events(events, rng, lambda e: _has(e, key))
+        value = rng.choice(self.VALUES)
+        for event in chosen:
+            _set(event, key, value)
+        return f"{key} = {json.dumps(value)}{where}"
+
+
+class JsonMissingField(_Json):
+    name = "json_missing"
+
+    def change(self, doc, events, rng):
+        key = _pick_key(events, EVENT_FIELDS + NUMBER_FIELDS, rng)
+        chosen, where = _pick_events(events, rng, lambda e: _has(e, key))
+        head, _, rest = key.partition(".")
+        for event in chosen:
+            del (event[head] if rest else event)[rest or head]
+        return f"{key} removed{where}"
+
+
+class JsonNumber(_Json):
+    """A number out of any range traceq reads: NaN and Infinity (JSON has neither, Python's and
+    some C++ writers emit them), past 64 bits, negative, with 400 digits."""
+
+    name = "json_number"
+    VALUES = ("NaN", "Infinity", "-Infinity", "1e30", "-1e18", str(2**63), str(2**64 + 5), "1" + "0" * 400,
+              "1e400", "-5", "0", "-0.0005", "9007199254740993.5")
+
+    def change(self, doc, events, rng):
+        key = _pick_key(events, NUMBER_FIELDS[:8] if rng.random() < 0.7 else NUMBER_FIELDS, rng)
+        chosen, where = _pick_events(events, rng, lambda e: _has(e, key))
+        value = rng.choice(self.VALUES)
+        for event in chosen:
+            _set(event, key, Raw(value))
+        return f"{key} = {value[:24]}{where}"
+
+
+class JsonDuplicateKey(_Json):
+    """A key written twice in an event (JSON allows it; parsers keep the first or the last)."""
+
+    name = "json_dup_key"
+
+    def change(self, doc, events, rng):
+        key = rng.choice(("ts", "dur", "ph", "cat", "name", "args"))
+        chosen, where = _pick_events(events, rng, lambda e: key in e)
+        value = rng.choice((Raw("-1"), Raw("1e30"), "x", None, {}, Raw("0")))
+        first = rng.random() < 0.5
+        for i, event in enumerate(events):
+            if any(event is c for c in chosen):
+                extra = f"{json.dumps(key)}: {_dump(value)}"
+                text = _dump(event)
+                events[i] = Raw("{" + extra + ", " + text[1:] if first else text[:-1] + ", " + extra + "}")
+        return f"{key} again ({_dump(value)}, {'before' if first else 'after'} the original){where}"
+
+
+class JsonBadUtf8(_Json):
+    """Bytes that are not UTF-8 in a name or category."""
+
+    name = "json_bad_utf8"
+    MARK = "traceq-fuzz-not-utf8"
+    VALUES = (b"\xcc\xff", b"conv\xc3(", b"\xed\xa0\x80", b"\xfe")
+
+    def change(self, doc, events, rng):
+        key = _pick_key(events, ("name", "cat", "args.stream", "args.name"), rng)
+        chosen, where = _pick_events(events, rng, lambda e: _has(e, key))
+        self.value = rng.choice(self.VALUES)
+        for event in chosen:
+            _set(event, key, self.MARK)
+        return f"{key} = {self.value!r}{where}"
+
+    def encode(self, doc):
+        return super().encode(doc).replace(self.MARK.encode(), self.value)
+
+
+class JsonNotEvents(_Json):
+    """traceEvents not a list of event objects: another type, or some elements that are not objects."""
+
+    name = "json_not_events"
+    VALUES = ({}, "x", None, 5, [], Raw("NaN"))
+
+    def change(self, doc, events, rng):
+        if isinstance(doc, dict) and rng.random() < 0.4:
+            value = rng.choice(self.VALUES)
+            doc["traceEvents"] = value
+            return f"traceEvents = {_dump(value)}"
+        value = rng.choice((5, "x", [], None, [{"ph": "X"}], True))
+        positions = rng.sample(range(len(events)), min(len(events), rng.choice((1, 3))))
+        for i in positions:
+            events[i] = value
+        return f"traceEvents{positions} = {json.dumps(value)}"
+
+
+class JsonTruncate(Mutation):
+    """The JSON text cut short (then compressed again when the file was gzip)."""
+
+    name = "json_truncate"
+    formats = ("json", "json.gz")
+
+    def apply(self, dst: Path, rng: random.Random) -> str:
+        raw = dst.read_bytes()
+        text = _read_json(dst)
+        keep = rng.randrange(0, len(text))
+        _write_json(dst, text[:keep], raw)
+        return f"JSON text cut at byte {keep:,} of {len(text):,}"
+
+
+class GzipDamage(Mutation):
+    """A gzip file damaged: bits flipped in its stream, cut short, a wrong CRC or size in its
+    trailer, bytes after its end."""
+
+    name = "gzip_damage"
+    formats = ("json.gz",)
+
+    def apply(self, dst: Path, rng: random.Random) -> str:
+        data = bytearray(dst.read_bytes())
+        how = rng.choice(("flip", "cut", "crc", "size", "trailing"))
+        if how == "flip":
+            at = rng.randrange(10, len(data) - 8)
+            data[at] ^= 1 << rng.randrange(8)
+            what = f"a bit flipped at byte {at:,}"
+        elif how == "cut":
+            keep = rng.randrange(1, len(data))
+            del data[keep:]
+            what = f"cut at byte {keep:,} of {len(data):,}"
+        elif how in ("crc", "size"):
+            at = len(data) - (8 if how == "crc" else 4) + rng.randrange(4)
+            data[at] ^= 0xFF
+            what = f"its trailer's {how.upper() if how == 'crc' else how} wrong"
+        else:
+            data += bytes(rng.randrange(256) for _ in range(rng.choice((1, 10, 100))))
+            what = "bytes after its end"
+        dst.write_bytes(bytes(data))
+        return what
+
+
 MUTATIONS: tuple[Mutation, ...] = (
     ByteFlip(), ZeroPages(), Truncate(), DropTable(), DropColumn(), SetNull(), TextInInteger(),
     NonFinite(), ExtremeTimestamp(), EndBeforeStart(), DanglingStringId(), BadUtf8(),
+    JsonTruncate(), JsonWrongType(), JsonMissingField(), JsonNumber(), JsonDuplicateKey(), JsonBadUtf8(),
+    JsonNotEvents(), GzipDamage(),
 )
 """Every mutation class; a mutant's class is drawn uniformly among those for its file's format."""
 
@@ -430,7 +690,7 @@ class Harness:
         kinds = [m for m in self.mutations if self.formats[source] in m.formats]
         for _ in range(20):  # another mutation when one finds nothing to act on
             mutation = rng.choice(kinds)
-            dst = self.work / f"m{index}_{mutation.name}{source.suffix}"
+            dst = self.work / f"m{index}_{mutation.name}{_suffix(source)}"
             shutil.copyfile(source, dst)
             try:
                 what = mutation.apply(dst, rng)
@@ -487,6 +747,10 @@ class Harness:
             return result
         finally:
             gc.collect()  # a failed command's traceback holds its store connection open
+
+
+def _suffix(path: Path) -> str:
+    return ".json.gz" if path.name.endswith(".json.gz") else path.suffix
 
 
 def signature(exc: BaseException) -> str:
