@@ -847,6 +847,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", type=int, action="append", help="check just this mutant (repeatable)")
     parser.add_argument("--seed", default="1", help="the run's seed: same seed, same mutants")
     parser.add_argument("--no-shared", action="store_true", help="the samples alone, not ../shared/realtraces")
+    parser.add_argument("--format", action="append", choices=("sqlite", "json", "json.gz"),
+                        help="only corpus files in this container (repeatable)")
     parser.add_argument("--jsonl", type=Path, help="append each mutant's outcome here as a JSON line")
     parser.add_argument("--keep", type=Path, help="move failing mutants into this folder")
     parser.add_argument("--quiet", action="store_true", help="no line per mutant on stderr")
@@ -861,7 +863,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     indexes = args.only or range(args.start, args.start + args.mutants)
     started = time.perf_counter()
     with scratch() as work:
-        harness = Harness(corpus(not args.no_shared), args.seed, work)
+        files = [p for p in corpus(not args.no_shared) if not args.format or trace_format(p) in args.format]
+        harness = Harness(files, args.seed, work)
         log = args.jsonl.open("a") if args.jsonl else None
         try:
             outcomes = run(harness, list(indexes), log, args.keep, progress=not args.quiet)
