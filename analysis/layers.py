@@ -151,7 +151,7 @@ def time_split(frame: pl.DataFrame, keys: list[str], column: str, label: str) ->
     `column` by their share of the group's time, largest first; shares that round to 0 or 100
     without being so read '<1%' and '>99%'."""
     parts = (frame.group_by([*keys, column]).agg(pl.col("dur_ns").sum())
-             .with_columns(share=pl.col("dur_ns") / pl.col("dur_ns").sum().over(keys))
+             .with_columns(share=(pl.col("dur_ns") / pl.col("dur_ns").sum().over(keys)).fill_nan(0.0))  # 0 / 0 ns
              .sort([*keys, "dur_ns", column], descending=[False] * len(keys) + [True, False], nulls_last=True))
     pct = (pl.col("share") * 100).round(0).cast(pl.Int64)
     shown = (pl.when((pct == 0) & (pl.col("share") > 0)).then(pl.lit("<1"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import shutil
 import sqlite3
 import sys
@@ -220,6 +221,20 @@ def test_reproducer(harness: fuzz.Harness, path: Path) -> None:
 def test_every_command_works_on_real_traces_without_kernels_or_copies(harness: fuzz.Harness, name: str) -> None:
     """Undamaged real traces, and what a damaged one becomes once its bad rows are dropped."""
     path = shared("realtraces", *name.split("/"))
+    outcome = harness.check_file(path)
+    assert outcome.result == "loaded" and outcome.problems == [], outcome
+
+
+def test_every_command_works_when_every_kernel_lasts_0_ns(harness: fuzz.Harness, tmp_path: Path) -> None:
+    """Kernels of zero duration are valid times; layers' and libs' shares of 0 ns once raised (a
+    Kineto mutant of the fuzzer, `dur = 0` in all kernels)."""
+    source = sample("alexnet_b256_kineto.json")
+    trace = json.loads(source.read_bytes(), parse_float=fuzz.Raw, parse_int=fuzz.Raw)
+    for event in trace["traceEvents"]:
+        if event.get("cat") == "kernel":
+            event["dur"] = 0
+    path = tmp_path / "zero.json"
+    path.write_bytes(fuzz._Json().encode(trace))
     outcome = harness.check_file(path)
     assert outcome.result == "loaded" and outcome.problems == [], outcome
 
