@@ -90,7 +90,8 @@ TraceOpt = Annotated[
 
 
 def _err(message: str) -> None:
-    typer.echo(f"traceq: {message}", err=True)
+    """One line on stderr, whatever the message holds (a quoted file's newlines)."""
+    typer.echo("traceq: " + " ".join(message.splitlines()), err=True)
 
 
 @contextmanager

@@ -303,7 +303,8 @@ def _gemm_layers(facts: _Facts) -> tuple[pl.DataFrame, int]:
     window = ""
     if ranges:
         pid, start, end = ranges[len(ranges) // 2]
-        window = f" AND pid = {int(pid)} AND time_ns >= {int(start)} AND time_ns < {int(end)}"
+        window = (f" AND time_ns >= {int(start)} AND time_ns < {int(end)}"
+                  + ("" if pid is None else f" AND pid = {int(pid)}"))  # Kineto ranges may have no pid
     kernels = facts.con.sql(
         f"SELECT * FROM ({kernel_points_sql(facts.con, t, 'k.kernel_id, k.name, k.dur_ns, k.pid')}) "
         f"WHERE list_contains(?, name){window}", params=[classes["name"].to_list()]).pl()
@@ -339,7 +340,8 @@ def _low_ru(facts: _Facts) -> list[Finding]:
     lines = []
     for r in low.head(3).iter_rows(named=True):
         why = ("its grid fills less than one wave" if (r["waves"] or 0) < 1 else "its last wave is partly empty")
-        blocks = f"{r['grid_blocks']:,} block{'s' if r['grid_blocks'] != 1 else ''}"
+        blocks = ("an unknown grid" if r["grid_blocks"] is None
+                  else f"{r['grid_blocks']:,} block{'s' if r['grid_blocks'] != 1 else ''}")
         lines.append(f"{_label(r)}: RU {100 * r['ru']:.0f} %, {why} ({blocks} of {r['block_threads']} threads, "
                      f"{r['blocks_per_sm']} per SM, limiter {r['limiter']}), {_ms(r['total_ns'])}")
     limiter = str(low.row(0, named=True)["limiter"] or "")

@@ -169,10 +169,15 @@ def _iterations(
     """The iteration of each operation of `ops` (see the module docstring): (names, codes), the
     codes (UInt32, null outside every iteration) index `names`, one per iteration range name."""
     ranges = con.sql(f"""
-        SELECT pid, name, start_ns, coalesce(end_ns, 9223372036854775807) AS end_ns FROM nvtx
+        SELECT pid, name, start_ns, end_ns FROM nvtx
         WHERE trace_id = {int(trace_id)} AND kind IN ('pushpop', 'startend')
           AND regexp_matches(coalesce(name, ''), ?)
         ORDER BY pid, start_ns""", params=[iteration_regex]).pl()
+    # a range that never ended lasts to the trace's end (not to the end of time: times are packed
+    # into keys with the process, so they must span what the trace spans)
+    horizon = max((v for v in (ops["end_ns"].max(), calls["end_ns"].max() if calls.height else None,
+                               ranges["start_ns"].max()) if v is not None), default=0)
+    ranges = ranges.with_columns(pl.col("end_ns").fill_null(horizon + 1))
     names = ranges["name"].unique().sort()
     ranges = ranges.with_columns(code=pl.col("name").replace_strict(
         names, pl.int_range(0, len(names), eager=True), return_dtype=pl.UInt32))

@@ -136,5 +136,6 @@ def _renamed(columns: tuple[str, ...]) -> list[pl.Expr]:
 def _joined(calls: pl.DataFrame, pid: pl.Series, correlation_id: pl.Series) -> pl.DataFrame:
     """`issuing_calls` by a join, for ids that do not fit the packed key."""
     wanted = pl.DataFrame({"pid": pid, "correlation_id": correlation_id})
+    calls = calls.unique(["pid", "correlation_id"], keep="first", maintain_order=True)  # one call a key, as above
     return (wanted.join(calls, on=["pid", "correlation_id"], how="left", maintain_order="left")
             .select("tid", "start_ns", "end_ns", "name_id"))

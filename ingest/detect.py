@@ -86,8 +86,9 @@ def _sqlite_tables(path: Path) -> set[str]:
             con.execute("PRAGMA schema_version").fetchone()
         finally:
             con.close()
-    except sqlite3.DatabaseError as e:
-        raise TraceFormatError(f"{path} is a damaged SQLite file ({e})") from None
+    except sqlite3.DatabaseError as e:  # its message may quote the damaged schema, newlines and all
+        cause = " ".join(str(e).split())
+        raise TraceFormatError(f"{path} is a damaged SQLite file ({cause[:200]})") from None
     except UnicodeDecodeError:  # SQLite's own message quotes the damaged schema, not UTF-8 either
         raise TraceFormatError(f"{path} is a damaged SQLite file (its schema is not UTF-8 text)") from None
     return tables

@@ -217,7 +217,10 @@ def test_reproducer(harness: fuzz.Harness, path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["nsys_sqlite/CO18326__uvmTorch__report1.sqlite",  # no kernels
                                   "nsys_sqlite/D-W-Chiang__JACC.jl__cg_trace.sqlite",  # nor API calls
-                                  "nvprof_sqlite/esarmstrong__ece408__forward1_analysis.nvprof"])  # no copies
+                                  "nvprof_sqlite/esarmstrong__ece408__forward1_analysis.nvprof",  # no copies
+                                  # ROCm: ranges without a process id (advise's iteration window)
+                                  "kineto_json/facebookresearch__HolisticTraceAnalysis__amd_trace__"
+                                  "mi250_minitoy_train_ROCm6_2_kineto.json.gz"])
 def test_every_command_works_on_real_traces_without_kernels_or_copies(harness: fuzz.Harness, name: str) -> None:
     """Undamaged real traces, and what a damaged one becomes once its bad rows are dropped."""
     path = shared("realtraces", *name.split("/"))
@@ -237,6 +240,20 @@ def test_every_command_works_when_every_kernel_lasts_0_ns(harness: fuzz.Harness,
     path.write_bytes(fuzz._Json().encode(trace))
     outcome = harness.check_file(path)
     assert outcome.result == "loaded" and outcome.problems == [], outcome
+
+
+DEVICE_RUN_FAILURES = (3377, 5396, 7048, 7336, 8408, 9044)
+"""The mutants of seed 'device10k' (9,170 mutants of the full corpus on a 32-core machine,
+docs/damaged-traces.md) that failed before their fixes: a Kineto range without a process id and a
+grid of unknown size in advise, a refusal that quoted a damaged schema's newlines, one correlation
+id shared by many launch calls (gaps), an iteration range whose end is not an integer (gaps)."""
+
+
+@pytest.mark.skipif(not shared_files("realtraces", "*"), reason="../shared/realtraces is absent")
+def test_the_large_runs_failures() -> None:
+    with fuzz.scratch() as work:
+        outcomes = fuzz.run(fuzz.Harness(fuzz.corpus(), "device10k", work), DEVICE_RUN_FAILURES)
+    assert [(o.index, o.problems) for o in outcomes if o.problems] == []
 
 
 def test_fuzzing_a_small_budget() -> None:

@@ -277,8 +277,8 @@ def test_a_load_refused_after_writing_leaves_the_store_byte_for_byte(
     con.close()
     before, size = _digest(db), db.stat().st_size
     grew: list[int] = []
-    real_restore = traceq.cli.restore_size
-    monkeypatch.setattr(traceq.cli, "restore_size", lambda path, n: (grew.append(path.stat().st_size - n),
+    real_restore = traceq.api.restore_size
+    monkeypatch.setattr(traceq.api, "restore_size", lambda path, n: (grew.append(path.stat().st_size - n),
                                                                     real_restore(path, n)))
     result = _invoke("load", str(damaged), "--db", str(db))
     assert result.exit_code == 1 and "durations add up to" in result.stderr
