@@ -26,6 +26,7 @@ import duckdb
 from traceq.analysis.kernels import build_kernel_summary
 from traceq.errors import TraceFormatError, TraceqError
 from traceq.ingest.base import LoadOptions, Reader, Sink, Source, SourceInfo, source_damage
+from traceq.ingest.validate import unlink_shared_correlations
 from traceq.ingest.detect import reader_for
 from traceq.ingest.kineto import KinetoReader
 from traceq.ingest.nsys import NsysReader
@@ -138,6 +139,7 @@ def load_trace(
         try:
             info = _read(reader, src, sink, progress)
             damage.check_totals()
+            unlink_shared_correlations(con, trace_id, damage)
         except sqlite3.DatabaseError as e:  # wherever a reader meets it: a damaged page, say
             raise TraceFormatError(f"{path} is damaged: {e}") from None
         except UnicodeDecodeError:  # SQLite's message quoting damaged text, itself not UTF-8
