@@ -23,12 +23,12 @@ import typer
 from typer.core import TyperCommand
 
 from traceq import __version__
-from traceq.analysis.choices import (CompareBy, ExportFormat, GroupBy, IdleBy, MemoryBy, NameBy, Precision,
-                                    StatsReport, TrafficBy)
+from traceq.analysis.choices import (CommBy, CompareBy, ExportFormat, GroupBy, IdleBy, MemoryBy, NameBy, Precision,
+                                    RanksBy, StatsReport, TrafficBy)
 from traceq.api import Store, Trace
 from traceq.errors import TraceqError, TraceqWarning
 from traceq.render import Format, format_for, render
-from traceq.store import default_store_path
+from traceq.store import default_store_path, delete_trace, first_row, open_store, resolve_run, resolve_trace
 
 # Each command calls one method of traceq.api (a Store's or a Trace's) and renders what it
 # returns; the API imports the analyses (and polars with them) only when a method runs, so a
@@ -170,6 +170,18 @@ def _show_trace_table(
         _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
 
 
+def _show_run_table(
+    run: str | None, db: Path | None, fmt: Format | None, out: Path | None,
+    build: Callable[[object, int, str], tuple[object, str]],
+) -> None:
+    """`_show_trace_table` for the commands over a run: `build(con, run_id, run_name)`."""
+    with user_errors():
+        con = _store(db).con
+        run_id, run_name = resolve_run(con, run)
+        frame, title = build(con, run_id, run_name)
+        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
+
+
 def _terminal_width() -> int:
     """The terminal's width ($COLUMNS first); 160 when output is not a terminal."""
     return shutil.get_terminal_size(fallback=(160, 24)).columns
@@ -254,20 +266,22 @@ def load(
         "--attribute/--no-attribute", show_default=False,
         help="Keep each launch's layer, pass, library, ... in the store [default: for traces of up to 1M kernels; "
              "above, `traceq attribute` does]")] = None,
+    run: Annotated[Optional[str], typer.Option(
+        help="Load the files as the ranks of one run (one file per rank or node), in one transaction",
+        show_default=False)] = None,
 ) -> None:
-    """Load trace files into the store (one transaction each: all or nothing)."""
-    from traceq.ingest import export_report
-    from traceq.ingest.detect import NSYS_REPORT_MAGIC, check_file
+    """Load trace files into the store (one transaction each, or one for all with --run)."""
 
     with user_errors():
         if name is not None and len(paths) > 1:
             raise typer.BadParameter("--name needs exactly one file", param_hint="--name")
         store = _store(db, lazy=True)
+        if export:
+            paths = [_exported(path) for path in paths]
+        if run is not None:
+            _load_run(paths, run, store.path, replace, python_functions)
+            return
         for path in paths:
-            if export:
-                check_file(path)
-                if path.open("rb").read(len(NSYS_REPORT_MAGIC)) == NSYS_REPORT_MAGIC:
-                    path = export_report(path)
             progress = _LazyProgress(f"loading {path.name}")
             try:
                 result = store.load(path, name=name, replace=replace, progress=progress,
@@ -285,6 +299,54 @@ def load(
                 f"{rows.get('memops', 0):,} memcpy/memset, {rows.get('nvtx_events', 0):,} NVTX events "
                 f"in {result.seconds:.2f} s" + "".join(f"; {note}" for note in result.notes)
             )
+
+
+def _exported(path: Path) -> Path:
+    """`path`, or the SQLite export `nsys export` makes of it when it is an .nsys-rep/.qdrep."""
+    from traceq.ingest import export_report
+    from traceq.ingest.detect import NSYS_REPORT_MAGIC, check_file
+
+    check_file(path)
+    with path.open("rb") as f:
+        magic = f.read(len(NSYS_REPORT_MAGIC))
+    return export_report(path) if magic == NSYS_REPORT_MAGIC else path
+
+
+def _load_run(paths: list[Path], run: str, store_path: Path, replace: bool, python_functions: bool) -> None:
+    """`traceq load --run`: every file in one transaction, then one line per file and one for the run."""
+    from traceq.ingest import READERS, load_run, reader_for
+
+    for path in paths:
+        reader_for(path, READERS)  # reject bad input before the store is touched
+    existed = store_path.exists()
+    con = open_store(store_path, read_only=False, create=True, on_wait=_err)
+    progress = _LazyProgress(f"loading {len(paths)} files as run {run}")
+    try:
+        results = load_run(con, paths, run, replace=replace, python_functions=python_functions,
+                           progress=lambda i, done, total: progress(i * total + done, len(paths) * total))
+        ranks = con.execute("SELECT count(*), max(abs(shift_ns)) FROM ranks JOIN runs USING (run_id) "
+                            "WHERE runs.name = ?", [run]).fetchall()[0]
+    except BaseException:
+        progress.close()
+        con.close()
+        if not existed:
+            from traceq.api import _remove_store
+
+            _remove_store(store_path)
+        raise
+    progress.close()
+    con.close()
+    if all(r.status == "already_loaded" for r in results):
+        typer.echo(f"run {run!r} is already loaded from these {len(paths)} files; nothing changed "
+                   "(use --replace to load it again)")
+        return
+    for path, result in zip(paths, results):
+        typer.echo(f"{result.status} {result.name!r} (trace {result.trace_id}) from {path}: "
+                   f"{result.kernel_count:,} kernels in {result.seconds:.2f} s")
+    from traceq.render.table import format_duration
+
+    shift = f"; clocks aligned on collectives, largest shift {format_duration(ranks[1])}" if len(paths) > 1 else ""
+    typer.echo(f"run {run!r}: {ranks[0]} ranks{shift} (`traceq ranks {run}`)")
 
 
 @app.command()
@@ -473,13 +535,34 @@ def advise(
 
 @app.command()
 def rm(
-    trace: Annotated[str, typer.Argument(help="Trace name or id", metavar="TRACE", show_default=False)],
+    trace: Annotated[str, typer.Argument(help="Trace name or id, or a run's name (all its traces)",
+                                         metavar="TRACE", show_default=False)],
     db: DbOpt = None,
 ) -> None:
-    """Remove a trace from the store."""
+    """Remove a trace, or a run and all its traces, from the store."""
+    from traceq.ingest.runs import check_runs_whole
+
     with user_errors():
-        trace_id, trace_name = _store(db, lazy=True).remove(trace)
-        typer.echo(f"removed {trace_name!r} (trace {trace_id})")
+        con = open_store(db or default_store_path(), read_only=False, on_wait=_err)
+        run = con.execute("SELECT list(DISTINCT k.trace_id ORDER BY k.trace_id) FROM runs r JOIN ranks k "
+                          "USING (run_id) WHERE r.name = ?", [trace]).fetchall()[0][0]
+        removed = [(t, first_row(con, "SELECT name FROM traces WHERE trace_id = ?", [t])[0]) for t in run or []]
+        if len(removed) <= 1:
+            removed = [resolve_trace(con, trace)]
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for trace_id, _ in removed:
+                delete_trace(con, trace_id)
+            check_runs_whole(con)  # a rank of a run of several files goes with its run only
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("CHECKPOINT")
+        if len(removed) > 1:
+            typer.echo(f"removed run {trace!r} and its {len(removed)} traces")
+        else:
+            typer.echo(f"removed {removed[0][1]!r} (trace {removed[0][0]})")
 
 
 @app.command()
@@ -718,6 +801,85 @@ def _gate(con, a: int, b: int, threshold: float, iteration_regex: str) -> None:
         raise RegressionError(f"gate failed: b is slower: {verdict}")
     note = "" if result.decidable else "; too few iterations for the test to reach alpha: the gate cannot fail"
     _err(f"gate passed: {verdict}{note}")
+
+
+RunArg = Annotated[Optional[str], typer.Argument(
+    help="Run (or one of its traces) by name or id [default: the latest loaded]", show_default=False)]
+
+
+def _ranks_said(con, run_id: int) -> str:  # con: duckdb.DuckDBPyConnection
+    world, clock = first_row(con, "SELECT world_size, clock FROM runs WHERE run_id = ?", [run_id])
+    return f"{world} rank{'s' if world != 1 else ''}" + (", clocks aligned on collective ends" if clock != "one trace" else "")
+
+
+@app.command()
+def comm(
+    run: RunArg = None,
+    by: Annotated[CommBy, typer.Option(help="One row per collective, iteration and rank, or per collective "
+                                            "across ranks")] = CommBy.rank,
+    db: DbOpt = None,
+    iteration_regex: IterOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Collective communication (NCCL, RCCL) per collective, iteration and rank: time, bytes, algorithm and bus bandwidth, start and end skew."""
+    from traceq.analysis.comm import comm_table
+
+    def build(con, run_id: int, run_name: str):
+        frame = comm_table(con, run_id, by.value, _iteration_regex(iteration_regex))
+        what = ("per collective, iteration and rank" if by is CommBy.rank
+                else "per collective across ranks (time, bandwidth: on the last rank to start)")
+        return frame, (f"{run_name}: collective communication {what} ({_ranks_said(con, run_id)}; "
+                       "bus bandwidth = bytes / time x nccl-tests' factor)")
+
+    _show_run_table(run, db, fmt, out, build)
+
+
+@app.command()
+def overlap(
+    run: RunArg = None,
+    db: DbOpt = None,
+    iteration_regex: IterOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Per rank and iteration: computation, communication, the share of communication hidden under computation, exposed communication, idle time."""
+    from traceq.analysis.overlap import overlap_table
+
+    def build(con, run_id: int, run_name: str):
+        frame = overlap_table(con, run_id, _iteration_regex(iteration_regex))
+        return frame, (f"{run_name}: communication against computation per rank and iteration "
+                       f"({_ranks_said(con, run_id)}; hidden = communication while computation ran)")
+
+    _show_run_table(run, db, fmt, out, build)
+
+
+@app.command()
+def ranks(
+    run: RunArg = None,
+    by: Annotated[RanksBy, typer.Option(help="One row per iteration and rank, or per late collective with "
+                                             "what delayed it")] = RanksBy.iteration,
+    k: Annotated[int, typer.Option("--k", "-k", min=1, help="With --by collective: how many collectives, "
+                                                           "latest start first")] = 10,
+    db: DbOpt = None,
+    iteration_regex: IterOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Ranks side by side: iteration time, time waiting for other ranks, the slowest rank, and what delayed late collectives."""
+    from traceq.analysis.ranks import late_collectives, rank_iterations
+
+    def build(con, run_id: int, run_name: str):
+        regex = _iteration_regex(iteration_regex)
+        if by is RanksBy.collective:
+            return late_collectives(con, run_id, k, regex), (
+                f"{run_name}: the {k} collectives that started latest on their last rank, and the layer or "
+                f"kernel that ran longer there than on the others before it ({_ranks_said(con, run_id)})")
+        return rank_iterations(con, run_id, regex), (
+            f"{run_name}: iteration time per rank ({_ranks_said(con, run_id)}; wait: in collectives for later "
+            "ranks; slowest: the most time not waiting; shift: added to the rank's clock)")
+
+    _show_run_table(run, db, fmt, out, build)
 
 
 @app.command()

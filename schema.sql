@@ -265,17 +265,17 @@ CREATE TABLE operators (
     flops BIGINT                           -- PyTorch's own FLOP count (with_flops=True); NULL where it wrote none
 );
 
--- table collectives: arguments of collective communication (NCCL, RCCL, gloo) that Kineto writes on collective kernels and on `record_param_comms` operators.
+-- table collectives: arguments of collective communication (NCCL, RCCL, gloo) that Kineto writes on collective kernels and on `record_param_comms` operators, and PyTorch's `nccl:<collective>` annotations with their tensor (older traces, whose operators carry none).
 CREATE TABLE collectives (
     trace_id INTEGER NOT NULL,
     kernel_id BIGINT,                      -- the kernel (kernels.kernel_id); NULL for an operator's row
-    event VARCHAR NOT NULL,                -- 'kernel' or 'cpu_op'
+    event VARCHAR NOT NULL,                -- 'kernel', 'cpu_op' or 'user_annotation'
     pid BIGINT,                            -- an operator's process and thread (NULL for kernels)
     tid BIGINT,
     start_ns BIGINT NOT NULL,
     end_ns BIGINT NOT NULL,
     collective VARCHAR,                    -- Collective name: 'allreduce', '_allgather_base', 'broadcast', ...
-    in_msg_nelems BIGINT,                  -- elements sent
+    in_msg_nelems BIGINT,                  -- elements sent (an annotation's: its first input tensor's)
     out_msg_nelems BIGINT,                 -- elements received
     in_split_size VARCHAR,                 -- all-to-all splits, as the trace wrote them ('[]' when none)
     out_split_size VARCHAR,
@@ -319,6 +319,32 @@ CREATE TABLE threads (
     pid BIGINT,
     tid BIGINT,
     name VARCHAR
+);
+
+-- sequence run_ids: run ids are never reused.
+CREATE SEQUENCE run_ids START 1;
+
+-- table runs: one row per run: the ranks of one distributed job loaded together (`traceq load FILE... --run NAME`, one transaction), or one trace loaded alone (its ranks are then its processes or GPUs that ran kernels).
+CREATE TABLE runs (
+    run_id INTEGER PRIMARY KEY,
+    name VARCHAR NOT NULL UNIQUE,    -- the --run name, or the trace's name when it was loaded alone
+    world_size INTEGER NOT NULL,     -- ranks the run holds
+    clock VARCHAR NOT NULL           -- how the ranks' times were put on one clock: 'one trace' (one file, one clock) or 'collective ends' (each rank file shifted so that the collectives it shares with rank 0 end when rank 0's do)
+);
+
+-- table ranks: one row per rank of a run: which trace holds its events, and within it which process and GPU.
+CREATE TABLE ranks (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,           -- the rank in the job
+    trace_id INTEGER NOT NULL,
+    pid BIGINT,                      -- the rank's process in the trace; NULL: every process of the trace
+    device_id INTEGER,               -- the rank's GPU; NULL: every GPU of the trace
+    rank_from VARCHAR NOT NULL,      -- where the rank comes from: 'distributedInfo' (Kineto), 'device and process ids' (the order of the GPUs, then processes, that ran NCCL kernels, else any kernels), 'one GPU'
+    shift_ns BIGINT NOT NULL,        -- added to the trace's times to put them on the run's clock (rank 0's trace), at shift_at_ns; 0 within one trace
+    drift_ppm DOUBLE NOT NULL,       -- how much faster rank 0's clock ran, in millionths: the shift grows by drift_ppm x 1e-6 x (t - shift_at_ns); 0 unless the collectives span a second or more
+    shift_at_ns BIGINT NOT NULL,     -- the trace's own time at which shift_ns holds (its first collective matched with rank 0's)
+    shift_collectives INTEGER,       -- collectives the shift was measured on (matched with rank 0's); NULL when no shift was needed
+    shift_residual_ns BIGINT         -- after the shift, the median |end on this rank - end on rank 0| over those collectives
 );
 
 -- view kernel_launches: each kernel with the runtime or driver call that launched it, joined on (pid, correlation_id).

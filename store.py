@@ -231,6 +231,35 @@ def resolve_trace(con: duckdb.DuckDBPyConnection, ref: str | None) -> tuple[int,
     return int(row[0]), str(row[1])
 
 
+def resolve_run(con: duckdb.DuckDBPyConnection, ref: str | None) -> tuple[int, str]:
+    """The (run_id, name) that `ref` names: a run's name or id, or a trace's name or id (the run
+    it belongs to), or None for the latest loaded.
+
+    Raises:
+        NotFoundError: the store holds no such run or trace (the message lists the runs).
+    """
+    if ref is None:
+        row = first_row(con, "SELECT run_id, name FROM runs ORDER BY run_id DESC LIMIT 1")
+        if row is None:
+            raise NotFoundError("the store holds no runs: load one with `traceq load TRACE...`")
+        return int(row[0]), str(row[1])
+    row = first_row(con, "SELECT run_id, name FROM runs WHERE name = ?", [ref])
+    if row is None and ref.isdigit():
+        row = first_row(con, "SELECT run_id, name FROM runs WHERE run_id = ?", [int(ref)])
+    if row is None:
+        try:
+            trace_id, _ = resolve_trace(con, ref)
+        except NotFoundError:
+            names = [r[0] for r in con.execute("SELECT name FROM runs ORDER BY run_id").fetchall()]
+            held = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "") if names else "nothing"
+            raise NotFoundError(f"no run or trace {ref!r} in the store (runs: {held})") from None
+        row = first_row(con, "SELECT r.run_id, r.name FROM runs r JOIN ranks k USING (run_id) "
+                             "WHERE k.trace_id = ? LIMIT 1", [trace_id])
+        if row is None:
+            raise NotFoundError(f"trace {ref!r} belongs to no run: load it again with `traceq load --replace`")
+    return int(row[0]), str(row[1])
+
+
 def event_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Every table that carries a trace_id column, the traces table included."""
     rows = con.execute(
@@ -247,6 +276,7 @@ def delete_trace(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
         if table != "traces":
             con.execute(f'DELETE FROM "{table}" WHERE trace_id = ?', [trace_id])
     con.execute("DELETE FROM traces WHERE trace_id = ?", [trace_id])
+    con.execute("DELETE FROM runs WHERE run_id NOT IN (SELECT run_id FROM ranks)")
 
 
 def _traceq_version() -> str:

@@ -88,3 +88,17 @@ class ExportFormat(str, Enum):
     """What `traceq export` writes: Chrome trace events, which Perfetto opens."""
 
     perfetto = "perfetto"
+
+
+class CommBy(str, Enum):
+    """What `traceq comm` lists: per collective, iteration and rank, or per collective instance."""
+
+    rank = "rank"
+    instance = "instance"
+
+
+class RanksBy(str, Enum):
+    """What `traceq ranks` lists: per iteration and rank, or the collectives that started late."""
+
+    iteration = "iteration"
+    collective = "collective"

@@ -31,6 +31,7 @@ from traceq.ingest.detect import reader_for
 from traceq.ingest.kineto import KinetoReader
 from traceq.ingest.nsys import NsysReader
 from traceq.ingest.nvprof import NvprofReader
+from traceq.ingest.runs import check_runs_whole, register_run
 from traceq.store import delete_trace, first_row
 
 READERS: tuple[Reader, ...] = (NsysReader(), NvprofReader(), KinetoReader())
@@ -83,8 +84,11 @@ def load_trace(
     engine: str | None = None,
     python_functions: bool = False,
     attribute: bool | None = None,
+    run: str | None = None,
+    transaction: bool = True,
 ) -> LoadResult:
-    """Load the trace file at `path` into the store `con`.
+    """Load the trace file at `path` into the store `con`, as a run of its own (`runs`, named
+    `run`, by default as the trace) unless `transaction` is False.
 
     Args:
         name: the trace's name in the store (default: the file's name without its suffix,
@@ -98,6 +102,7 @@ def load_trace(
             can be most of a trace's events; off by default).
         attribute: keep each kernel's attribution in the store (`analysis.stored`); default:
             for traces of up to `stored.LOAD_MAX_KERNELS` kernels.
+        transaction: False: the caller owns the transaction and registers the run (`load_run`).
 
     Raises:
         TraceFormatError: the file is not a trace traceq reads, or is damaged.
@@ -130,7 +135,8 @@ def load_trace(
     damage = source_damage(src)  # an SQLite source counts what it repairs itself (its text factory)
     saved = {k: first_row(con, f"SELECT current_setting('{k}')")[0] for k in LOAD_SETTINGS}
     _apply(con, LOAD_SETTINGS)
-    con.execute("BEGIN TRANSACTION")
+    if transaction:
+        con.execute("BEGIN TRANSACTION")
     try:
         for tid in sorted(stale):
             delete_trace(con, tid)
@@ -154,12 +160,13 @@ def load_trace(
         if attribute or (attribute is None and kernels <= LOAD_MAX_KERNELS and fingerprint() is not None):
             attribute_trace(con, trace_id)
         _record_trace(con, trace_id, name, path, digest(), info, time.perf_counter() - started)
-        con.execute("COMMIT")
+        if transaction:
+            register_run(con, run or name, [trace_id])
+            check_runs_whole(con)
+            con.execute("COMMIT")
     except BaseException:
-        try:
-            con.execute("ROLLBACK")
-        except duckdb.Error:  # the failure closed the transaction already: keep its error
-            pass
+        if transaction:
+            _rollback(con)
         raise
     finally:
         src.close()
@@ -182,6 +189,63 @@ def _read(reader: Reader, src: Source, sink: Sink,
 
     sink.progress = advance
     return reader.read(src, sink)
+
+
+def load_run(
+    con: duckdb.DuckDBPyConnection,
+    paths: list[Path],
+    run: str,
+    *,
+    replace: bool = False,
+    progress: Callable[[int, int, int], None] | None = None,
+    engine: str | None = None,
+    python_functions: bool = False,
+) -> list[LoadResult]:
+    """Load several trace files, one per rank (or per node), as the run `run`, in one transaction:
+    on any error, a bad file or files that are not one job's ranks (`ingest.runs`), the store
+    is exactly as it was.
+
+    Args:
+        progress: called with (file index, rows read so far, rows expected) while reading.
+        Others: as `load_trace`.
+
+    Raises:
+        TraceFormatError: a file is not a trace traceq reads.
+        RunError: the files are not the ranks of one job.
+        TraceqError: a file is already loaded (and not `replace`).
+    """
+    con.execute("BEGIN TRANSACTION")
+    try:
+        results = []
+        for i, path in enumerate(paths):
+            step = None if progress is None else (lambda done, total, i=i: progress(i, done, total))
+            results.append(load_trace(con, path, replace=replace, progress=step, engine=engine,
+                                      python_functions=python_functions, transaction=False))
+        loaded = [r for r in results if r.status == "already_loaded"]
+        if loaded:
+            ids = {r.trace_id for r in results}
+            same = first_row(con, "SELECT list(DISTINCT trace_id) FROM ranks JOIN runs USING (run_id) "
+                                  "WHERE runs.name = ?", [run])
+            if len(loaded) < len(results) or set(same[0] or []) != ids:
+                path = paths[results.index(loaded[0])]
+                raise TraceqError(f"{path} is already loaded as trace {loaded[0].name!r}: pass --replace to load "
+                                  f"it again as a rank of run {run!r}")
+            con.execute("ROLLBACK")
+            return results
+        register_run(con, run, [r.trace_id for r in results])
+        check_runs_whole(con)
+        con.execute("COMMIT")
+    except BaseException:
+        _rollback(con)
+        raise
+    return results
+
+
+def _rollback(con: duckdb.DuckDBPyConnection) -> None:
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:  # the failure closed the transaction already: keep its error
+        pass
 
 
 def _apply(con: duckdb.DuckDBPyConnection, settings: dict[str, str]) -> None:
@@ -250,4 +314,4 @@ def export_report(path: Path) -> Path:
     return out
 
 
-__all__ = ["READERS", "LoadResult", "export_report", "load_trace", "reader_for", "sha256_of"]
+__all__ = ["READERS", "LoadResult", "export_report", "load_run", "load_trace", "reader_for", "sha256_of"]

@@ -470,12 +470,19 @@ _MEMORY_EVENTS = f"""
 
 _COLLECTIVES = f"""
     WITH kernel_ids AS (SELECT seq, row_number() OVER (ORDER BY seq) - 1 AS kernel_id FROM ev WHERE kind = 'kernel')
-    SELECT k.kernel_id, kind AS event, CASE WHEN kind = 'kernel' THEN NULL ELSE pid END AS pid,
-           CASE WHEN kind = 'kernel' THEN NULL ELSE tid END AS tid, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns,
-           collective, in_msg_nelems, out_msg_nelems, in_split_size, out_split_size, group_size, dtype,
-           pg_name, pg_desc, pg_ranks
-    FROM ev LEFT JOIN kernel_ids k USING (seq)
-    WHERE collective IS NOT NULL AND kind IN ('kernel', 'cpu_op') ORDER BY seq"""
+    SELECT * EXCLUDE (seq) FROM (
+        SELECT seq, k.kernel_id, kind AS event, CASE WHEN kind = 'kernel' THEN NULL ELSE pid END AS pid,
+               CASE WHEN kind = 'kernel' THEN NULL ELSE tid END AS tid, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns,
+               collective, in_msg_nelems, out_msg_nelems, in_split_size, out_split_size, group_size, dtype,
+               pg_name, pg_desc, pg_ranks
+        FROM ev LEFT JOIN kernel_ids k USING (seq)
+        WHERE collective IS NOT NULL AND kind IN ('kernel', 'cpu_op')
+        UNION ALL  -- PyTorch's `nccl:all_reduce` ranges: the collective in the name, its tensor in Input Dims
+        SELECT seq, NULL, kind, pid, tid, ts_ns, ts_ns + dur_ns, substr(name, 6),
+               CAST(list_product(TRY_CAST(json_extract(input_dims, '$[0]') AS BIGINT[])) AS BIGINT), NULL, NULL,
+               NULL, NULL, json_extract_string(input_types, '$[0]'), NULL, NULL, NULL
+        FROM ev WHERE kind = 'user_annotation' AND starts_with(name, 'nccl:')
+    ) ORDER BY seq"""
 
 _PROCESSES = """SELECT DISTINCT pid, label AS name FROM ev WHERE kind = 'process_name' AND pid IS NOT NULL"""
 _THREADS = """SELECT DISTINCT pid, tid, label AS name FROM ev WHERE kind = 'thread_name' AND pid IS NOT NULL"""

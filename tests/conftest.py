@@ -106,9 +106,10 @@ def resnet50_store(tmp_path_factory: pytest.TempPathFactory):
     con.close()
 
 
-def assert_load_refused(db: Path, target: Path, *words: str) -> str:
-    """`traceq load target` fails as bad input must: one `traceq:` line on stderr naming `words`,
-    exit 1, no traceback, and the store file byte for byte as it was (or still absent)."""
+def assert_load_refused(db: Path, target: Path | list[Path], *words: str, options: tuple[str, ...] = ()) -> str:
+    """`traceq load target [options]` fails as bad input must: one `traceq:` line on stderr
+    naming `words`, exit 1, no traceback, and the store file byte for byte as it was (or still
+    absent). `target` may be several files (a run)."""
     import hashlib
 
     from typer.testing import CliRunner
@@ -119,7 +120,8 @@ def assert_load_refused(db: Path, target: Path, *words: str) -> str:
         return hashlib.sha256(db.read_bytes()).hexdigest() if db.exists() else None
 
     before = digest()
-    result = CliRunner().invoke(app, ["load", str(target), "--db", str(db)])
+    targets = [str(t) for t in (target if isinstance(target, list) else [target])]
+    result = CliRunner().invoke(app, ["load", *targets, "--db", str(db), *options])
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("traceq: "), result.stderr
