@@ -301,6 +301,29 @@ def load(
             )
 
 
+def _remove(con, name: str) -> list[tuple[int, str]]:  # con: duckdb.DuckDBPyConnection
+    """Delete the trace `name`, or every trace of the run `name`, in one transaction; returns
+    the (trace_id, name) removed."""
+    from traceq.ingest.runs import check_runs_whole
+
+    run = con.execute("SELECT list(DISTINCT k.trace_id ORDER BY k.trace_id) FROM runs r JOIN ranks k "
+                      "USING (run_id) WHERE r.name = ?", [name]).fetchall()[0][0]
+    removed = [(t, first_row(con, "SELECT name FROM traces WHERE trace_id = ?", [t])[0]) for t in run or []]
+    if len(removed) <= 1:
+        removed = [resolve_trace(con, name)]
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for trace_id, _ in removed:
+            delete_trace(con, trace_id)
+        check_runs_whole(con)  # a rank of a run of several files goes with its run only
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("CHECKPOINT")
+    return removed
+
+
 def _exported(path: Path) -> Path:
     """`path`, or the SQLite export `nsys export` makes of it when it is an .nsys-rep/.qdrep."""
     from traceq.ingest import export_report
@@ -540,25 +563,12 @@ def rm(
     db: DbOpt = None,
 ) -> None:
     """Remove a trace, or a run and all its traces, from the store."""
-    from traceq.ingest.runs import check_runs_whole
-
     with user_errors():
         con = open_store(db or default_store_path(), read_only=False, on_wait=_err)
-        run = con.execute("SELECT list(DISTINCT k.trace_id ORDER BY k.trace_id) FROM runs r JOIN ranks k "
-                          "USING (run_id) WHERE r.name = ?", [trace]).fetchall()[0][0]
-        removed = [(t, first_row(con, "SELECT name FROM traces WHERE trace_id = ?", [t])[0]) for t in run or []]
-        if len(removed) <= 1:
-            removed = [resolve_trace(con, trace)]
-        con.execute("BEGIN TRANSACTION")
         try:
-            for trace_id, _ in removed:
-                delete_trace(con, trace_id)
-            check_runs_whole(con)  # a rank of a run of several files goes with its run only
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        con.execute("CHECKPOINT")
+            removed = _remove(con, trace)
+        finally:
+            con.close()
         if len(removed) > 1:
             typer.echo(f"removed run {trace!r} and its {len(removed)} traces")
         else:

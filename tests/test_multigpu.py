@@ -1,0 +1,263 @@
+"""comm, overlap and ranks against an independent reading of the traces.
+
+The references are computed here with a few lines of plain Python over the raw files (sqlite3
+for the nsys DDP sample, json for the DLRM Kineto ranks): each NCCL kernel's interval, its
+process's `iteration N` / `ProfilerStep#N` range around the call that launched it, unions and
+intersections of intervals by a sort and a scan. Nothing here calls traceq's analysis code.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sqlite3
+from collections import defaultdict
+from pathlib import Path
+
+import polars as pl
+import pytest
+from conftest import sample, shared, shared_files
+
+from traceq.analysis.comm import comm_table
+from traceq.analysis.overlap import overlap_table
+from traceq.analysis.ranks import IDLE, late_collectives, rank_iterations
+from traceq.ingest import load_run, load_trace
+from traceq.store import open_store, resolve_run
+
+DDP = sample("ddp_resnet18_2gpu.sqlite")
+DLRM = shared_files("realtraces/kineto_json", "facebookresearch__param__dlrm_kineto__worker*.json.gz")
+
+
+def union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[list[int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+def length(intervals: list[tuple[int, int]]) -> int:
+    return sum(e - s for s, e in intervals)
+
+
+def intersection(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    total, i, j = 0, 0, 0
+    while i < len(a) and j < len(b):
+        total += max(0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def around(ranges: list[tuple[int, int, str]], t: int | None) -> str | None:
+    """The name of the range containing t."""
+    return next((name for s, e, name in ranges if t is not None and s <= t <= e), None)
+
+
+def ddp_work() -> list[tuple]:
+    """(rank, iteration, start, end, name, kind) of every kernel, memcpy and memset of the DDP
+    sample: rank = GPU order, iteration = the process's 'iteration N' range around the call."""
+    con = sqlite3.connect(f"file:{DDP}?mode=ro", uri=True)
+    pid = "(globalPid >> 24) & 16777215"
+    calls = {(p, c): t for p, c, t in con.execute(
+        "SELECT (globalTid >> 24) & 16777215, correlationId, start FROM CUPTI_ACTIVITY_KIND_RUNTIME")}
+    iterations = defaultdict(list)
+    for p, s, e, text in con.execute("SELECT (globalTid >> 24) & 16777215, start, end, text FROM NVTX_EVENTS "
+                                     "WHERE text LIKE 'iteration %'"):
+        iterations[p].append((s, e, text))
+    devices = sorted({d for (d,) in con.execute("SELECT DISTINCT deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL")})
+    work = []
+    for table, name in (("CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName", "s.value"),
+                        ("CUPTI_ACTIVITY_KIND_MEMCPY k", "NULL"), ("CUPTI_ACTIVITY_KIND_MEMSET k", "NULL")):
+        for device, p, corr, start, end, text in con.execute(
+                f"SELECT deviceId, {pid}, correlationId, start, end, {name} FROM {table}"):
+            kind = "memory" if text is None else "comm" if text.startswith("nccl") else "compute"
+            work.append((devices.index(device), around(iterations[p], calls.get((p, corr))), start, end, text, kind))
+    con.close()
+    return work
+
+
+def dlrm_work() -> list[tuple]:
+    """The same for the 8 DLRM rank files: rank = distributedInfo.rank, iteration = the
+    ProfilerStep#N range of the process around the launching call, times in ns."""
+    work = []
+    for path in DLRM:
+        with gzip.open(path, "rb") as f:
+            trace = json.load(f)
+        rank = trace["distributedInfo"]["rank"]
+        events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+        calls = {e["args"]["correlation"]: e["ts"] * 1000 for e in events
+                 if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+        steps = [(e["ts"] * 1000, (e["ts"] + e["dur"]) * 1000, e["name"]) for e in events
+                 if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+        for e in events:
+            cat = e.get("cat")
+            if cat not in ("kernel", "gpu_memcpy", "gpu_memset"):
+                continue
+            kind = "memory" if cat != "kernel" else "comm" if "nccl" in e["name"] else "compute"
+            launch = calls.get(e.get("args", {}).get("correlation"))
+            work.append((rank, around(steps, launch), e["ts"] * 1000, (e["ts"] + e["dur"]) * 1000, e["name"], kind))
+    return work
+
+
+def independent_overlap(work: list[tuple]) -> dict[tuple, dict[str, int]]:
+    groups = defaultdict(list)
+    for rank, iteration, start, end, _, kind in work:
+        groups[(rank, iteration)].append((start, end, kind))
+    out = {}
+    for key, items in groups.items():
+        comp = union([(s, e) for s, e, k in items if k == "compute"])
+        comm = union([(s, e) for s, e, k in items if k == "comm"])
+        span = max(e for _, e, _ in items) - min(s for s, _, _ in items)
+        out[key] = {"span_ns": span, "compute_ns": length(comp), "comm_ns": length(comm),
+                    "overlap_ns": intersection(comp, comm),
+                    "idle_ns": span - length(union([(s, e) for s, e, _ in items]))}
+    return out
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory: pytest.TempPathFactory):
+    con = open_store(tmp_path_factory.mktemp("ddp") / "s.duckdb", create=True)
+    load_trace(con, DDP)
+    yield con, resolve_run(con, "ddp_resnet18_2gpu")[0]
+    con.close()
+
+
+@pytest.fixture(scope="module")
+def dlrm(tmp_path_factory: pytest.TempPathFactory):
+    if len(DLRM) != 8:
+        pytest.skip("the DLRM rank files are absent")
+    con = open_store(tmp_path_factory.mktemp("dlrm") / "s.duckdb", create=True)
+    load_run(con, DLRM, "dlrm8")
+    yield con, resolve_run(con, "dlrm8")[0]
+    con.close()
+
+
+@pytest.mark.parametrize("which", ["ddp", "dlrm"])
+def test_communication_time_per_rank_is_the_sum_of_nccl_kernels(which: str, request) -> None:
+    con, run = request.getfixturevalue(which)
+    work = ddp_work() if which == "ddp" else dlrm_work()
+    expected = defaultdict(int)
+    for rank, _, start, end, _, kind in work:
+        if kind == "comm":
+            expected[rank] += end - start
+    frame = comm_table(con, run).group_by("rank").agg(pl.col("total_ns").sum())
+    assert dict(frame.iter_rows()) == dict(expected)
+    assert len(expected) == (2 if which == "ddp" else 8)
+
+
+@pytest.mark.parametrize("which", ["ddp", "dlrm"])
+def test_overlap_equals_an_interval_computation(which: str, request) -> None:
+    con, run = request.getfixturevalue(which)
+    expected = independent_overlap(ddp_work() if which == "ddp" else dlrm_work())
+    frame = overlap_table(con, run)
+    got = {(r["rank"], r["iteration"]): {k: r[k] for k in ("span_ns", "compute_ns", "comm_ns", "overlap_ns", "idle_ns")}
+           for r in frame.iter_rows(named=True)}
+    assert got == expected
+    for r in frame.filter(pl.col("comm_ns") > 0).iter_rows(named=True):
+        assert r["hidden_pct"] == pytest.approx(100 * r["overlap_ns"] / r["comm_ns"])
+        assert r["exposed_ns"] == r["comm_ns"] - r["overlap_ns"]
+    assert sum(v["overlap_ns"] for v in expected.values()) > 0
+
+
+def test_bus_bandwidth_of_an_all_reduce_of_known_size(dlrm) -> None:
+    """Each rank's all-reduces: bytes from PyTorch's nccl:all_reduce annotations (Input Dims,
+    float), time from the AllReduce kernels, paired in order; busbw = 2 (n-1)/n bytes / time."""
+    con, run = dlrm
+    frame = comm_table(con, run).filter(pl.col("collective") == "all_reduce")
+    assert frame.height == 8
+    for path in DLRM:
+        with gzip.open(path, "rb") as f:
+            trace = json.load(f)
+        n = trace["distributedInfo"]["world_size"]
+        events = sorted((e for e in trace["traceEvents"] if e.get("ph") == "X"), key=lambda e: e["ts"])
+        sizes = [e["args"]["Input Dims"][0] for e in events if e["name"] == "nccl:all_reduce"]
+        assert all(e["args"]["Input type"][0] == "float" for e in events if e["name"] == "nccl:all_reduce")
+        kernels = [e["dur"] * 1000 for e in events if e.get("cat") == "kernel" and "AllReduce" in e["name"]]
+        assert len(sizes) == len(kernels) == 3
+        total_bytes = sum(4 * dims[0] for dims in sizes)
+        row = frame.filter(pl.col("rank") == trace["distributedInfo"]["rank"]).row(0, named=True)
+        assert row["bytes"] == total_bytes
+        assert row["busbw_gbps"] == pytest.approx(2 * (n - 1) / n * total_bytes / sum(kernels), rel=1e-12)
+        assert row["algbw_gbps"] == pytest.approx(total_bytes / sum(kernels), rel=1e-12)
+
+
+def test_hta_nccl_parser_trace(tmp_path: Path) -> None:
+    """HTA's tests/test_trace_parse.py (test_nccl_parser_config) on its nccl_parser_config trace:
+    21 NCCL kernels, the longest an all-reduce of 2,049,000 elements of process group '0'."""
+    path = shared("realtraces", "kineto_json", "facebookresearch__HolisticTraceAnalysis__nccl_parser_config__nccl_data.json.gz")
+    con = open_store(tmp_path / "s.duckdb", create=True)
+    load_trace(con, path)
+    frame = comm_table(con, resolve_run(con, path.stem)[0], by="instance")
+    assert frame["max_ns"].len() == 21
+    longest = frame.sort("max_ns", descending=True).row(0, named=True)
+    assert (longest["collective"], longest["bytes"], longest["group"]) == ("all_reduce", 2_049_000 * 4, "0")
+
+
+def ddp_pairs() -> list[dict]:
+    """The k-th all-reduce (broadcast) kernel of GPU 0 with GPU 1's k-th, from SQLite."""
+    by_gpu = defaultdict(lambda: defaultdict(list))
+    for rank, iteration, start, end, name, kind in ddp_work():
+        if kind == "comm":
+            by_gpu[rank]["all_reduce" if "AllReduce" in name else "broadcast"].append((start, end, iteration))
+    pairs = []
+    for collective in ("all_reduce", "broadcast"):
+        a, b = (sorted(by_gpu[r][collective]) for r in (0, 1))
+        assert len(a) == len(b)
+        pairs += [{"collective": collective, "k": k, "starts": (x[0], y[0]), "ends": (x[1], y[1]),
+                   "iterations": (x[2], y[2])} for k, (x, y) in enumerate(zip(a, b))]
+    return pairs
+
+
+def test_skew_and_wait_across_ranks(ddp) -> None:
+    con, run = ddp
+    pairs = ddp_pairs()
+    frame = comm_table(con, run, by="instance")
+    got = {(r["collective"], r["instance"]): (r["start_skew_ns"], r["end_skew_ns"], r["last_rank"])
+           for r in frame.iter_rows(named=True)}
+    assert got == {(p["collective"], p["k"]): (abs(p["starts"][0] - p["starts"][1]), abs(p["ends"][0] - p["ends"][1]),
+                                                int(p["starts"][1] > p["starts"][0])) for p in pairs}
+    waits = defaultdict(int)
+    for p in pairs:
+        last = max(p["starts"])
+        for rank in (0, 1):
+            waits[(rank, p["iterations"][rank])] += max(0, min(p["ends"][rank], last) - p["starts"][rank])
+    ranks = rank_iterations(con, run)
+    assert {(r["rank"], r["iteration"]): r["wait_ns"] for r in ranks.iter_rows(named=True)} == \
+        {k: v for k, v in waits.items() if k[1] is not None}
+    slowest = ranks.filter(pl.col("slowest"))
+    assert slowest["iteration"].n_unique() == slowest.height == 5  # one per iteration
+
+
+def test_what_delayed_the_latest_collective(ddp) -> None:
+    """Windows before the most skewed all-reduce, from SQLite: from each GPU's previous NCCL
+    kernel's end to its start of this one; GPU time per kernel name in them, and idle time.
+    The cause is the name (or idle) with the most time on the late GPU over the other's."""
+    con, run = ddp
+    top = late_collectives(con, run, k=1).row(0, named=True)
+    pair = next(p for p in ddp_pairs() if (p["collective"], p["k"]) == (top["collective"], top["instance"]))
+    late = int(pair["starts"][1] > pair["starts"][0])
+    assert top["last_rank"] == late
+    work = ddp_work()
+    nccl = sorted((r, s, e, it) for r, it, s, e, _, kind in work if kind == "comm")
+    windows = {}
+    for rank in (0, 1):
+        start = pair["starts"][rank]
+        before = [(e, it) for r, s, e, it in nccl if r == rank and s < start]
+        assert before and before[-1][1] == pair["iterations"][rank]  # a previous collective in the iteration
+        windows[rank] = (before[-1][0], start)
+    time = defaultdict(lambda: [0, 0])
+    for rank, (w0, w1) in windows.items():
+        inside = [(s, min(e, w1), name) for r, _, s, e, name, kind in work
+                  if r == rank and kind != "memory" and w0 <= s < w1]
+        for s, e, name in inside:
+            time[name][rank] += e - s
+        time[IDLE][rank] = (w1 - w0) - length(union([(s, e) for s, e, _ in inside]))
+    cause = min(time, key=lambda name: (time[name][1 - late] - time[name][late], name))  # ties: first name
+    assert top["delayed_by"] == cause
+    assert top["delayed_ns"] == time[cause][late] - time[cause][1 - late]
+    assert top["window_ns"] == windows[late][1] - windows[late][0]
