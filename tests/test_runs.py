@@ -14,13 +14,15 @@ import json
 import sqlite3
 from pathlib import Path
 
+import polars as pl
 import pytest
 from conftest import assert_load_refused, sample, shared, shared_files
 from typer.testing import CliRunner
 
+from traceq.analysis.comm import comm_table
 from traceq.cli import app
 from traceq.ingest import load_run, load_trace
-from traceq.store import open_store
+from traceq.store import open_store, resolve_run
 
 DLRM = shared_files("realtraces/kineto_json", "facebookresearch__param__dlrm_kineto__worker*.json.gz")
 QCU = shared_files("realtraces/nvprof_sqlite", "ZhangXin8069__qcu__test__log_x99-Yang_12368*.nvvp")
@@ -94,8 +96,10 @@ def test_ranks_come_from_distributed_info(dlrm) -> None:
         assert abs(shift) <= 2_000  # one host's clock: the collectives' ends agree to the microsecond
 
 
-def test_a_rank_shifted_by_a_known_amount_is_shifted_back(dlrm, tmp_path: Path) -> None:
-    """Rank 3's file with every timestamp 2.5 s later: its shift is 2.5 s less, to the ns."""
+def test_shifted_and_late_captures_are_aligned(dlrm, tmp_path: Path) -> None:
+    """Rank 3's file with every timestamp 2.5 s later: its shift is 2.5 s less, to the ns. Rank
+    5's file without its first all-reduce kernel (a capture that began after it): its other
+    all-reduces still meet the same collectives on the other ranks."""
     moved = tmp_path / DLRM[3].name
     trace = json.loads(gzip.decompress(DLRM[3].read_bytes()))
     for event in trace["traceEvents"]:
@@ -103,12 +107,23 @@ def test_a_rank_shifted_by_a_known_amount_is_shifted_back(dlrm, tmp_path: Path) 
             assert isinstance(event["ts"], int)  # whole microseconds: the sum is exact
             event["ts"] += 2_500_000
     moved.write_bytes(gzip.compress(json.dumps(trace).encode()))
+    late = tmp_path / DLRM[5].name
+    trace = json.loads(gzip.decompress(DLRM[5].read_bytes()))
+    first = min((e for e in trace["traceEvents"] if e.get("cat") == "kernel" and "AllReduce" in e["name"]),
+                key=lambda e: e["ts"])
+    trace["traceEvents"].remove(first)
+    late.write_bytes(gzip.compress(json.dumps(trace).encode()))
     con = open_store(tmp_path / "s.duckdb", create=True)
-    load_run(con, [*DLRM[:3], moved, *DLRM[4:]], "moved")
+    load_run(con, [*DLRM[:3], moved, DLRM[4], late, *DLRM[6:]], "moved")
     before = {r[0]: r[5] for r in ranks_of(dlrm, "dlrm8")}
     after = {r[0]: r[5] for r in ranks_of(con, "moved")}
     assert after[3] == before[3] - 2_500_000_000
     assert {r: s for r, s in after.items() if r != 3} == {r: s for r, s in before.items() if r != 3}
+    seen = comm_table(con, resolve_run(con, "moved")[0], by="instance").filter(pl.col("collective") == "all_reduce")
+    assert dict(seen.select("instance", "ranks_seen").iter_rows()) == {0: 7, 1: 8, 2: 8}
+    original = comm_table(dlrm, resolve_run(dlrm, "dlrm8")[0], by="instance").filter(pl.col("collective") == "all_reduce")
+    assert seen.filter(pl.col("instance") > 0)["start_skew_ns"].to_list() == \
+        original.filter(pl.col("instance") > 0)["start_skew_ns"].to_list()
 
 
 def test_two_nvprof_processes_are_ranks_by_gpu(tmp_path: Path) -> None:
