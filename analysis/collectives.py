@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 import duckdb
 import polars as pl
@@ -125,14 +126,22 @@ def rank_expr(ranks: list[Rank], pid: str = "pid", device: str = "device_id") ->
 
 def communication_names(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
     """The trace's kernel names that are communication: name, collective (from the name; may be null)."""
-    from traceq.analysis.classify import classify_names
+    from traceq.analysis.classify import default_rules
 
-    names = con.sql(f"SELECT name, mangled_name FROM kernel_names WHERE trace_id = {int(trace_id)}").pl()
-    if names.is_empty():
-        return pl.DataFrame(schema={"name": pl.String, "collective": pl.String})
-    classes = classify_names(names["name"], names["mangled_name"])
-    comm = classes.filter(pl.col("operation") == "communication")
-    return comm.select("name", pl.col("collective").map_elements(collective_kind, return_dtype=pl.String))
+    names = con.execute("SELECT name, mangled_name FROM kernel_names WHERE trace_id = ?", [int(trace_id)]).fetchall()
+    rules = id(default_rules())  # the ranks of a job share their names: each is classified once
+    found = [(name, kind) for name, mangled in names for comm, kind in [_communication(rules, name, mangled)] if comm]
+    return pl.DataFrame(found, schema={"name": pl.String, "collective": pl.String}, orient="row")
+
+
+@lru_cache(maxsize=1 << 16)
+def _communication(rules: int, name: str, mangled: str | None) -> tuple[bool, str | None]:
+    """(whether the kernel is communication, its collective) by the rules in use (`rules`, their
+    id, keys the cache: other rules, other answers)."""
+    from traceq.analysis.classify import default_rules
+
+    found = default_rules().classify(name, mangled)
+    return found.operation == "communication", collective_kind(found.collective)
 
 
 def comm_kernels(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:

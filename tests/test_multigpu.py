@@ -261,3 +261,26 @@ def test_what_delayed_the_latest_collective(ddp) -> None:
     assert top["delayed_by"] == cause
     assert top["delayed_ns"] == time[cause][late] - time[cause][1 - late]
     assert top["window_ns"] == windows[late][1] - windows[late][0]
+
+
+def test_64_ranks_made_from_the_dlrm_set(dlrm) -> None:
+    """bench/ranks_scale.py's 64-rank copy of the DLRM run: rank r's overlap and communication
+    are rank (r mod 8)'s; its bus bandwidth is scaled by nccl-tests' factor for 64 ranks."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ranks_scale", Path(__file__).parents[1] / "bench" / "ranks_scale.py")
+    scaler = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scaler)
+    con, run = dlrm
+    big = scaler.scale_run(con, "dlrm8", 64, "dlrm64")
+    small, large = overlap_table(con, run), overlap_table(con, big)
+    assert large.height == 8 * small.height
+    assert large.with_columns(rank=pl.col("rank") % 8).sort("rank", "iteration").equals(
+        pl.concat([small] * 8).sort("rank", "iteration"))
+    small, large = comm_table(con, run), comm_table(con, big)
+    keys = ["collective", "iteration", "rank"]
+    joined = large.with_columns(rank=pl.col("rank") % 8).join(small, on=keys, suffix="_8", nulls_equal=True)
+    assert joined.height == large.height == 8 * small.height
+    assert (joined["total_ns"] == joined["total_ns_8"]).all() and (joined["bytes"] == joined["bytes_8"]).all()
+    reduce = joined.filter(pl.col("collective") == "all_reduce")
+    assert (reduce["busbw_gbps"] / reduce["busbw_gbps_8"]).to_list() == pytest.approx([(63 / 64) / (7 / 8)] * 64)
