@@ -922,7 +922,7 @@ def memory(
 @app.command()
 def report(
     traces: Annotated[Optional[list[str]], typer.Argument(
-        help="Traces (names or ids), side by side [default: the latest loaded]", metavar="[TRACE]...",
+        help="Traces or runs (names or ids), side by side [default: the latest loaded]", metavar="[TRACE]...",
         show_default=False)] = None,
     out: Annotated[Optional[Path], typer.Option("--output", "-o", callback=_global, show_default=False,
                                                 help="The HTML file to write [default: report.html]")] = None,
@@ -937,8 +937,12 @@ def report(
     out = out or Path("report.html")
     with user_errors():
         started = time.monotonic()
-        page = _store(db).report(traces, k=top_k, title=title, spec=spec, batch=batch,
-                                 iteration_regex=iteration_regex)
+        from traceq.render.report import build_report
+
+        con = _store(db).con
+        ids = [_report_trace(con, t) for t in (traces or [None])]
+        page = build_report(con, ids, iteration_regex=_iteration_regex(iteration_regex), top_k=top_k, title=title,
+                            spec=spec, batch=batch)
         _emit(page, out)
         figures = page.count('class="figure"')
         _err(f"{len(page) / 1e6:.1f} MB, {figures} figures, "
@@ -969,6 +973,17 @@ def export(
         typer.echo(f"wrote {out}: {written['kernel']:,} kernels, {written['memop']:,} memory operations, "
                    f"{written['cuda_api']:,} API calls, {written['nvtx_range'] + written['nvtx_async'] // 2:,} NVTX "
                    f"ranges, {written['flow'] // 2:,} launch flows in {time.monotonic() - started:.1f} s")
+
+
+def _report_trace(con, ref: str | None) -> int:  # con: duckdb.DuckDBPyConnection
+    """The trace `ref` names, or, for a run's name, its rank 0's trace."""
+    from traceq.errors import NotFoundError
+
+    try:
+        return resolve_trace(con, ref)[0]
+    except NotFoundError:
+        run_id, _ = resolve_run(con, ref)
+        return int(first_row(con, "SELECT trace_id FROM ranks WHERE run_id = ? ORDER BY rank LIMIT 1", [run_id])[0])
 
 
 def main() -> None:

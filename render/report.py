@@ -39,6 +39,10 @@ FIGURE_KEYS = ("stages", "layer-time", "ce", "ru", "roofline", "top", "memory-la
                "timeline")
 """Every figure a report can hold, in page order (`fig-<key>` is its element id)."""
 
+RUN_FIGURE_KEYS = ("rank-time", "overlap", "bandwidth", "skew")
+"""The figures added after those when a trace is one rank of a run of several (`traceq comm`,
+`overlap`, `ranks`), in page order."""
+
 _CONFIG = {"displaylogo": False, "responsive": True,
            "toImageButtonOptions": {"format": "png", "scale": 2}}
 
@@ -56,6 +60,7 @@ class _Trace:
     span: tuple[int, int] = (0, 0)
     device_memory: int | None = None
     findings: pl.DataFrame | None = None
+    link: tuple[str, float] | None = None  # the run's GPU link and its one-direction peak, GB/s
 
 
 def _try(trace: _Trace, key: str, build: Callable[[], pl.DataFrame]) -> None:
@@ -118,6 +123,7 @@ def _gather(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str,
         trace.device_memory = peak["memory_bytes"]
     else:
         trace.facts["peak device memory"] = "no memory events"
+    _run(con, trace, iteration_regex)
     return trace
 
 
@@ -242,6 +248,28 @@ def _activations(con: duckdb.DuckDBPyConnection, trace: _Trace, attributed: pl.D
     trace.frames["memory-estimate"] = frame.with_columns(batch=pl.lit(batch))
 
 
+def _run(con: duckdb.DuckDBPyConnection, trace: _Trace, iteration_regex: str) -> None:
+    """The frames of the run figures, when the trace is one rank of a run of several."""
+    from traceq.analysis.comm import collective_kernels, comm_table, with_skew
+    from traceq.analysis.links import run_link
+    from traceq.analysis.overlap import overlap_table
+
+    row = con.execute("SELECT r.run_id, r.name, r.world_size FROM runs r JOIN ranks k USING (run_id) "
+                      "WHERE k.trace_id = ? LIMIT 1", [trace.trace_id]).fetchall()
+    if not row or row[0][2] < 2:
+        for key in ("run-overlap", "run-collectives", "run-bandwidth"):
+            trace.frames[key] = None
+        return
+    run_id, name, world = row[0]
+    trace.facts["run"] = f"{name}: {world} ranks"
+    trace.frames["run-overlap"] = overlap_table(con, run_id, iteration_regex)
+    _try(trace, "run-collectives", lambda: with_skew(collective_kernels(con, run_id, iteration_regex)))
+    _try(trace, "run-bandwidth", lambda: comm_table(con, run_id, "instance", iteration_regex))
+    gpu, link = run_link(con, run_id)
+    if link is not None:
+        trace.link = (f"{link.link} ({gpu})", link.gbps)
+
+
 def _charts(traces: list[_Trace]) -> tuple[list[figures.Chart], list[tuple[str, str]]]:
     """The figures, and (title, note) for those no trace could draw."""
     def frames(key: str) -> dict[str, pl.DataFrame | None]:
@@ -281,6 +309,14 @@ def _charts(traces: list[_Trace]) -> tuple[list[figures.Chart], list[tuple[str, 
         lambda: figures.library_chart(frames("libraries"), iterations))
     add("timeline", "GPU timeline", "timeline-kernels",
         lambda: figures.timeline_chart(frames("timeline-kernels"), frames("timeline-nvtx"), notes("timeline")))
+    if any(f is not None for f in frames("run-overlap").values()):  # some trace is a rank of a run
+        add("rank-time", "Time per rank and iteration", "run-overlap",
+            lambda: figures.rank_time_chart(frames("run-overlap")))
+        add("overlap", "Communication hidden under computation", "run-overlap",
+            lambda: figures.overlap_chart(frames("run-overlap")))
+        add("bandwidth", "Collective bus bandwidth", "run-bandwidth",
+            lambda: figures.bandwidth_chart(frames("run-bandwidth"), {t.name: t.link for t in traces}))
+        add("skew", "Start skew across ranks", "run-collectives", lambda: figures.skew_chart(frames("run-collectives")))
     return charts, skipped
 
 
@@ -372,7 +408,8 @@ def build_report(
     First each trace's `traceq advise` findings (`analysis.advise`), then the figures: stage
     breakdown per iteration, forward/backward time per layer, CE and RU per
     layer, the longest launches with their layer, memory per layer and over time, time per
-    library, and a GPU timeline of one iteration (see `FIGURE_KEYS`). `spec` and `batch` give
+    library, and a GPU timeline of one iteration (see `FIGURE_KEYS`); for a trace that is a rank
+    of a run of several, the run's time per rank, overlap, bus bandwidth and skew (`RUN_FIGURE_KEYS`). `spec` and `batch` give
     CE its FLOPs where the traces hold no shapes (see `efficiency.ce_table`).
     """
     if not trace_ids:

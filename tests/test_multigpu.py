@@ -284,3 +284,33 @@ def test_64_ranks_made_from_the_dlrm_set(dlrm) -> None:
     assert (joined["total_ns"] == joined["total_ns_8"]).all() and (joined["bytes"] == joined["bytes_8"]).all()
     reduce = joined.filter(pl.col("collective") == "all_reduce")
     assert (reduce["busbw_gbps"] / reduce["busbw_gbps_8"]).to_list() == pytest.approx([(63 / 64) / (7 / 8)] * 64)
+
+
+def test_report_draws_the_run_figures(ddp, dlrm) -> None:
+    """A rank of a run of several gets the four run figures after the others; the bars of the
+    time per rank add up to the rank's mean iteration span, the peak line is its GPU's link."""
+    import re
+
+    from traceq.analysis.links import link_for
+    from traceq.render.report import FIGURE_KEYS, RUN_FIGURE_KEYS, build_report
+
+    con, run = ddp
+    page = build_report(con, [1])
+    ids = re.findall(r'id="fig-([a-z-]+)"', page)
+    assert ids[-4:] == list(RUN_FIGURE_KEYS) and set(ids[:-4]) <= set(FIGURE_KEYS)
+    assert "the trace records no message sizes" in page
+    from traceq.render import figures
+
+    overlap = overlap_table(con, run)
+    chart = figures.rank_time_chart({"ddp": overlap})
+    stacked = defaultdict(float)
+    for bar in chart.figure.data:
+        for x, y in zip(bar.x, bar.y):
+            stacked[x] += y
+    spans = overlap.filter(pl.col("iteration").is_not_null()).group_by("rank").agg(pl.col("span_ns").mean())
+    assert stacked == pytest.approx({f"rank {r}": s / 1e6 for r, s in spans.iter_rows()})
+    dcon, drun = dlrm
+    chart = figures.bandwidth_chart({"dlrm": comm_table(dcon, drun, by="instance")},
+                                    {"dlrm": ("NVLink 2", link_for("Tesla V100-SXM2-32GB").gbps)})
+    assert [shape.y0 for shape in chart.figure.layout.shapes] == [150.0]
+    assert sum(len(d.x) for d in chart.figure.data) == 8  # every DLRM collective has its size
