@@ -760,8 +760,8 @@ def traffic(
 
 @app.command()
 def compare(
-    a: Annotated[str, typer.Argument(help="First trace (name or id)", metavar="A", show_default=False)],
-    b: Annotated[str, typer.Argument(help="Second trace (name or id)", metavar="B", show_default=False)],
+    a: Annotated[str, typer.Argument(help="First trace or run (name or id)", metavar="A", show_default=False)],
+    b: Annotated[str, typer.Argument(help="Second trace or run (name or id)", metavar="B", show_default=False)],
     by: Annotated[CompareBy, typer.Option(help="Rows: layer and pass, kernel name, library or stage")] = CompareBy.layer,
     spec: SpecOpt = None,
     k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k heaviest rows")] = None,
@@ -773,14 +773,26 @@ def compare(
     fmt: FormatOpt = None,
     out: OutOpt = None,
 ) -> None:
-    """Two runs side by side: GPU time (per iteration), difference, ratio, RU and CE; --gate for CI."""
+    """Two runs side by side: GPU time (per iteration), difference, ratio, RU and CE; runs of different GPU counts per GPU, with scaling efficiency; --gate for CI."""
     with user_errors():
         threshold = _percentage(gate) if gate is not None else None
-        ta = _store(db).trace(a)
-        tb = ta.store.trace(b)
+        store = _store(db)
+        (ia, na, ra, ga), (ib, nb, rb, gb) = _run_of(store.con, a), _run_of(store.con, b)
+        if (ga > 1 or gb > 1) and threshold is None:  # --gate compares the traces as they are
+            from traceq.analysis.scaling import compare_scaling
+
+            frame = compare_scaling(store.con, ra, rb, by, _iteration_regex(iteration_regex))
+            if k is not None:
+                frame = frame.head(k)
+            title = (f"a = {na} ({ga} GPU{'s' if ga > 1 else ''}) vs b = {nb} ({gb} GPU{'s' if gb > 1 else ''}) by "
+                     f"{by.value}: GPU time per GPU and iteration, b - a, b / a, scaling (fewer GPUs' time / more "
+                     "GPUs' time, 100 % = perfect weak scaling)")
+            _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
+            return
+        ta, tb = store.trace(ia), store.trace(ib)
         frame = ta.compare(tb, by, spec=spec, k=k, iteration_regex=iteration_regex)
         unit = "GPU time per iteration" if ta.per_iteration(tb, by, iteration_regex=iteration_regex) else "total GPU time"
-        title = f"a = {ta.name} vs b = {tb.name} by {by.value}: {unit}, b - a, b / a"
+        title = f"a = {na} vs b = {nb} by {by.value}: {unit}, b - a, b / a"
         _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
         if threshold is not None:
             _gate(ta.con, ta.id, tb.id, threshold, _iteration_regex(iteration_regex))
@@ -940,7 +952,7 @@ def report(
         from traceq.render.report import build_report
 
         con = _store(db).con
-        ids = [_report_trace(con, t) for t in (traces or [None])]
+        ids = [_run_of(con, t)[0] for t in (traces or [None])]
         page = build_report(con, ids, iteration_regex=_iteration_regex(iteration_regex), top_k=top_k, title=title,
                             spec=spec, batch=batch)
         _emit(page, out)
@@ -975,15 +987,19 @@ def export(
                    f"ranges, {written['flow'] // 2:,} launch flows in {time.monotonic() - started:.1f} s")
 
 
-def _report_trace(con, ref: str | None) -> int:  # con: duckdb.DuckDBPyConnection
-    """The trace `ref` names, or, for a run's name, its rank 0's trace."""
+def _run_of(con, ref: str | None) -> tuple[int, str, int, int]:  # con: duckdb.DuckDBPyConnection
+    """(trace_id, name, run_id, ranks) of what `ref` names: a trace and its run, or a run (by
+    name, the run's own) and its rank 0's trace."""
     from traceq.errors import NotFoundError
 
     try:
-        return resolve_trace(con, ref)[0]
+        trace_id, name = resolve_trace(con, ref)
+        run_id, _ = resolve_run(con, str(trace_id))
     except NotFoundError:
-        run_id, _ = resolve_run(con, ref)
-        return int(first_row(con, "SELECT trace_id FROM ranks WHERE run_id = ? ORDER BY rank LIMIT 1", [run_id])[0])
+        run_id, name = resolve_run(con, ref)
+        trace_id = int(first_row(con, "SELECT trace_id FROM ranks WHERE run_id = ? ORDER BY rank LIMIT 1", [run_id])[0])
+    ranks = int(first_row(con, "SELECT world_size FROM runs WHERE run_id = ?", [run_id])[0])
+    return trace_id, name, run_id, ranks
 
 
 def main() -> None:

@@ -58,17 +58,18 @@ def around(ranges: list[tuple[int, int, str]], t: int | None) -> str | None:
     return next((name for s, e, name in ranges if t is not None and s <= t <= e), None)
 
 
-def ddp_work() -> list[tuple]:
+def ddp_work(stages: bool = False) -> list[tuple]:
     """(rank, iteration, start, end, name, kind) of every kernel, memcpy and memset of the DDP
-    sample: rank = GPU order, iteration = the process's 'iteration N' range around the call."""
+    sample: rank = GPU order, iteration = the process's 'iteration N' range around the call;
+    with `stages`, the stage range around it too (forward, backward, ...) as a 7th item."""
     con = sqlite3.connect(f"file:{DDP}?mode=ro", uri=True)
     pid = "(globalPid >> 24) & 16777215"
     calls = {(p, c): t for p, c, t in con.execute(
         "SELECT (globalTid >> 24) & 16777215, correlationId, start FROM CUPTI_ACTIVITY_KIND_RUNTIME")}
-    iterations = defaultdict(list)
+    iterations, stage_ranges = defaultdict(list), defaultdict(list)
     for p, s, e, text in con.execute("SELECT (globalTid >> 24) & 16777215, start, end, text FROM NVTX_EVENTS "
-                                     "WHERE text LIKE 'iteration %'"):
-        iterations[p].append((s, e, text))
+                                     "WHERE text LIKE 'iteration %' OR text IN ('forward', 'backward')"):
+        (iterations if text.startswith("iteration") else stage_ranges)[p].append((s, e, text))
     devices = sorted({d for (d,) in con.execute("SELECT DISTINCT deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL")})
     work = []
     for table, name in (("CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName", "s.value"),
@@ -76,7 +77,9 @@ def ddp_work() -> list[tuple]:
         for device, p, corr, start, end, text in con.execute(
                 f"SELECT deviceId, {pid}, correlationId, start, end, {name} FROM {table}"):
             kind = "memory" if text is None else "comm" if text.startswith("nccl") else "compute"
-            work.append((devices.index(device), around(iterations[p], calls.get((p, corr))), start, end, text, kind))
+            launch = calls.get((p, corr))
+            item = (devices.index(device), around(iterations[p], launch), start, end, text, kind)
+            work.append((*item, around(stage_ranges[p], launch)) if stages else item)
     con.close()
     return work
 
@@ -314,3 +317,30 @@ def test_report_draws_the_run_figures(ddp, dlrm) -> None:
                                     {"dlrm": ("NVLink 2", link_for("Tesla V100-SXM2-32GB").gbps)})
     assert [shape.y0 for shape in chart.figure.layout.shapes] == [150.0]
     assert sum(len(d.x) for d in chart.figure.data) == 8  # every DLRM collective has its size
+
+
+def test_compare_runs_of_different_gpu_counts(ddp, tmp_path: Path) -> None:
+    """The 2-GPU DDP run against a 1-GPU trace: its forward and backward time per GPU and
+    iteration is the SQLite sum of the work launched in those ranges / 2 GPUs / 5 iterations,
+    and scaling is the 1-GPU time over it."""
+    from traceq.analysis.scaling import compare_scaling
+
+    con, run = ddp
+    load_trace(con, sample("alexnet_b256_cudnn.sqlite"))
+    single = resolve_run(con, "alexnet_b256_cudnn")[0]
+    frame = compare_scaling(con, single, run, "stage")
+    totals = defaultdict(int)
+    iterations = set()
+    for rank, iteration, start, end, _, _, stage in ddp_work(stages=True):
+        if iteration is not None:
+            totals[stage] += end - start
+            iterations.add(iteration)
+    assert len(iterations) == 5
+    rows = {r["stage"]: r for r in frame.iter_rows(named=True)}
+    for stage in ("forward", "backward"):
+        assert rows[stage]["b_ns"] == round(totals[stage] / 2 / 5)
+        assert rows[stage]["scaling_pct"] == pytest.approx(100 * rows[stage]["a_ns"] / rows[stage]["b_ns"], rel=1e-6)
+    assert (rows["forward"]["a_gpus"], rows["forward"]["b_gpus"]) == (1, 2)
+    exposed = overlap_table(con, run).filter(pl.col("iteration").is_not_null())["exposed_ns"].mean()
+    assert rows["(exposed communication)"]["b_ns"] == round(exposed)
+    assert rows["(communication)"]["a_ns"] == 0 and rows["(communication)"]["scaling_pct"] is None
