@@ -826,7 +826,8 @@ def _gate(con, a: int, b: int, threshold: float, iteration_regex: str) -> None:
 
 
 RunArg = Annotated[Optional[str], typer.Argument(
-    help="Run (or one of its traces) by name or id [default: the latest loaded]", show_default=False)]
+    help="Run (or one of its traces) by name or id [default: the latest loaded]", metavar="[RUN]",
+    show_default=False)]
 
 
 def _ranks_said(con, run_id: int) -> str:  # con: duckdb.DuckDBPyConnection

@@ -171,6 +171,12 @@ TABLE_COMMANDS = {
     **{f"stats {r}": ["stats", "--report", r, "-t", "ddp_resnet18_2gpu"]
        for r in ("cuda_api_sum", "cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "cuda_gpu_mem_size_sum", "nvtx_sum",
                  "nvtx_gpu_proj_sum", "cuda_kern_exec_sum")},
+    "comm": ["comm", "ddp_resnet18_2gpu"],
+    "comm instance": ["comm", "ddp_resnet18_2gpu", "--by", "instance"],
+    "overlap": ["overlap", "ddp_resnet18_2gpu"],
+    "ranks": ["ranks", "ddp_resnet18_2gpu"],
+    "ranks collective": ["ranks", "ddp_resnet18_2gpu", "--by", "collective"],
+    "compare gpus": ["compare", "alexnet_b256_cudnn", "ddp_resnet18_2gpu", "--by", "stage"],
 }
 """Every tabular command (and grouping), as run against `cli_store`."""
 
