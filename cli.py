@@ -366,7 +366,7 @@ def _load_run(paths: list[Path], run: str, store_path: Path, replace: bool, pyth
     for path, result in zip(paths, results):
         typer.echo(f"{result.status} {result.name!r} (trace {result.trace_id}) from {path}: "
                    f"{result.kernel_count:,} kernels in {result.seconds:.2f} s")
-    from traceq.render.table import format_duration
+    from traceq.render.columns import format_duration
 
     shift = f"; clocks aligned on collectives, largest shift {format_duration(ranks[1])}" if len(paths) > 1 else ""
     typer.echo(f"run {run!r}: {ranks[0]} ranks{shift} (`traceq ranks {run}`)")

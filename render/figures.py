@@ -705,11 +705,6 @@ COLLECTIVE_COLOURS = {"all_reduce": "#1f77b4", "reduce_scatter": "#ff7f0e", "all
 ONE_RANK = "one rank: nothing to compare"
 
 
-def _empty(fig: go.Figure, col: int, text: str) -> None:
-    """`_missing`, with an invisible point so that plotly draws the panel the note refers to."""
-    fig.add_scatter(x=[None], y=[None], showlegend=False, hoverinfo="skip", row=1, col=col)
-    _missing(fig, col, text)
-
 
 def rank_time_chart(overlaps: Frames) -> Chart:
     """Per rank, the mean iteration split into computation alone, communication hidden under
@@ -721,7 +716,7 @@ def rank_time_chart(overlaps: Frames) -> Chart:
     for col, (name, frame) in enumerate(overlaps.items(), start=1):
         frame = None if frame is None else frame.filter(pl.col("iteration").is_not_null())
         if frame is None or frame.is_empty():
-            _empty(fig, col, ONE_RANK if frame is None else "no iteration ranges")
+            _panel_note(fig, col, ONE_RANK if frame is None else "no iteration ranges")
             continue
         mean = frame.group_by("rank").agg(pl.exclude("iteration", "hidden_pct").mean()).sort("rank")
         parts = {"compute": mean["compute_ns"] - mean["overlap_ns"], "hidden comm": mean["overlap_ns"],
@@ -750,7 +745,7 @@ def overlap_chart(overlaps: Frames) -> Chart:
     for col, (name, frame) in enumerate(overlaps.items(), start=1):
         frame = None if frame is None else frame.filter(pl.col("iteration").is_not_null() & (pl.col("comm_ns") > 0))
         if frame is None or frame.is_empty():
-            _empty(fig, col, ONE_RANK if frame is None else "no communication in iterations")
+            _panel_note(fig, col, ONE_RANK if frame is None else "no communication in iterations")
             continue
         for rank, ranked in frame.partition_by("rank", as_dict=True, maintain_order=True).items():
             fig.add_scatter(x=ranked["iteration"].to_list(), y=ranked["hidden_pct"].to_list(), mode="lines+markers",
@@ -780,7 +775,7 @@ def bandwidth_chart(collectives: Frames, links: Mapping[str, tuple[str, float] |
     for col, (name, frame) in enumerate(collectives.items(), start=1):
         sized = None if frame is None else frame.filter(pl.col("busbw_gbps").is_not_null())
         if sized is None or sized.is_empty():
-            _empty(fig, col, ONE_RANK if frame is None else "the trace records no message sizes")
+            _panel_note(fig, col, ONE_RANK if frame is None else "the trace records no message sizes")
             continue
         for collective, part in sized.partition_by("collective", as_dict=True, maintain_order=True).items():
             fig.add_scatter(x=part["bytes"].to_list(), y=part["busbw_gbps"].to_list(), mode="markers",
@@ -810,7 +805,7 @@ def skew_chart(kernels: Frames) -> Chart:
     for col, (name, frame) in enumerate(kernels.items(), start=1):
         known = None if frame is None else frame.filter(pl.col("instance").is_not_null())
         if known is None or known.is_empty():
-            _empty(fig, col, ONE_RANK if frame is None else "no collective matched across ranks")
+            _panel_note(fig, col, ONE_RANK if frame is None else "no collective matched across ranks")
             continue
         order = (known.group_by("collective", "group", "instance").agg(first=pl.col("first_start_ns").min())
                  .sort("first").with_row_index("column"))
