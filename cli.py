@@ -996,8 +996,11 @@ def _run_of(con, ref: str | None) -> tuple[int, str, int, int]:  # con: duckdb.D
     try:
         trace_id, name = resolve_trace(con, ref)
         run_id, _ = resolve_run(con, str(trace_id))
-    except NotFoundError:
-        run_id, name = resolve_run(con, ref)
+    except NotFoundError as no_trace:
+        try:
+            run_id, name = resolve_run(con, ref)
+        except NotFoundError:
+            raise no_trace from None
         trace_id = int(first_row(con, "SELECT trace_id FROM ranks WHERE run_id = ? ORDER BY rank LIMIT 1", [run_id])[0])
     ranks = int(first_row(con, "SELECT world_size FROM runs WHERE run_id = ?", [run_id])[0])
     return trace_id, name, run_id, ranks
