@@ -172,13 +172,18 @@ def _show_trace_table(
 
 def _show_run_table(
     run: str | None, db: Path | None, fmt: Format | None, out: Path | None,
-    build: Callable[[object, int, str], tuple[object, str]],
+    build: Callable[[object, int, str, Callable[[int, int], None]], tuple[object, str]],
 ) -> None:
-    """`_show_trace_table` for the commands over a run: `build(con, run_id, run_name)`."""
+    """`_show_trace_table` for the commands over a run: `build(con, run_id, run_name, progress)`,
+    progress a bar (after a second, on a terminal) over the run's traces."""
     with user_errors():
         con = _store(db).con
         run_id, run_name = resolve_run(con, run)
-        frame, title = build(con, run_id, run_name)
+        progress = _LazyProgress(f"reading {run_name}")
+        try:
+            frame, title = build(con, run_id, run_name, progress)
+        finally:
+            progress.close()
         _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
 
 
@@ -848,8 +853,8 @@ def comm(
     """Collective communication (NCCL, RCCL) per collective, iteration and rank: time, bytes, algorithm and bus bandwidth, start and end skew."""
     from traceq.analysis.comm import comm_table
 
-    def build(con, run_id: int, run_name: str):
-        frame = comm_table(con, run_id, by.value, _iteration_regex(iteration_regex))
+    def build(con, run_id: int, run_name: str, progress):
+        frame = comm_table(con, run_id, by.value, _iteration_regex(iteration_regex), progress)
         what = ("per collective, iteration and rank" if by is CommBy.rank
                 else "per collective across ranks (time, bandwidth: on the last rank to start)")
         return frame, (f"{run_name}: collective communication {what} ({_ranks_said(con, run_id)}; "
@@ -869,8 +874,8 @@ def overlap(
     """Per rank and iteration: computation, communication, the share of communication hidden under computation, exposed communication, idle time."""
     from traceq.analysis.overlap import overlap_table
 
-    def build(con, run_id: int, run_name: str):
-        frame = overlap_table(con, run_id, _iteration_regex(iteration_regex))
+    def build(con, run_id: int, run_name: str, progress):
+        frame = overlap_table(con, run_id, _iteration_regex(iteration_regex), progress)
         return frame, (f"{run_name}: communication against computation per rank and iteration "
                        f"({_ranks_said(con, run_id)}; hidden = communication while computation ran)")
 
@@ -892,13 +897,13 @@ def ranks(
     """Ranks side by side: iteration time, time waiting for other ranks, the slowest rank, and what delayed late collectives."""
     from traceq.analysis.ranks import late_collectives, rank_iterations
 
-    def build(con, run_id: int, run_name: str):
+    def build(con, run_id: int, run_name: str, progress):
         regex = _iteration_regex(iteration_regex)
         if by is RanksBy.collective:
-            return late_collectives(con, run_id, k, regex), (
+            return late_collectives(con, run_id, k, regex, progress), (
                 f"{run_name}: the {k} collectives that started latest on their last rank, and the layer or "
                 f"kernel that ran longer there than on the others before it ({_ranks_said(con, run_id)})")
-        return rank_iterations(con, run_id, regex), (
+        return rank_iterations(con, run_id, regex, progress), (
             f"{run_name}: iteration time per rank ({_ranks_said(con, run_id)}; wait: in collectives for later "
             "ranks; slowest: the most time not waiting; shift: added to the rank's clock)")
 

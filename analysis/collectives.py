@@ -20,6 +20,7 @@ rank runs a job's collectives in the same order, so the numbers line up (`match_
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -103,12 +104,25 @@ def run_ranks(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Rank]:
     return [Rank(int(r[0]), int(r[1]), r[2], r[3], int(r[4]), float(r[5] or 0.0), int(r[6] or 0)) for r in rows]
 
 
+Progress = Callable[[int, int], None]
+"""Called with (traces done, traces in all) as an analysis goes through a run's traces."""
+
+
 def by_trace(ranks: list[Rank]) -> dict[int, list[Rank]]:
     """The ranks grouped by the trace that holds them, traces in rank order."""
     traces: dict[int, list[Rank]] = {}
     for r in ranks:
         traces.setdefault(r.trace_id, []).append(r)
     return traces
+
+
+def each_trace(ranks: list[Rank], progress: Progress | None = None) -> Iterator[tuple[int, list[Rank]]]:
+    """`by_trace`'s (trace_id, ranks), calling `progress` after each trace."""
+    traces = by_trace(ranks)
+    for done, item in enumerate(traces.items(), start=1):
+        yield item
+        if progress is not None:
+            progress(done, len(traces))
 
 
 def rank_expr(ranks: list[Rank], pid: str = "pid", device: str = "device_id") -> pl.Expr:

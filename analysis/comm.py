@@ -19,7 +19,7 @@ import polars as pl
 
 from traceq.analysis.attribution import ITERATION_REGEX, attribute_points
 from traceq.analysis.collectives import (
-    BUS_FACTORS, by_trace, comm_kernels, match_instances, on_run_clock, rank_expr, run_ranks,
+    BUS_FACTORS, Progress, comm_kernels, each_trace, match_instances, on_run_clock, rank_expr, run_ranks,
 )
 from traceq.errors import MissingDataError
 
@@ -27,7 +27,8 @@ GB = 1e9
 
 
 def collective_kernels(
-    con: duckdb.DuckDBPyConnection, run_id: int, iteration_regex: str = ITERATION_REGEX
+    con: duckdb.DuckDBPyConnection, run_id: int, iteration_regex: str = ITERATION_REGEX,
+    progress: Progress | None = None,
 ) -> pl.DataFrame:
     """Every communication kernel of every rank of the run, on the run's clock.
 
@@ -45,7 +46,7 @@ def collective_kernels(
     ranks = run_ranks(con, run_id)
     world = _world_sizes(con, run_id)
     frames = []
-    for trace_id, in_trace in by_trace(ranks).items():
+    for trace_id, in_trace in each_trace(ranks, progress):
         k = comm_kernels(con, trace_id).with_columns(rank=rank_expr(in_trace)).drop_nulls("rank")
         if k.is_empty():
             continue
@@ -97,7 +98,8 @@ def _bandwidths(bytes_: pl.Expr, time_ns: pl.Expr, collective: pl.Expr, ranks: p
 
 
 def comm_table(
-    con: duckdb.DuckDBPyConnection, run_id: int, by: str = "rank", iteration_regex: str = ITERATION_REGEX
+    con: duckdb.DuckDBPyConnection, run_id: int, by: str = "rank", iteration_regex: str = ITERATION_REGEX,
+    progress: Progress | None = None,
 ) -> pl.DataFrame:
     """Collective communication per collective, iteration and rank (`by='rank'`), or per
     collective instance across ranks (`by='instance'`).
@@ -112,7 +114,7 @@ def comm_table(
     (its kernel time on the last rank: the transfer, without waiting), algbw_gbps, busbw_gbps
     (of that time), max_ns (the longest kernel time: the first rank's wait included).
     """
-    kernels = with_skew(collective_kernels(con, run_id, iteration_regex))
+    kernels = with_skew(collective_kernels(con, run_id, iteration_regex, progress))
     if by == "instance":
         return _by_instance(kernels, run_start_ns(con, run_id))
     order = kernels.group_by("iteration").agg(first=pl.col("start_ns").min())

@@ -23,7 +23,9 @@ import duckdb
 import polars as pl
 
 from traceq.analysis.attribution import ITERATION_REGEX, gpu_operations
-from traceq.analysis.collectives import by_trace, communication_names, on_run_clock, rank_expr, run_ranks
+from traceq.analysis.collectives import (
+    Progress, communication_names, each_trace, on_run_clock, rank_expr, run_ranks,
+)
 
 COLUMNS = ("rank", "iteration", "span_ns", "compute_ns", "comm_ns", "overlap_ns", "hidden_pct", "exposed_ns",
            "idle_ns")
@@ -67,7 +69,8 @@ def interval_sums(work: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
 
 
 def overlap_table(
-    con: duckdb.DuckDBPyConnection, run_id: int, iteration_regex: str = ITERATION_REGEX
+    con: duckdb.DuckDBPyConnection, run_id: int, iteration_regex: str = ITERATION_REGEX,
+    progress: Progress | None = None,
 ) -> pl.DataFrame:
     """Per rank and iteration: span_ns, compute_ns, comm_ns, overlap_ns, hidden_pct (% of
     comm_ns), exposed_ns, idle_ns, as the module docstring defines them. Work launched outside
@@ -75,7 +78,7 @@ def overlap_table(
     then rank."""
     keys = ["rank", "iteration"]
     parts = []
-    for trace_id, ranks in by_trace(run_ranks(con, run_id)).items():
+    for trace_id, ranks in each_trace(run_ranks(con, run_id), progress):
         sums = interval_sums(rank_work(con, trace_id, ranks, iteration_regex), keys)
         parts.append(sums.with_columns(*on_run_clock(ranks, "first_ns")))
     frame = pl.concat(parts)

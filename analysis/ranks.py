@@ -20,7 +20,7 @@ import duckdb
 import polars as pl
 
 from traceq.analysis.attribution import ITERATION_REGEX, kernel_launches, point_contexts
-from traceq.analysis.collectives import Rank, by_trace, on_run_clock, rank_expr, run_ranks
+from traceq.analysis.collectives import Progress, Rank, each_trace, on_run_clock, rank_expr, run_ranks
 from traceq.analysis.comm import collective_kernels, with_skew
 from traceq.analysis.overlap import interval_sums, overlap_table
 from traceq.errors import MissingDataError
@@ -30,16 +30,18 @@ IDLE = "(GPU idle)"
 
 
 def rank_iterations(
-    con: duckdb.DuckDBPyConnection, run_id: int, iteration_regex: str = ITERATION_REGEX
+    con: duckdb.DuckDBPyConnection, run_id: int, iteration_regex: str = ITERATION_REGEX,
+    progress: Progress | None = None,
 ) -> pl.DataFrame:
     """Per iteration and rank: span_ns (first start to last end of its GPU work), comm_ns,
     wait_ns (in collectives, for later ranks), work_ns (span_ns - wait_ns), slowest (the rank
     of the iteration with the most work_ns), last_starts (collectives it was the last to start),
     shift_ns and drift_ppm (what puts the rank's times on the run's clock: `ranks` table). By iteration,
     then rank; work outside iteration ranges left out."""
-    spans = overlap_table(con, run_id, iteration_regex).filter(pl.col("iteration").is_not_null())
+    halves = [None, None] if progress is None else [lambda d, n: progress(d, 2 * n), lambda d, n: progress(n + d, 2 * n)]
+    spans = overlap_table(con, run_id, iteration_regex, halves[0]).filter(pl.col("iteration").is_not_null())
     try:
-        kernels = with_skew(collective_kernels(con, run_id, iteration_regex))
+        kernels = with_skew(collective_kernels(con, run_id, iteration_regex, halves[1]))
     except MissingDataError:  # no collectives: nobody waits
         kernels = None
     if kernels is not None:
@@ -61,7 +63,8 @@ def rank_iterations(
 
 
 def late_collectives(
-    con: duckdb.DuckDBPyConnection, run_id: int, k: int = 10, iteration_regex: str = ITERATION_REGEX
+    con: duckdb.DuckDBPyConnection, run_id: int, k: int = 10, iteration_regex: str = ITERATION_REGEX,
+    progress: Progress | None = None,
 ) -> pl.DataFrame:
     """The `k` collectives with the largest start skew, and what delayed each (see the module
     docstring). Columns: collective, group, instance, iteration, start_skew_ns, last_rank, delayed_by
@@ -78,7 +81,7 @@ def late_collectives(
                                  window_ns=pl.lit(None, pl.Int64))
     windows = _windows(kernels, late)
     parts = [_window_kernels(con, trace_id, ranks, windows, iteration_regex)
-             for trace_id, ranks in by_trace(run_ranks(con, run_id)).items()]
+             for trace_id, ranks in each_trace(run_ranks(con, run_id), progress)]
     inside, firsts = pl.concat([p[0] for p in parts]), pl.concat([p[1] for p in parts])
     common = firsts.group_by("iteration").agg(common_ns=pl.col("first_ns").min())
     windows = (windows.join(common, on="iteration", how="left", nulls_equal=True)
