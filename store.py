@@ -210,24 +210,38 @@ def first_row(con: duckdb.DuckDBPyConnection, sql: str, params: object = None) -
     return rows[0] if rows else None
 
 
+def _by_name_or_id(con: duckdb.DuckDBPyConnection, table: str, key: str, ref: str | None, empty: str) -> tuple | None:
+    """(key, name) of the row of `table` named `ref`, or whose `key` is `ref` as a number, or
+    for None the latest (the highest key).
+
+    Raises:
+        NotFoundError: `empty`, when `ref` is None and the table is empty.
+    """
+    if ref is None:
+        row = first_row(con, f"SELECT {key}, name FROM {table} ORDER BY {key} DESC LIMIT 1")
+        if row is None:
+            raise NotFoundError(empty)
+        return row
+    row = first_row(con, f"SELECT {key}, name FROM {table} WHERE name = ?", [ref])
+    if row is None and ref.isdigit():
+        row = first_row(con, f"SELECT {key}, name FROM {table} WHERE {key} = ?", [int(ref)])
+    return row
+
+
+def _held(con: duckdb.DuckDBPyConnection, table: str, key: str) -> str:
+    names = [r[0] for r in con.execute(f"SELECT name FROM {table} ORDER BY {key}").fetchall()]
+    return ", ".join(names[:10]) + (" ..." if len(names) > 10 else "") if names else "nothing"
+
+
 def resolve_trace(con: duckdb.DuckDBPyConnection, ref: str | None) -> tuple[int, str]:
     """The (trace_id, name) that `ref` names: a name, an id, or None for the latest loaded.
 
     Raises:
         NotFoundError: the store holds no such trace (the message lists what it holds).
     """
-    if ref is None:
-        row = first_row(con, "SELECT trace_id, name FROM traces ORDER BY trace_id DESC LIMIT 1")
-        if row is None:
-            raise NotFoundError("the store holds no traces: load one with `traceq load TRACE`")
-        return int(row[0]), str(row[1])
-    row = first_row(con, "SELECT trace_id, name FROM traces WHERE name = ?", [ref])
-    if row is None and ref.isdigit():
-        row = first_row(con, "SELECT trace_id, name FROM traces WHERE trace_id = ?", [int(ref)])
+    row = _by_name_or_id(con, "traces", "trace_id", ref, "the store holds no traces: load one with `traceq load TRACE`")
     if row is None:
-        names = [r[0] for r in con.execute("SELECT name FROM traces ORDER BY trace_id").fetchall()]
-        held = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "") if names else "nothing"
-        raise NotFoundError(f"no trace {ref!r} in the store (it holds: {held})")
+        raise NotFoundError(f"no trace {ref!r} in the store (it holds: {_held(con, 'traces', 'trace_id')})")
     return int(row[0]), str(row[1])
 
 
@@ -238,21 +252,12 @@ def resolve_run(con: duckdb.DuckDBPyConnection, ref: str | None) -> tuple[int, s
     Raises:
         NotFoundError: the store holds no such run or trace (the message lists the runs).
     """
-    if ref is None:
-        row = first_row(con, "SELECT run_id, name FROM runs ORDER BY run_id DESC LIMIT 1")
-        if row is None:
-            raise NotFoundError("the store holds no runs: load one with `traceq load TRACE...`")
-        return int(row[0]), str(row[1])
-    row = first_row(con, "SELECT run_id, name FROM runs WHERE name = ?", [ref])
-    if row is None and ref.isdigit():
-        row = first_row(con, "SELECT run_id, name FROM runs WHERE run_id = ?", [int(ref)])
+    row = _by_name_or_id(con, "runs", "run_id", ref, "the store holds no runs: load one with `traceq load TRACE...`")
     if row is None:
         try:
             trace_id, _ = resolve_trace(con, ref)
         except NotFoundError:
-            names = [r[0] for r in con.execute("SELECT name FROM runs ORDER BY run_id").fetchall()]
-            held = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "") if names else "nothing"
-            raise NotFoundError(f"no run or trace {ref!r} in the store (runs: {held})") from None
+            raise NotFoundError(f"no run or trace {ref!r} in the store (runs: {_held(con, 'runs', 'run_id')})") from None
         row = first_row(con, "SELECT r.run_id, r.name FROM runs r JOIN ranks k USING (run_id) "
                              "WHERE k.trace_id = ? LIMIT 1", [trace_id])
         if row is None:

@@ -106,6 +106,25 @@ def resnet50_store(tmp_path_factory: pytest.TempPathFactory):
     con.close()
 
 
+DLRM = shared_files("realtraces/kineto_json", "facebookresearch__param__dlrm_kineto__worker*.json.gz")
+"""The 8 ranks of the PARAM DLRM Kineto job (one file per rank)."""
+
+
+@pytest.fixture(scope="session")
+def dlrm_store(tmp_path_factory: pytest.TempPathFactory):
+    """(connection, run id) of a store holding the 8 DLRM rank files as the run 'dlrm8', loaded
+    once for the session; skips without ../shared."""
+    from traceq.ingest import load_run
+    from traceq.store import open_store
+
+    if len(DLRM) != 8:
+        pytest.skip("the DLRM rank files are absent")
+    con = open_store(tmp_path_factory.mktemp("dlrm") / "dlrm.duckdb", create=True)
+    load_run(con, DLRM, "dlrm8")
+    yield con, int(con.execute("SELECT run_id FROM runs WHERE name = 'dlrm8'").fetchone()[0])
+    con.close()
+
+
 def assert_load_refused(db: Path, target: Path | list[Path], *words: str, options: tuple[str, ...] = ()) -> str:
     """`traceq load target [options]` fails as bad input must: one `traceq:` line on stderr
     naming `words`, exit 1, no traceback, and the store file byte for byte as it was (or still

@@ -16,16 +16,15 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import sample, shared, shared_files
+from conftest import DLRM, sample, shared
 
 from traceq.analysis.comm import comm_table
 from traceq.analysis.overlap import overlap_table
 from traceq.analysis.ranks import IDLE, late_collectives, rank_iterations
-from traceq.ingest import load_run, load_trace
+from traceq.ingest import load_trace
 from traceq.store import open_store, resolve_run
 
 DDP = sample("ddp_resnet18_2gpu.sqlite")
-DLRM = shared_files("realtraces/kineto_json", "facebookresearch__param__dlrm_kineto__worker*.json.gz")
 
 
 def union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -131,13 +130,8 @@ def ddp(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="module")
-def dlrm(tmp_path_factory: pytest.TempPathFactory):
-    if len(DLRM) != 8:
-        pytest.skip("the DLRM rank files are absent")
-    con = open_store(tmp_path_factory.mktemp("dlrm") / "s.duckdb", create=True)
-    load_run(con, DLRM, "dlrm8")
-    yield con, resolve_run(con, "dlrm8")[0]
-    con.close()
+def dlrm(dlrm_store):
+    return dlrm_store
 
 
 @pytest.mark.parametrize("which", ["ddp", "dlrm"])

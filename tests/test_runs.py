@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import assert_load_refused, sample, shared, shared_files
+from conftest import DLRM, assert_load_refused, sample, shared, shared_files
 from typer.testing import CliRunner
 
 from traceq.analysis.comm import comm_table
@@ -24,7 +24,6 @@ from traceq.cli import app
 from traceq.ingest import load_run, load_trace
 from traceq.store import open_store, resolve_run
 
-DLRM = shared_files("realtraces/kineto_json", "facebookresearch__param__dlrm_kineto__worker*.json.gz")
 QCU = shared_files("realtraces/nvprof_sqlite", "ZhangXin8069__qcu__test__log_x99-Yang_12368*.nvvp")
 BLINK = "UCBerkeley-Spring2022-CS267-project__blinkplus-nccl-base__output.nvvp"
 
@@ -76,14 +75,9 @@ def test_one_process_on_four_gpus_is_four_ranks(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def dlrm(tmp_path_factory: pytest.TempPathFactory):
-    """A store holding the 8 DLRM rank files as the run 'dlrm8'; skips without ../shared."""
-    if len(DLRM) != 8:
-        pytest.skip("the DLRM rank files are absent")
-    con = open_store(tmp_path_factory.mktemp("dlrm") / "d.duckdb", create=True)
-    load_run(con, DLRM, "dlrm8")
-    yield con
-    con.close()
+def dlrm(dlrm_store):
+    """The store holding the 8 DLRM rank files as the run 'dlrm8'."""
+    return dlrm_store[0]
 
 
 def test_ranks_come_from_distributed_info(dlrm) -> None:
