@@ -84,11 +84,10 @@ def load_trace(
     engine: str | None = None,
     python_functions: bool = False,
     attribute: bool | None = None,
-    run: str | None = None,
     transaction: bool = True,
 ) -> LoadResult:
-    """Load the trace file at `path` into the store `con`, as a run of its own (`runs`, named
-    `run`, by default as the trace) unless `transaction` is False.
+    """Load the trace file at `path` into the store `con`, as a run of its own named as the
+    trace (`runs`) unless `transaction` is False.
 
     Args:
         name: the trace's name in the store (default: the file's name without its suffix,
@@ -161,7 +160,7 @@ def load_trace(
             attribute_trace(con, trace_id)
         _record_trace(con, trace_id, name, path, digest(), info, time.perf_counter() - started)
         if transaction:
-            register_run(con, run or name, [trace_id])
+            register_run(con, name, [trace_id])
             check_runs_whole(con)
             con.execute("COMMIT")
     except BaseException:
@@ -206,6 +205,8 @@ def load_run(
     is exactly as it was.
 
     Args:
+        replace: replace traces with the same content or name, and a run of the same name
+            (with all its traces), instead of refusing.
         progress: called with (file index, rows read so far, rows expected) while reading.
         Others: as `load_trace`.
 
@@ -216,6 +217,10 @@ def load_run(
     """
     con.execute("BEGIN TRANSACTION")
     try:
+        if replace:
+            for (trace_id,) in con.execute("SELECT DISTINCT trace_id FROM ranks JOIN runs USING (run_id) "
+                                           "WHERE runs.name = ?", [run]).fetchall():
+                delete_trace(con, trace_id)
         results = []
         for i, path in enumerate(paths):
             step = None if progress is None else (lambda done, total, i=i: progress(i, done, total))

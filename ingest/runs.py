@@ -71,7 +71,8 @@ def register_run(con: duckdb.DuckDBPyConnection, name: str, trace_ids: list[int]
             ranks that cannot be told apart), or the name is taken.
     """
     if first_row(con, "SELECT 1 FROM runs WHERE name = ?", [name]):
-        raise RunError(f"a run named {name!r} is already loaded: pass --run with another name, or --replace")
+        raise RunError(f"a run named {name!r} is already loaded: choose another name (--run NAME, or --name NAME "
+                       "for a file loaded alone), or --replace")
     traces = [_trace(con, t) for t in trace_ids]
     if len(traces) > 1:
         _check_one_job(traces)
