@@ -83,27 +83,39 @@ def ddp_work(stages: bool = False) -> list[tuple]:
     return work
 
 
-def dlrm_work() -> list[tuple]:
-    """The same for the 8 DLRM rank files: rank = distributedInfo.rank, iteration = the
-    ProfilerStep#N range of the process around the launching call, times in ns."""
+def kineto_work(path: Path) -> list[tuple]:
+    """The same for one Kineto rank file: rank = distributedInfo.rank, iteration = the
+    ProfilerStep#N range of the process around the launching runtime or driver call, times in
+    ns (the file's decimal microseconds times 1000, rounded half up)."""
+    from decimal import ROUND_HALF_UP, Decimal
+
+    def ns(us: Decimal | int) -> int:
+        return int((Decimal(us) * 1000).to_integral_value(ROUND_HALF_UP))
+
+    with gzip.open(path, "rb") as f:
+        trace = json.load(f, parse_float=Decimal)
+    rank = trace["distributedInfo"]["rank"]
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    calls = {e["args"]["correlation"]: ns(e["ts"]) for e in events
+             if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    steps = [(ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), e["name"]) for e in events
+             if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
     work = []
-    for path in DLRM:
-        with gzip.open(path, "rb") as f:
-            trace = json.load(f)
-        rank = trace["distributedInfo"]["rank"]
-        events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-        calls = {e["args"]["correlation"]: e["ts"] * 1000 for e in events
-                 if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
-        steps = [(e["ts"] * 1000, (e["ts"] + e["dur"]) * 1000, e["name"]) for e in events
-                 if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
-        for e in events:
-            cat = e.get("cat")
-            if cat not in ("kernel", "gpu_memcpy", "gpu_memset"):
-                continue
-            kind = "memory" if cat != "kernel" else "comm" if "nccl" in e["name"] else "compute"
-            launch = calls.get(e.get("args", {}).get("correlation"))
-            work.append((rank, around(steps, launch), e["ts"] * 1000, (e["ts"] + e["dur"]) * 1000, e["name"], kind))
+    for e in events:
+        cat = e.get("cat")
+        if cat not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        # communication: NCCL/RCCL kernels, and PyTorch's symmetric-memory all-reduce (B200)
+        comm = "nccl" in e["name"] or "multimem_all_reduce" in e["name"]
+        kind = "memory" if cat != "kernel" else "comm" if comm else "compute"
+        launch = calls.get(e.get("args", {}).get("correlation"))
+        work.append((rank, around(steps, launch), ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), e["name"], kind))
     return work
+
+
+def dlrm_work() -> list[tuple]:
+    """`kineto_work` of the 8 DLRM rank files."""
+    return [item for path in DLRM for item in kineto_work(path)]
 
 
 def independent_overlap(work: list[tuple]) -> dict[tuple, dict[str, int]]:
@@ -159,6 +171,34 @@ def test_overlap_equals_an_interval_computation(which: str, request) -> None:
         assert r["hidden_pct"] == pytest.approx(100 * r["overlap_ns"] / r["comm_ns"])
         assert r["exposed_ns"] == r["comm_ns"] - r["overlap_ns"]
     assert sum(v["overlap_ns"] for v in expected.values()) > 0
+
+
+RANK_FILES = [
+    "AMD-AGI__TraceLens__mi300__resnet_act_checkpoint.json.gz",  # RCCL on MI300X, rank 0 of 8, 17 kernels
+    "AMD-AGI__TraceLens__b200__eager_trace.json.gz",  # B200, rank 0 of 8, NCCL all-gather, 73 multimem all-reduces
+    "facebookresearch__HolisticTraceAnalysis__trace_diff__control.json.gz",  # A100, rank 3 of 8, 60 kernels
+]
+"""Corpus files that are one rank of a larger job (distributedInfo), beyond the DLRM set."""
+
+
+@pytest.mark.parametrize("name", RANK_FILES)
+def test_one_rank_of_a_larger_job(name: str, tmp_path: Path) -> None:
+    """A file loaded alone is a run of its one rank (the rank distributedInfo names); its
+    communication time and overlap per iteration equal the independent reading of the JSON."""
+    path = shared("realtraces", "kineto_json", name)
+    con = open_store(tmp_path / "s.duckdb", create=True)
+    load_trace(con, path)
+    run = resolve_run(con, path.stem)[0]
+    work = kineto_work(path)
+    comm = [(rank, end - start) for rank, _, start, end, _, kind in work if kind == "comm"]
+    assert comm, "no NCCL/RCCL kernel in the file"
+    frame = comm_table(con, run).group_by("rank").agg(pl.col("total_ns").sum(), pl.col("calls").sum())
+    assert frame.rows() == [(comm[0][0], sum(t for _, t in comm), len(comm))]
+    overlap = overlap_table(con, run)
+    got = {(r["rank"], r["iteration"]): {k: r[k] for k in ("span_ns", "compute_ns", "comm_ns", "overlap_ns", "idle_ns")}
+           for r in overlap.iter_rows(named=True)}
+    assert got == independent_overlap(work)
+    con.close()
 
 
 def test_bus_bandwidth_of_an_all_reduce_of_known_size(dlrm) -> None:

@@ -131,6 +131,16 @@ def test_two_nvprof_processes_are_ranks_by_gpu(tmp_path: Path) -> None:
     assert all(len(d) == 1 for d in devices.values())
     (matched, residual), = con.execute("SELECT shift_collectives, shift_residual_ns FROM ranks WHERE rank = 1").fetchall()
     assert matched >= 100 and residual < 2_000  # all-reduces end within 2 us once the clocks agree
+    nccl_ns = {}  # per file: the sum of its NCCL kernels' durations, as nvprof recorded them
+    for path in QCU:
+        source = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        nccl_ns[path.stem] = source.execute(
+            "SELECT sum(k.\"end\" - k.start) FROM CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL k "
+            "JOIN StringTable s ON s._id_ = k.name WHERE s.value LIKE '%nccl%'").fetchone()[0]
+        source.close()
+    per_rank = dict(comm_table(con, resolve_run(con, "qcu")[0]).group_by("rank").agg(pl.col("total_ns").sum()).iter_rows())
+    # durations are each rank's own clock's (the drift fit moves starts and ends, not lengths)
+    assert per_rank == {r[0]: nccl_ns[r[1]] for r in ranks}
 
 
 def rewritten(path: Path, out: Path, **info: int) -> Path:
