@@ -198,6 +198,22 @@ def test_one_rank_of_a_larger_job(name: str, tmp_path: Path) -> None:
     got = {(r["rank"], r["iteration"]): {k: r[k] for k in ("span_ns", "compute_ns", "comm_ns", "overlap_ns", "idle_ns")}
            for r in overlap.iter_rows(named=True)}
     assert got == independent_overlap(work)
+    # sizes where the kernels carry them (not in HTA's file: its sizes are on annotations, as in
+    # the DLRM test): bytes = max(In, Out msg nelems) x the dtype's size, bus bandwidth = nccl-tests'
+    # factor of the group size x bytes / the kernel's time
+    factors = {"allreduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1, "_allgather_base": lambda n: (n - 1) / n}
+    with gzip.open(path, "rb") as f:
+        sized = sorted((e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"
+                        and "Collective name" in e.get("args", {})), key=lambda e: e["ts"])
+    assert len(sized) == {"mi300": 12, "b200": 1}.get(name.split("__")[2], 0)
+    instances = comm_table(con, run, by="instance").filter(pl.col("bytes").is_not_null())
+    assert instances.height == len(sized) or not sized
+    for row, kernel in zip(instances.iter_rows(named=True), sized):
+        a = kernel["args"]
+        size = {"BFloat16": 2, "Long": 8}[a["dtype"]] * max(a["In msg nelems"], a["Out msg nelems"])
+        assert row["bytes"] == size
+        assert row["time_ns"] == pytest.approx(kernel["dur"] * 1000, abs=1)
+        assert row["busbw_gbps"] == pytest.approx(factors[a["Collective name"]](a["Group size"]) * size / row["time_ns"])
     con.close()
 
 
