@@ -69,7 +69,8 @@ def late_collectives(
     """The `k` collectives with the largest start skew, and what delayed each (see the module
     docstring). Columns: collective, group, instance, iteration, start_skew_ns, last_rank, delayed_by
     (a layer, a kernel's short name, or IDLE), delayed_ns (its time on the last rank minus the
-    other ranks' mean, in the window before the collective), window_ns (the last rank's window)."""
+    other ranks' mean, in the window before the collective; both null when nothing took longer
+    on the last rank: the delay began before the window), window_ns (the last rank's window)."""
     kernels = with_skew(collective_kernels(con, run_id, iteration_regex)).filter(pl.col("instance").is_not_null())
     late = (kernels.filter(pl.col("start_ns") == pl.col("last_start_ns"))
             .unique(["collective", "group", "instance"], keep="first")
@@ -102,7 +103,8 @@ def late_collectives(
             .with_columns(delayed_ns=(pl.col("last") - pl.col("rest") / (pl.col("n") - 1).clip(1)).round().cast(pl.Int64))
             .sort(*key, "delayed_ns", "what", descending=[False] * len(key) + [True, False])
             .group_by(key, maintain_order=True).first()
-            .select(*key, delayed_by="what", delayed_ns="delayed_ns"))
+            .select(*key, delayed_by=pl.when(pl.col("delayed_ns") > 0).then("what"),  # else nothing ran longer
+                    delayed_ns=pl.when(pl.col("delayed_ns") > 0).then("delayed_ns")))
     window = (windows.join(late.select(*key, "last_rank"), on=key, nulls_equal=True).filter(on_last)
               .select(*key, window_ns=pl.col("w_end") - pl.col("w_start")))
     return (late.join(diff, on=key, how="left", nulls_equal=True).join(window, on=key, how="left", nulls_equal=True)

@@ -314,6 +314,10 @@ def test_what_delayed_the_latest_collective(ddp) -> None:
     assert top["delayed_by"] == cause
     assert top["delayed_ns"] == time[cause][late] - time[cause][1 - late]
     assert top["window_ns"] == windows[late][1] - windows[late][0]
+    every = late_collectives(con, run, k=100)  # a cause is named only where it took longer on the late rank
+    assert every.height == sum(p["starts"][0] != p["starts"][1] for p in ddp_pairs())
+    assert (every["delayed_by"].is_null() == every["delayed_ns"].is_null()).all()
+    assert (every["delayed_ns"].drop_nulls() > 0).all() and every["delayed_by"].null_count() > 0
 
 
 def test_64_ranks_made_from_the_dlrm_set(dlrm) -> None:
