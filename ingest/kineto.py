@@ -155,7 +155,8 @@ def _stage_sql(files: list[Path], first: int, python_functions: bool) -> str:
         SELECT *,
             CASE WHEN kind IN ({gpu}) THEN json_transform(args, {_structure(_GPU_ARGS)}) END AS g,
             CASE WHEN kind IN ('runtime', 'driver') THEN TRY_CAST(json_extract(args, '$.correlation') AS BIGINT) END AS api_correlation,
-            CASE WHEN kind = 'cpu_op' THEN json_transform(args, {_structure(_OPERATOR_ARGS)}) END AS o,
+            CASE WHEN kind = 'cpu_op' OR (kind = 'user_annotation' AND starts_with(name, 'nccl:'))  -- their tensor
+                THEN json_transform(args, {_structure(_OPERATOR_ARGS)}) END AS o,
             CASE WHEN kind = 'memory' THEN json_transform(args, {_structure(_MEMORY_ARGS)}) END AS m
         FROM kept WHERE ph IS NULL OR (kind IS NOT NULL{keep})
     )

@@ -229,6 +229,11 @@ def test_collectives_equal_the_json(tmp_path: Path, name: str) -> None:
     con = open_store(tmp_path / "c.duckdb", create=True)
     load_trace(con, path)
     got = Counter(con.execute("SELECT event, start_ns, collective, in_msg_nelems, out_msg_nelems, group_size, dtype "
-                              "FROM collectives").fetchall())
+                              "FROM collectives WHERE event <> 'user_annotation'").fetchall())
+    # and one row per PyTorch `nccl:*` annotation, the collective its name's
+    annotations = Counter(con.execute("SELECT start_ns, collective FROM collectives "
+                                      "WHERE event = 'user_annotation'").fetchall())
     con.close()
     assert sum(want.values()) >= 15 and got == want
+    assert annotations == Counter((ns(e["ts"]), e["name"][len("nccl:"):]) for e in read_json(path)["traceEvents"]
+                                  if e.get("cat") == "user_annotation" and e["name"].startswith("nccl:"))

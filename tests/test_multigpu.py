@@ -188,7 +188,7 @@ def test_one_rank_of_a_larger_job(name: str, tmp_path: Path) -> None:
     path = shared("realtraces", "kineto_json", name)
     con = open_store(tmp_path / "s.duckdb", create=True)
     load_trace(con, path)
-    run = resolve_run(con, path.stem)[0]
+    run = resolve_run(con, None)[0]
     work = kineto_work(path)
     comm = [(rank, end - start) for rank, _, start, end, _, kind in work if kind == "comm"]
     assert comm, "no NCCL/RCCL kernel in the file"
@@ -245,7 +245,7 @@ def test_hta_nccl_parser_trace(tmp_path: Path) -> None:
     path = shared("realtraces", "kineto_json", "facebookresearch__HolisticTraceAnalysis__nccl_parser_config__nccl_data.json.gz")
     con = open_store(tmp_path / "s.duckdb", create=True)
     load_trace(con, path)
-    frame = comm_table(con, resolve_run(con, path.stem)[0], by="instance")
+    frame = comm_table(con, resolve_run(con, None)[0], by="instance")
     assert frame["max_ns"].len() == 21
     longest = frame.sort("max_ns", descending=True).row(0, named=True)
     assert (longest["collective"], longest["bytes"], longest["group"]) == ("all_reduce", 2_049_000 * 4, "0")
