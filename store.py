@@ -19,7 +19,7 @@ import duckdb
 
 from traceq.errors import NotFoundError, StoreError, TraceqError
 
-SCHEMA_VERSION = "8"
+SCHEMA_VERSION = "9"
 DEFAULT_STORE = "traceq.duckdb"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 
