@@ -19,13 +19,15 @@ fraction of a second.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from traceq.analysis.choices import CompareBy, GroupBy, MemoryBy, NameBy, TrafficBy
+from traceq.analysis.choices import CommBy, CompareBy, GroupBy, MemoryBy, NameBy, RanksBy, TrafficBy
 from traceq.errors import TraceqError, TraceqWarning
-from traceq.store import default_store_path, delete_trace, first_row, open_store, resolve_trace, restore_size
+from traceq.store import (default_store_path, first_row, open_store, resolve_run, resolve_trace, resolve_trace_or_run,
+                          restore_size, run_of_trace)
 
 if TYPE_CHECKING:
     import duckdb
@@ -106,15 +108,15 @@ class Store:
     def traces(self) -> pl.DataFrame:
         """`traceq traces`: one row per loaded trace, oldest first (trace_id, name, format, tool,
         source_schema_version, gpus, kernel_count, span_ns, loaded_at, load_seconds, source_path,
-        sha256)."""
+        sha256, run: the run it is a rank of)."""
         from traceq.analysis.traces import list_traces
 
         return list_traces(self.con)
 
     def trace(self, ref: str | int | None = None) -> Trace:
-        """The trace named `ref` (a name or an id; None: the latest loaded). Raises
-        NotFoundError, listing what the store holds, when there is none."""
-        trace_id, name = resolve_trace(self.con, None if ref is None else str(ref))
+        """The trace named `ref` (a name or an id; None: the latest loaded; a run's name: its
+        rank 0's trace). Raises NotFoundError, listing what the store holds, when there is none."""
+        trace_id, name = resolve_trace_or_run(self.con, None if ref is None else str(ref))
         return Trace(self, trace_id, name)
 
     def sql(self, query: str) -> pl.DataFrame:
@@ -143,13 +145,23 @@ class Store:
 
         path = Path(path)
         reader_for(path, READERS)  # reject bad input before the store is touched
+        with self._loading() as con:
+            result = load_trace(con, path, name=name, replace=replace, progress=progress, engine=engine,
+                                python_functions=python_functions, attribute=attribute)
+        trace = Trace(self, result.trace_id, result.name)
+        trace.load_result = result
+        return trace
+
+    @contextmanager
+    def _loading(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection that may write, for a load: the store is created when missing, and
+        removed again when the load fails; read-only again at the next use unless `write`."""
         existed = self.path.exists()
         self.close()  # a read-only connection cannot write: open one that can for the load
         con = self._open(read_only=False, create=True)
         size = self.path.stat().st_size
         try:
-            result = load_trace(con, path, name=name, replace=replace, progress=progress, engine=engine,
-                                python_functions=python_functions, attribute=attribute)
+            yield con
         except BaseException:
             con.close()
             if not existed:
@@ -159,16 +171,17 @@ class Store:
             raise
         if self.write:
             self._con = con
-        else:  # read-only again at the next use
+        else:
             con.close()
-        trace = Trace(self, result.trace_id, result.name)
-        trace.load_result = result
-        return trace
 
-    def remove(self, ref: str | int) -> tuple[int, str]:
-        """`traceq rm`: delete one trace and all its rows (one transaction); returns its
-        (trace_id, name)."""
-        return self._change(ref, delete_trace)
+    def remove(self, ref: str | int) -> list[tuple[int, str]]:
+        """`traceq rm`: delete the trace `ref` names and all its rows, or, where `ref` is the name
+        of a run of several traces, the run and all its traces (one transaction; a rank of such
+        a run goes with its run only: RunError). Returns the (trace_id, name) of each trace
+        removed."""
+        from traceq.ingest.runs import remove
+
+        return self._change(lambda con: remove(con, str(ref)))
 
     def attribute(self, ref: str | int | None = None) -> tuple[int, str]:
         """`traceq attribute`: compute the trace's kernel attribution with the default options
@@ -176,21 +189,23 @@ class Store:
         on the fly; returns the trace's (trace_id, name)."""
         from traceq.analysis.stored import attribute_trace
 
-        return self._change(ref, attribute_trace)
+        def attribute(con: duckdb.DuckDBPyConnection) -> tuple[int, str]:
+            trace_id, name = resolve_trace(con, None if ref is None else str(ref))
+            attribute_trace(con, trace_id)
+            return trace_id, name
 
-    def _change(self, ref: str | int | None, change: Callable[[duckdb.DuckDBPyConnection, int], object]
-                ) -> tuple[int, str]:
-        """change(con, trace_id) on the trace `ref` names, in one transaction on a connection
-        that may write."""
+        return self._change(attribute)
+
+    def _change(self, change: Callable[[duckdb.DuckDBPyConnection], Any]) -> Any:
+        """What change(con) returns, run in one transaction on a connection that may write."""
         con = self.con if self.write else None
         if con is None:
             self.close()
             con = self._open(read_only=False)
         try:
-            trace_id, name = resolve_trace(con, None if ref is None else str(ref))
             con.execute("BEGIN TRANSACTION")
             try:
-                change(con, trace_id)
+                done = change(con)
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
@@ -199,17 +214,52 @@ class Store:
         finally:
             if not self.write:
                 con.close()
-        return trace_id, name
+        return done
 
     def report(self, traces: list[str | int | Trace] | None = None, *, k: int = 15, title: str | None = None,
                spec: str | Path | None = None, batch: int | None = None, iteration_regex: str | None = None) -> str:
         """`traceq report`: the HTML text of one self-contained report on `traces` (names, ids or
-        Traces, side by side; default: the latest loaded)."""
+        Traces, side by side; default: the latest loaded; a run's name: its rank 0's trace, with
+        the run's figures)."""
         from traceq.render.report import build_report
 
         ids = [t.id if isinstance(t, Trace) else self.trace(t).id for t in (traces or [None])]
         return build_report(self.con, ids, iteration_regex=_regex(iteration_regex), top_k=k, title=title,
                             spec=_path(spec), batch=batch)
+
+    # --- runs: several traces as the ranks of one job (docs/multigpu.md)
+
+    def run(self, ref: str | int | Trace | None = None) -> Run:
+        """The run `ref` names: a run's name or id, a trace's name or id or a Trace (the run it
+        is a rank of: a trace loaded alone is a run of its own), or None for the latest loaded.
+        Raises NotFoundError, listing the runs, when there is none."""
+        if isinstance(ref, Trace):
+            return Run(self, *run_of_trace(self.con, ref.id, ref.name))
+        return Run(self, *resolve_run(self.con, None if ref is None else str(ref)))
+
+    def load_run(self, paths: list[str | Path], name: str, *, replace: bool = False,
+                 progress: Callable[[int, int], None] | None = None, python_functions: bool = False,
+                 engine: str | None = None) -> Run:
+        """`traceq load --run NAME`: load the files (one per rank, or per node) as the ranks of
+        the run `name`, in one transaction, their clocks aligned on collectives; return it, with
+        `Run.load_results` one LoadResult per file (every one 'already_loaded' when these files
+        are that run already). `replace` replaces a run of that name with all its traces;
+        `progress` is called with (rows read, rows expected) over all files. Raises
+        TraceFormatError for a file traceq cannot read, RunError for files that are not one
+        job's ranks, TraceqError for a file loaded already outside the run (without `replace`).
+        """
+        from traceq.ingest import READERS, load_run, reader_for
+
+        paths = [Path(p) for p in paths]
+        for path in paths:
+            reader_for(path, READERS)  # reject bad input before the store is touched
+        step = None if progress is None else (lambda i, done, total: progress(i * total + done, len(paths) * total))
+        with self._loading() as con:
+            results = load_run(con, paths, name, replace=replace, progress=step, engine=engine,
+                               python_functions=python_functions)
+            run = Run(self, *resolve_run(con, name), con=con)
+        run.load_results = results
+        return run
 
 
 def _remove_store(path: Path) -> None:
@@ -498,6 +548,79 @@ class Trace:
 
         attribution = None if is_kept(self.con, self.id) else self._attributed(None)  # kept: joined in DuckDB
         return write_chrome_trace(self.con, self.id, Path(path), attribution, progress=progress)
+
+
+class Run:
+    """One run of a store: the ranks of one job (one trace per rank or node, or one trace's
+    processes and GPUs) on one clock, and one method per multi-GPU command on it (docs/multigpu.md).
+    Use `Store.run` or `Store.load_run`.
+
+    `world_size` is its number of ranks, `clock` how their times were put on one clock ('one
+    trace', or 'collective ends': each rank file shifted so the collectives it shares with rank
+    0's end when rank 0's do), `max_shift_ns` the largest shift applied. Methods take the
+    command's options as keywords and return polars DataFrames with the columns csv and json
+    give; `progress`, where taken, is called with (steps done, steps) over the run's traces.
+    """
+
+    def __init__(self, store: Store, run_id: int, name: str, *, con: duckdb.DuckDBPyConnection | None = None):
+        self.store = store
+        self.id = run_id
+        self.name = name
+        self.load_results: list[LoadResult] | None = None
+        world, clock, shift = first_row(con or store.con, "SELECT world_size, clock, max(abs(k.shift_ns)) FROM runs "
+                                        "JOIN ranks k USING (run_id) WHERE run_id = ? GROUP BY ALL", [run_id])
+        self.world_size, self.clock, self.max_shift_ns = int(world), str(clock), int(shift)
+
+    def __repr__(self) -> str:
+        return f"<traceq.Run {self.id} {self.name!r} ({self.world_size} ranks)>"
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        return self.store.con
+
+    def traces(self) -> list[Trace]:
+        """The run's traces, by their first rank."""
+        rows = self.con.execute("SELECT k.trace_id, any_value(t.name) FROM ranks k JOIN traces t USING (trace_id) "
+                                "WHERE k.run_id = ? GROUP BY 1 ORDER BY min(k.rank)", [self.id]).fetchall()
+        return [Trace(self.store, int(t), str(n)) for t, n in rows]
+
+    def comm(self, by: CommBy | str = CommBy.rank, *, iteration_regex: str | None = None,
+             progress: Callable[[int, int], None] | None = None) -> pl.DataFrame:
+        """`traceq comm`: collective communication per collective, iteration and rank (`by='rank'`),
+        or per collective instance across ranks (`by='instance'`): time, bytes, algorithm and
+        bus bandwidth, skew (`analysis.comm.comm_table`)."""
+        from traceq.analysis.comm import comm_table
+
+        return comm_table(self.con, self.id, CommBy(by).value, _regex(iteration_regex), progress)
+
+    def overlap(self, *, iteration_regex: str | None = None,
+                progress: Callable[[int, int], None] | None = None) -> pl.DataFrame:
+        """`traceq overlap`: per rank and iteration, computation, communication, the share of it
+        hidden under computation, exposed communication and idle time (`analysis.overlap`)."""
+        from traceq.analysis.overlap import overlap_table
+
+        return overlap_table(self.con, self.id, _regex(iteration_regex), progress)
+
+    def ranks(self, by: RanksBy | str = RanksBy.iteration, *, k: int = 10, iteration_regex: str | None = None,
+              progress: Callable[[int, int], None] | None = None) -> pl.DataFrame:
+        """`traceq ranks`: iteration time, wait, work and shift per iteration and rank
+        (`by='iteration'`), or the `k` collectives that started latest on their last rank and
+        what delayed them (`by='collective'`) (`analysis.ranks`)."""
+        from traceq.analysis.ranks import late_collectives, rank_iterations
+
+        if RanksBy(by) is RanksBy.collective:
+            return late_collectives(self.con, self.id, k, _regex(iteration_regex), progress)
+        return rank_iterations(self.con, self.id, _regex(iteration_regex), progress)
+
+    def compare(self, other: Run | str | int, by: CompareBy | str = CompareBy.layer, *, k: int | None = None,
+                iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq compare A B` on runs of different GPU counts: GPU time per GPU and iteration
+        side by side, with weak-scaling efficiency (`analysis.scaling.compare_scaling`)."""
+        from traceq.analysis.scaling import compare_scaling
+
+        other = other if isinstance(other, Run) else self.store.run(other)
+        frame = compare_scaling(self.con, self.id, other.id, by, _regex(iteration_regex))
+        return frame if k is None else frame.head(k)
 
 
 def _rules_key() -> object:

@@ -25,10 +25,10 @@ from typer.core import TyperCommand
 from traceq import __version__
 from traceq.analysis.choices import (CommBy, CompareBy, ExportFormat, GroupBy, IdleBy, MemoryBy, NameBy, Precision,
                                     RanksBy, StatsReport, TrafficBy)
-from traceq.api import Store, Trace
+from traceq.api import Run, Store, Trace
 from traceq.errors import TraceqError, TraceqWarning
 from traceq.render import Format, format_for, render
-from traceq.store import default_store_path, delete_trace, first_row, open_store, resolve_run, resolve_trace
+from traceq.store import default_store_path
 
 # Each command calls one method of traceq.api (a Store's or a Trace's) and renders what it
 # returns; the API imports the analyses (and polars with them) only when a method runs, so a
@@ -172,16 +172,15 @@ def _show_trace_table(
 
 def _show_run_table(
     run: str | None, db: Path | None, fmt: Format | None, out: Path | None,
-    build: Callable[[object, int, str, Callable[[int, int], None]], tuple[object, str]],
+    build: Callable[[Run, Callable[[int, int], None]], tuple[object, str]],
 ) -> None:
-    """`_show_trace_table` for the commands over a run: `build(con, run_id, run_name, progress)`,
+    """`_show_trace_table` for the commands over a run: `build(run, progress) -> (frame, title)`,
     progress a bar (after a second, on a terminal) over the run's traces."""
     with user_errors():
-        con = _store(db).con
-        run_id, run_name = resolve_run(con, run)
-        progress = _LazyProgress(f"reading {run_name}")
+        r = _store(db).run(run)
+        progress = _LazyProgress(f"reading {r.name}")
         try:
-            frame, title = build(con, run_id, run_name, progress)
+            frame, title = build(r, progress)
         finally:
             progress.close()
         _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
@@ -284,7 +283,7 @@ def load(
         if export:
             paths = [_exported(path) for path in paths]
         if run is not None:
-            _load_run(paths, run, store.path, replace, python_functions)
+            _load_run(store, paths, run, replace, python_functions)
             return
         for path in paths:
             progress = _LazyProgress(f"loading {path.name}")
@@ -306,29 +305,6 @@ def load(
             )
 
 
-def _remove(con, name: str) -> list[tuple[int, str]]:  # con: duckdb.DuckDBPyConnection
-    """Delete the trace `name`, or every trace of the run `name`, in one transaction; returns
-    the (trace_id, name) removed."""
-    from traceq.ingest.runs import check_runs_whole
-
-    run = con.execute("SELECT list(DISTINCT k.trace_id ORDER BY k.trace_id) FROM runs r JOIN ranks k "
-                      "USING (run_id) WHERE r.name = ?", [name]).fetchall()[0][0]
-    removed = [(t, first_row(con, "SELECT name FROM traces WHERE trace_id = ?", [t])[0]) for t in run or []]
-    if len(removed) <= 1:
-        removed = [resolve_trace(con, name)]
-    con.execute("BEGIN TRANSACTION")
-    try:
-        for trace_id, _ in removed:
-            delete_trace(con, trace_id)
-        check_runs_whole(con)  # a rank of a run of several files goes with its run only
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    con.execute("CHECKPOINT")
-    return removed
-
-
 def _exported(path: Path) -> Path:
     """`path`, or the SQLite export `nsys export` makes of it when it is an .nsys-rep/.qdrep."""
     from traceq.ingest import export_report
@@ -340,41 +316,24 @@ def _exported(path: Path) -> Path:
     return export_report(path) if magic == NSYS_REPORT_MAGIC else path
 
 
-def _load_run(paths: list[Path], run: str, store_path: Path, replace: bool, python_functions: bool) -> None:
+def _load_run(store: Store, paths: list[Path], run: str, replace: bool, python_functions: bool) -> None:
     """`traceq load --run`: every file in one transaction, then one line per file and one for the run."""
-    from traceq.ingest import READERS, load_run, reader_for
+    from traceq.render.columns import format_duration
 
-    for path in paths:
-        reader_for(path, READERS)  # reject bad input before the store is touched
-    existed = store_path.exists()
-    con = open_store(store_path, read_only=False, create=True, on_wait=_err)
     progress = _LazyProgress(f"loading {len(paths)} files as run {run}")
     try:
-        results = load_run(con, paths, run, replace=replace, python_functions=python_functions,
-                           progress=lambda i, done, total: progress(i * total + done, len(paths) * total))
-        ranks = con.execute("SELECT count(*), max(abs(shift_ns)) FROM ranks JOIN runs USING (run_id) "
-                            "WHERE runs.name = ?", [run]).fetchall()[0]
-    except BaseException:
+        r = store.load_run(paths, run, replace=replace, progress=progress, python_functions=python_functions)
+    finally:
         progress.close()
-        con.close()
-        if not existed:
-            from traceq.api import _remove_store
-
-            _remove_store(store_path)
-        raise
-    progress.close()
-    con.close()
-    if all(r.status == "already_loaded" for r in results):
+    if all(result.status == "already_loaded" for result in r.load_results):
         typer.echo(f"run {run!r} is already loaded from these {len(paths)} files; nothing changed "
                    "(use --replace to load it again)")
         return
-    for path, result in zip(paths, results):
+    for path, result in zip(paths, r.load_results):
         typer.echo(f"{result.status} {result.name!r} (trace {result.trace_id}) from {path}: "
                    f"{result.kernel_count:,} kernels in {result.seconds:.2f} s")
-    from traceq.render.columns import format_duration
-
-    shift = f"; clocks aligned on collectives, largest shift {format_duration(ranks[1])}" if len(paths) > 1 else ""
-    typer.echo(f"run {run!r}: {ranks[0]} ranks{shift} (`traceq ranks {run}`)")
+    shift = f"; clocks aligned on collectives, largest shift {format_duration(r.max_shift_ns)}" if len(paths) > 1 else ""
+    typer.echo(f"run {run!r}: {r.world_size} ranks{shift} (`traceq ranks {run}`)")
 
 
 @app.command()
@@ -569,11 +528,7 @@ def rm(
 ) -> None:
     """Remove a trace, or a run and all its traces, from the store."""
     with user_errors():
-        con = open_store(db or default_store_path(), read_only=False, on_wait=_err)
-        try:
-            removed = _remove(con, trace)
-        finally:
-            con.close()
+        removed = _store(db, lazy=True).remove(trace)
         if len(removed) > 1:
             typer.echo(f"removed run {trace!r} and its {len(removed)} traces")
         else:
@@ -782,22 +737,17 @@ def compare(
     with user_errors():
         threshold = _percentage(gate) if gate is not None else None
         store = _store(db)
-        (ia, na, ra, ga), (ib, nb, rb, gb) = _run_of(store.con, a), _run_of(store.con, b)
-        if (ga > 1 or gb > 1) and threshold is None:  # --gate compares the traces as they are
-            from traceq.analysis.scaling import compare_scaling
-
-            frame = compare_scaling(store.con, ra, rb, by, _iteration_regex(iteration_regex))
-            if k is not None:
-                frame = frame.head(k)
-            title = (f"a = {na} ({ga} GPU{'s' if ga > 1 else ''}) vs b = {nb} ({gb} GPU{'s' if gb > 1 else ''}) by "
-                     f"{by.value}: GPU time per GPU and iteration, b - a, b / a, scaling (fewer GPUs' time / more "
-                     "GPUs' time, 100 % = perfect weak scaling)")
+        ta, tb = store.trace(a), store.trace(b)
+        ra, rb = store.run(ta), store.run(tb)
+        if (ra.world_size > 1 or rb.world_size > 1) and threshold is None:  # --gate compares the traces as they are
+            frame = ra.compare(rb, by, k=k, iteration_regex=iteration_regex)
+            title = (f"a = {ra.name} ({_gpus(ra)}) vs b = {rb.name} ({_gpus(rb)}) by {by.value}: GPU time per GPU and "
+                     "iteration, b - a, b / a, scaling (fewer GPUs' time / more GPUs' time, 100 % = perfect weak scaling)")
             _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
             return
-        ta, tb = store.trace(ia), store.trace(ib)
         frame = ta.compare(tb, by, spec=spec, k=k, iteration_regex=iteration_regex)
         unit = "GPU time per iteration" if ta.per_iteration(tb, by, iteration_regex=iteration_regex) else "total GPU time"
-        title = f"a = {na} vs b = {nb} by {by.value}: {unit}, b - a, b / a"
+        title = f"a = {ta.name} vs b = {tb.name} by {by.value}: {unit}, b - a, b / a"
         _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
         if threshold is not None:
             _gate(ta.con, ta.id, tb.id, threshold, _iteration_regex(iteration_regex))
@@ -835,9 +785,13 @@ RunArg = Annotated[Optional[str], typer.Argument(
     show_default=False)]
 
 
-def _ranks_said(con, run_id: int) -> str:  # con: duckdb.DuckDBPyConnection
-    world, clock = first_row(con, "SELECT world_size, clock FROM runs WHERE run_id = ?", [run_id])
-    return f"{world} rank{'s' if world != 1 else ''}" + (", clocks aligned on collective ends" if clock != "one trace" else "")
+def _gpus(r: Run) -> str:
+    return f"{r.world_size} GPU{'s' if r.world_size > 1 else ''}"
+
+
+def _ranks_said(r: Run) -> str:
+    return (f"{r.world_size} rank{'s' if r.world_size != 1 else ''}"
+            + (", clocks aligned on collective ends" if r.clock != "one trace" else ""))
 
 
 @app.command()
@@ -851,13 +805,11 @@ def comm(
     out: OutOpt = None,
 ) -> None:
     """Collective communication (NCCL, RCCL) per collective, iteration and rank: time, bytes, algorithm and bus bandwidth, start and end skew."""
-    from traceq.analysis.comm import comm_table
-
-    def build(con, run_id: int, run_name: str, progress):
-        frame = comm_table(con, run_id, by.value, _iteration_regex(iteration_regex), progress)
+    def build(r: Run, progress):
+        frame = r.comm(by, iteration_regex=iteration_regex, progress=progress)
         what = ("per collective, iteration and rank" if by is CommBy.rank
                 else "per collective across ranks (time, bandwidth: on the last rank to start)")
-        return frame, (f"{run_name}: collective communication {what} ({_ranks_said(con, run_id)}; "
+        return frame, (f"{r.name}: collective communication {what} ({_ranks_said(r)}; "
                        "bus bandwidth = bytes / time x nccl-tests' factor)")
 
     _show_run_table(run, db, fmt, out, build)
@@ -872,12 +824,10 @@ def overlap(
     out: OutOpt = None,
 ) -> None:
     """Per rank and iteration: computation, communication, the share of communication hidden under computation, exposed communication, idle time."""
-    from traceq.analysis.overlap import overlap_table
-
-    def build(con, run_id: int, run_name: str, progress):
-        frame = overlap_table(con, run_id, _iteration_regex(iteration_regex), progress)
-        return frame, (f"{run_name}: communication against computation per rank and iteration "
-                       f"({_ranks_said(con, run_id)}; hidden = communication while computation ran)")
+    def build(r: Run, progress):
+        frame = r.overlap(iteration_regex=iteration_regex, progress=progress)
+        return frame, (f"{r.name}: communication against computation per rank and iteration "
+                       f"({_ranks_said(r)}; hidden = communication while computation ran)")
 
     _show_run_table(run, db, fmt, out, build)
 
@@ -895,16 +845,13 @@ def ranks(
     out: OutOpt = None,
 ) -> None:
     """Ranks side by side: iteration time, time waiting for other ranks, the slowest rank, and what delayed late collectives."""
-    from traceq.analysis.ranks import late_collectives, rank_iterations
-
-    def build(con, run_id: int, run_name: str, progress):
-        regex = _iteration_regex(iteration_regex)
+    def build(r: Run, progress):
+        frame = r.ranks(by, k=k, iteration_regex=iteration_regex, progress=progress)
         if by is RanksBy.collective:
-            return late_collectives(con, run_id, k, regex, progress), (
-                f"{run_name}: the {k} collectives that started latest on their last rank, and the layer or "
-                f"kernel that ran longer there than on the others before it ({_ranks_said(con, run_id)})")
-        return rank_iterations(con, run_id, regex, progress), (
-            f"{run_name}: iteration time per rank ({_ranks_said(con, run_id)}; wait: in collectives for later "
+            return frame, (f"{r.name}: the {k} collectives that started latest on their last rank, and the layer or "
+                           f"kernel that ran longer there than on the others before it ({_ranks_said(r)})")
+        return frame, (
+            f"{r.name}: iteration time per rank ({_ranks_said(r)}; wait: in collectives for later "
             "ranks; slowest: the most time not waiting; shift: added to the rank's clock)")
 
     _show_run_table(run, db, fmt, out, build)
@@ -955,12 +902,8 @@ def report(
     out = out or Path("report.html")
     with user_errors():
         started = time.monotonic()
-        from traceq.render.report import build_report
-
-        con = _store(db).con
-        ids = [_run_of(con, t)[0] for t in (traces or [None])]
-        page = build_report(con, ids, iteration_regex=_iteration_regex(iteration_regex), top_k=top_k, title=title,
-                            spec=spec, batch=batch)
+        page = _store(db).report(traces, k=top_k, title=title, spec=spec, batch=batch,
+                                 iteration_regex=iteration_regex)
         _emit(page, out)
         figures = page.count('class="figure"')
         _err(f"{len(page) / 1e6:.1f} MB, {figures} figures, "
@@ -991,24 +934,6 @@ def export(
         typer.echo(f"wrote {out}: {written['kernel']:,} kernels, {written['memop']:,} memory operations, "
                    f"{written['cuda_api']:,} API calls, {written['nvtx_range'] + written['nvtx_async'] // 2:,} NVTX "
                    f"ranges, {written['flow'] // 2:,} launch flows in {time.monotonic() - started:.1f} s")
-
-
-def _run_of(con, ref: str | None) -> tuple[int, str, int, int]:  # con: duckdb.DuckDBPyConnection
-    """(trace_id, name, run_id, ranks) of what `ref` names: a trace and its run, or a run (by
-    name, the run's own) and its rank 0's trace."""
-    from traceq.errors import NotFoundError
-
-    try:
-        trace_id, name = resolve_trace(con, ref)
-        run_id, _ = resolve_run(con, str(trace_id))
-    except NotFoundError as no_trace:
-        try:
-            run_id, name = resolve_run(con, ref)
-        except NotFoundError:
-            raise no_trace from None
-        trace_id = int(first_row(con, "SELECT trace_id FROM ranks WHERE run_id = ? ORDER BY rank LIMIT 1", [run_id])[0])
-    ranks = int(first_row(con, "SELECT world_size FROM runs WHERE run_id = ?", [run_id])[0])
-    return trace_id, name, run_id, ranks
 
 
 def main() -> None:

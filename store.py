@@ -258,11 +258,39 @@ def resolve_run(con: duckdb.DuckDBPyConnection, ref: str | None) -> tuple[int, s
             trace_id, _ = resolve_trace(con, ref)
         except NotFoundError:
             raise NotFoundError(f"no run or trace {ref!r} in the store (runs: {_held(con, 'runs', 'run_id')})") from None
-        row = first_row(con, "SELECT r.run_id, r.name FROM runs r JOIN ranks k USING (run_id) "
-                             "WHERE k.trace_id = ? LIMIT 1", [trace_id])
-        if row is None:
-            raise NotFoundError(f"trace {ref!r} belongs to no run: load it again with `traceq load --replace`")
+        return run_of_trace(con, trace_id, ref)
     return int(row[0]), str(row[1])
+
+
+def run_of_trace(con: duckdb.DuckDBPyConnection, trace_id: int, ref: str | None = None) -> tuple[int, str]:
+    """The (run_id, name) of the run the trace `trace_id` is a rank of (a trace loaded alone is
+    a run of its own).
+
+    Raises:
+        NotFoundError: the trace belongs to no run (`ref`: how the message names it).
+    """
+    row = first_row(con, "SELECT r.run_id, r.name FROM runs r JOIN ranks k USING (run_id) "
+                         "WHERE k.trace_id = ? LIMIT 1", [trace_id])
+    if row is None:
+        raise NotFoundError(f"trace {ref or trace_id!r} belongs to no run: load it again with `traceq load --replace`")
+    return int(row[0]), str(row[1])
+
+
+def resolve_trace_or_run(con: duckdb.DuckDBPyConnection, ref: str | None) -> tuple[int, str]:
+    """`resolve_trace`, where a run's name also names a trace: its rank 0's.
+
+    Raises:
+        NotFoundError: no trace and no run has that name (the message is `resolve_trace`'s).
+    """
+    try:
+        return resolve_trace(con, ref)
+    except NotFoundError:
+        row = None if ref is None else first_row(
+            con, "SELECT k.trace_id, t.name FROM runs r JOIN ranks k USING (run_id) JOIN traces t USING (trace_id) "
+                 "WHERE r.name = ? ORDER BY k.rank LIMIT 1", [ref])
+        if row is None:
+            raise
+        return int(row[0]), str(row[1])
 
 
 def event_tables(con: duckdb.DuckDBPyConnection) -> list[str]:

@@ -10,12 +10,14 @@ def list_traces(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """One row per loaded trace, oldest first.
 
     Columns: trace_id, name, format, tool, source_schema_version, gpus, kernel_count,
-    span_ns, loaded_at, load_seconds, source_path, sha256.
+    span_ns, loaded_at, load_seconds, source_path, sha256, run (the run it is a rank of:
+    docs/multigpu.md).
     """
     return con.sql(
         """
-        SELECT trace_id, name, format, tool, source_schema_version, gpus, kernel_count,
-               span_ns, loaded_at, load_seconds, source_path, sha256
-        FROM traces ORDER BY trace_id
+        SELECT trace_id, t.name, format, tool, source_schema_version, gpus, kernel_count,
+               span_ns, loaded_at, load_seconds, source_path, sha256,
+               (SELECT min(r.name) FROM ranks k JOIN runs r USING (run_id) WHERE k.trace_id = t.trace_id) AS run
+        FROM traces t ORDER BY trace_id
         """
     ).pl()

@@ -27,7 +27,7 @@ import polars as pl
 
 from traceq.analysis.collectives import comm_kernels, end_shifts, match_instances
 from traceq.errors import TraceqError
-from traceq.store import first_row
+from traceq.store import delete_trace, first_row, resolve_trace
 
 SAME_RUN_GAP_NS = 3_600 * 10**9
 """Files whose wall-clock spans are further apart than this are not one run (clocks of one job's
@@ -207,3 +207,18 @@ def check_runs_whole(con: duckdb.DuckDBPyConnection) -> None:
         which = f"rank {lost[0]}" if lost else "a rank"
         raise RunError(f"this would leave run {name!r} without {which}: replace or remove the whole run "
                        f"(`traceq load FILE... --run {name} --replace`, `traceq rm {name}`)")
+
+
+def remove(con: duckdb.DuckDBPyConnection, ref: str) -> list[tuple[int, str]]:
+    """Delete what `traceq rm REF` removes, inside the caller's transaction: every trace of the
+    run named `ref`, else the trace `ref` names (a rank of a run of several files goes with its
+    run only: RunError). Returns the (trace_id, name) removed."""
+    removed = [(int(t), str(n)) for t, n in con.execute(
+        "SELECT DISTINCT k.trace_id, t.name FROM runs r JOIN ranks k USING (run_id) JOIN traces t USING (trace_id) "
+        "WHERE r.name = ? ORDER BY 1", [ref]).fetchall()]
+    if not removed:
+        removed = [resolve_trace(con, ref)]
+    for trace_id, _ in removed:
+        delete_trace(con, trace_id)
+    check_runs_whole(con)
+    return removed

@@ -37,6 +37,7 @@ class Column:
 COLUMNS: dict[str, Column] = {
     # identity: what a row is
     "rank": Column("Rank", "id", 1),
+    "run": Column("Run", "name", 2),
     "trace_id": Column("ID", "id", 1),
     "name": Column("Name", "name", 1),
     "short_name": Column("Name", "name", 1),

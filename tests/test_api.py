@@ -104,6 +104,64 @@ def test_compare_and_traces(store: Path) -> None:
             assert _rows(json.loads(cli.stdout)) == _rows(a.compare("alexnet_b128_cudnn", by, spec=SPEC).to_dicts()), by
 
 
+RUN_COMMANDS = {  # what the CLI runs on a run -> the same through the API
+    "comm": (["comm"], lambda r: r.comm()),
+    "comm instance": (["comm", "--by", "instance"], lambda r: r.comm("instance")),
+    "overlap": (["overlap"], lambda r: r.overlap()),
+    "ranks": (["ranks"], lambda r: r.ranks()),
+    "ranks collective": (["ranks", "--by", "collective", "-k", "5"], lambda r: r.ranks("collective", k=5)),
+}
+
+
+def _run_commands_give_the_api_frames(db: Path, run: traceq.Run) -> None:
+    for command, (args, call) in RUN_COMMANDS.items():
+        result = runner.invoke(app, [*args, run.name, "--db", str(db), "-f", "json"])
+        assert result.exit_code == 0, f"{command}: {result.output[-300:]}"
+        frame = call(run)
+        assert frame.height > 0, command
+        assert _rows(json.loads(result.stdout)) == _rows(frame.to_dicts()), f"{run.name}: {command}"
+
+
+def test_run_commands_give_the_api_frames(store: Path) -> None:
+    """comm, overlap, ranks and compare across GPU counts on the DDP sample (one file, two
+    processes: a run of 2 ranks): the CLI's json is the Run method's frame; report and compare
+    take a run's name for its rank 0's trace."""
+    with traceq.open(store) as s:
+        r = s.run("ddp_resnet18_2gpu")
+        assert (r.world_size, r.clock, [t.name for t in r.traces()]) == (2, "one trace", ["ddp_resnet18_2gpu"])
+        assert s.run(s.trace("ddp_resnet18_2gpu")).id == r.id
+        _run_commands_give_the_api_frames(store, r)
+        cli = runner.invoke(app, ["compare", "alexnet_b256_cudnn", "ddp_resnet18_2gpu", "--by", "stage", "--db",
+                                  str(store), "-f", "json"])
+        assert cli.exit_code == 0, cli.output
+        frame = s.run("alexnet_b256_cudnn").compare(r, "stage")
+        assert frame["b_gpus"].unique().to_list() == [2]
+        assert _rows(json.loads(cli.stdout)) == _rows(frame.to_dicts())
+
+
+def test_a_run_loaded_and_read_through_the_api(tmp_path: Path) -> None:
+    """The 8 DLRM Kineto ranks: `Store.load_run` loads what `traceq load --run` does (the same
+    ranks and shifts), and every run command's json equals the Run method's frame."""
+    from conftest import DLRM
+
+    if len(DLRM) != 8:
+        pytest.skip("the DLRM rank files are absent")
+    db = tmp_path / "cli.duckdb"
+    loaded = runner.invoke(app, ["load", *map(str, DLRM), "--run", "dlrm8", "--db", str(db)])
+    assert loaded.exit_code == 0 and "run 'dlrm8': 8 ranks" in loaded.stdout, loaded.output
+    ranks = "SELECT k.rank, t.name, k.shift_ns, k.drift_ppm FROM ranks k JOIN traces t USING (trace_id) ORDER BY 1"
+    with traceq.Store(tmp_path / "api.duckdb", lazy=True) as s:
+        r = s.load_run(DLRM, "dlrm8")
+        assert [x.status for x in r.load_results] == ["loaded"] * 8 and (r.world_size, r.clock) == (8, "collective ends")
+        via_api = s.con.execute(ranks).fetchall()
+    with traceq.open(db) as s:
+        r = s.run("dlrm8")
+        assert s.con.execute(ranks).fetchall() == via_api
+        assert r.max_shift_ns == max(abs(row[2]) for row in via_api)
+        _run_commands_give_the_api_frames(db, r)
+        assert s.trace("dlrm8").name == via_api[0][1]  # a run's name: its rank 0's trace
+
+
 def test_kernels_hold_every_launch_with_its_context(store: Path) -> None:
     """`Trace.kernels()`: one row per launch of the trace (counted in the store), its layer as
     `layers` sums it, its precision as `ce` reads it, its RU as `ru` weighs it."""
@@ -149,7 +207,7 @@ def test_dir_shows_the_public_api_and_imports_stay_lazy() -> None:
     code = ("import sys, traceq; print(sorted(n for n in dir(traceq) if not n.startswith('_'))); "
             "print('polars' in sys.modules, 'traceq.analysis.layers' in sys.modules); import traceq.analysis.layers")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert eval(out[0]) == ["MissingDataError", "NotFoundError", "Store", "StoreError", "Trace", "TraceFormatError",
+    assert eval(out[0]) == ["MissingDataError", "NotFoundError", "Run", "Store", "StoreError", "Trace", "TraceFormatError",
                             "TraceqError", "TraceqWarning", "load", "occupancy", "open", "use_rules"]
     assert out[1] == "False False"
 

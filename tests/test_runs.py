@@ -63,6 +63,18 @@ def test_one_file_of_two_processes_is_a_run_of_two_ranks(tmp_path: Path) -> None
                 for i, (device, pid) in enumerate(nccl_gpus(path, nvprof=False))]
     assert len(expected) == 2
     assert ranks_of(con, "ddp_resnet18_2gpu") == expected
+    con.close()
+    runner = CliRunner()
+    db = ["--db", str(tmp_path / "s.duckdb")]
+    assert runner.invoke(app, ["load", str(path), "--run", "ddp", "--replace", *db]).exit_code == 0
+    con = open_store(tmp_path / "s.duckdb", read_only=True)
+    assert ranks_of(con, "ddp") == expected and ranks_of(con, "ddp_resnet18_2gpu") == []
+    con.close()
+    removed = runner.invoke(app, ["rm", "ddp", *db])  # a run of one file goes by its name too
+    assert removed.exit_code == 0 and "removed 'ddp_resnet18_2gpu'" in removed.stdout, removed.output
+    con = open_store(tmp_path / "s.duckdb", read_only=True)
+    assert con.execute("SELECT (SELECT count(*) FROM runs) + (SELECT count(*) FROM traces)").fetchone()[0] == 0
+    con.close()
 
 
 def test_one_process_on_four_gpus_is_four_ranks(tmp_path: Path) -> None:
@@ -171,6 +183,8 @@ def test_a_rank_leaves_only_with_its_run(dlrm, tmp_path: Path) -> None:
     assert runner.invoke(app, ["load", *map(str, DLRM), "--run", "dlrm8", "--db", str(db)]).exit_code == 0
     again = runner.invoke(app, ["load", *map(str, DLRM), "--run", "dlrm8", "--db", str(db)])
     assert again.exit_code == 0 and "already loaded" in again.stdout
+    listed = json.loads(runner.invoke(app, ["traces", "--db", str(db), "-f", "json"]).stdout)
+    assert [(t["name"], t["run"]) for t in listed] == [(Path(p.name.removesuffix(".gz")).stem, "dlrm8") for p in DLRM]
     before = db.read_bytes()
     refused = runner.invoke(app, ["rm", "1", "--db", str(db)])
     assert refused.exit_code == 1 and "without rank 0" in refused.stderr and "traceq rm dlrm8" in refused.stderr
