@@ -132,6 +132,21 @@ def test_compare_gate_gives_the_api_verdict(store: Path) -> None:
         assert cli.exit_code == 1 and cli.stderr.strip().splitlines()[-1] == f"traceq: {e.value}"
 
 
+def test_every_command_has_a_documented_method() -> None:
+    """docs/api.md's table gives every `traceq` command its API method, and each method it names
+    exists (a command added to the CLI without its method, or a renamed method, fails here)."""
+    import re
+
+    from typer.main import get_command
+
+    rows = re.findall(r"^\| `traceq ([a-z]+)[^`]*` \| (.*?) \|", (SAMPLES.parent / "docs" / "api.md").read_text(),
+                      re.MULTILINE)
+    assert set(get_command(app).commands) <= {command for command, _ in rows}  # type: ignore[attr-defined]
+    for command, methods in rows:
+        for owner, name in re.findall(r"`(Store|Trace|traceq)\.(\w+)\(", methods):
+            assert hasattr(traceq if owner == "traceq" else getattr(traceq, owner), name), (command, owner, name)
+
+
 def test_kernels_hold_every_launch_with_its_context(store: Path) -> None:
     """`Trace.kernels()`: one row per launch of the trace (counted in the store), its layer as
     `layers` sums it, its precision as `ce` reads it, its RU as `ru` weighs it."""
