@@ -33,6 +33,10 @@ correction) above."""
 
 @dataclass(frozen=True)
 class GateResult:
+    """The gate's answer for runs a and b (`Trace.gate`): `failed` is the verdict, `verdict` the
+    line `traceq compare --gate` prints, the fields its numbers (medians in ns, change and
+    threshold as fractions)."""
+
     a_iterations: int
     b_iterations: int
     a_median_ns: float
