@@ -24,7 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from traceq.analysis.choices import CommBy, CompareBy, GroupBy, MemoryBy, NameBy, RanksBy, TrafficBy
+from traceq.analysis.choices import (CommBy, CompareBy, GroupBy, IdleBy, MemoryBy, NameBy, RanksBy, StatsReport,
+                                    TrafficBy)
 from traceq.errors import TraceqError, TraceqWarning
 from traceq.store import (default_store_path, first_row, open_store, resolve_run, resolve_trace, resolve_trace_or_run,
                           restore_size, run_of_trace)
@@ -33,7 +34,9 @@ if TYPE_CHECKING:
     import duckdb
     import polars as pl
 
+    from traceq.analysis.gate import GateResult
     from traceq.analysis.gpu_products import GpuProduct
+    from traceq.analysis.idle import IdleTotals
     from traceq.ingest import LoadResult
 
 AUTO_CONTEXT_MAX_KERNELS = 1_000_000
@@ -532,6 +535,76 @@ class Trace:
         frame, _ = compare_runs(self.con, self.id, b.id, CompareBy(by), spec=_path(spec),
                                 iteration_regex=_regex(iteration_regex), **done)
         return frame if k is None else frame.head(k)
+
+    def gate(self, other: Trace | str | int, threshold: float = 0.05, *,
+             iteration_regex: str | None = None) -> GateResult:
+        """`traceq compare A B --gate`: whether `other`'s (b's) iterations are slower than this
+        trace's (a's) by more than `threshold` (a fraction: 0.05 for 5%) and beyond their noise
+        (a one-sided Mann-Whitney test over iterations). The result's `failed` is the verdict
+        (the CLI exits 3 when it holds), `verdict` its one line; it never raises for a slower b."""
+        from traceq.analysis.gate import regression_gate
+
+        b = other if isinstance(other, Trace) else self.store.trace(other)
+        return regression_gate(self.con, self.id, b.id, threshold, iteration_regex=_regex(iteration_regex),
+                               stages=(self._stages(iteration_regex), b._stages(iteration_regex)))
+
+    def _gaps(self, iteration_regex: str | None) -> tuple[pl.DataFrame, dict[str, pl.Series]]:
+        from traceq.analysis.gaps import gap_frame
+
+        regex = _regex(iteration_regex)
+        return self._keep("gaps", (regex,), lambda: gap_frame(self.con, self.id, regex))
+
+    def _idle(self, iteration_regex: str | None) -> tuple[pl.DataFrame, IdleTotals]:
+        from traceq.analysis.idle import idle_causes
+
+        regex = _regex(iteration_regex)
+        return self._keep("idle", (regex,), lambda: idle_causes(self.con, self.id, regex,
+                                                                 self._gaps(iteration_regex)))
+
+    def idle(self, by: IdleBy | str | None = None, *, iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq idle`: GPU idle time per cause (cause, gaps, total_ns, pct, span_pct,
+        per_iteration_ns, longest_ns, call_shares, work_shares); with `by` ('iteration', 'stream'
+        or 'layer'), each cause's time split by that key of the work that waited."""
+        if by is None:
+            return self._idle(iteration_regex)[0]
+        from traceq.analysis.idle import idle_split
+
+        return idle_split(self.con, self.id, IdleBy(by), _regex(iteration_regex), self._gaps(iteration_regex))
+
+    def idle_totals(self, *, iteration_regex: str | None = None) -> IdleTotals:
+        """The devices' span, all idle time, iterations and devices (the title of `traceq idle`
+        and `traceq advise`)."""
+        return self._idle(iteration_regex)[1]
+
+    def _launches(self) -> tuple[pl.DataFrame, dict[str, float]]:
+        from traceq.analysis.launches import launch_table
+
+        return self._keep("launches", (), lambda: launch_table(self.con, self.id))
+
+    def launches(self, *, k: int | None = None) -> pl.DataFrame:
+        """`traceq launches`: launch cost per kernel name, most launch-call time first (launches,
+        api_ns, api_avg_ns, queue_avg_ns, kernel_ns, kernel_avg_ns, tiny, tiny_pct, name)."""
+        frame = self._launches()[0]
+        return frame if k is None else frame.head(k)
+
+    def launch_totals(self) -> dict[str, float]:
+        """All launches, their call and kernel time, the tiny ones (the title of `traceq launches`):
+        launches, api_ns, kernel_ns, tiny, tiny_pct, tiny_kernel_ns, graph."""
+        return self._launches()[1]
+
+    def stats(self, report: StatsReport | str) -> pl.DataFrame:
+        """`traceq stats --report REPORT`: the rows of that `nsys stats` report (docs/stats.md)."""
+        from traceq.analysis.stats import stats_report
+
+        return stats_report(self.con, self.id, getattr(report, "value", report))
+
+    def advise(self, *, iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq advise`: findings, most GPU time at stake first (rank, title, time_ns, pct,
+        evidence, fix, rule); `idle_totals()` gives the span they are measured against."""
+        from traceq.analysis.advise import advise
+
+        return advise(self.con, self.id, _regex(iteration_regex), idle=self._idle(iteration_regex),
+                      launches=self._launches())[0]
 
     def export(self, path: str | Path, *, format: str = "perfetto",  # noqa: A002 (the CLI's --format)
                progress: Callable[[int, int], None] | None = None) -> dict[str, int]:

@@ -26,7 +26,7 @@ from traceq import __version__
 from traceq.analysis.choices import (CommBy, CompareBy, ExportFormat, GroupBy, IdleBy, MemoryBy, NameBy, Precision,
                                     RanksBy, StatsReport, TrafficBy)
 from traceq.api import Run, Store, Trace
-from traceq.errors import TraceqError, TraceqWarning
+from traceq.errors import RegressionError, TraceqError, TraceqWarning
 from traceq.render import Format, format_for, render
 from traceq.store import default_store_path
 
@@ -376,13 +376,6 @@ def top(
     _show_trace_table(trace, db, fmt, out, build)
 
 
-def _iteration_regex(value: str | None) -> str:
-    """For the commands that call their analyses directly (not yet through traceq.api)."""
-    from traceq.analysis.attribution import ITERATION_REGEX
-
-    return ITERATION_REGEX if value is None else value
-
-
 IterOpt = Annotated[
     Optional[str], typer.Option("--iteration-regex", help="Regex naming iteration ranges [default: 'iteration N' or 'step N']")
 ]
@@ -432,24 +425,19 @@ def idle(
     out: OutOpt = None,
 ) -> None:
     """Why the GPU was idle: every gap classified by what the host was doing (sync, copy, launch-bound, ...)."""
-    from traceq.analysis.gaps import gap_frame
-    from traceq.analysis.idle import idle_causes, idle_split
     from traceq.render.columns import format_duration
 
-    def build(con, trace_id: int, trace_name: str):  # not yet a Trace method
-        regex = _iteration_regex(iteration_regex)
-        gaps = gap_frame(con, trace_id, regex)
-        frame, totals = idle_causes(con, trace_id, regex, gaps)
+    def build(t: Trace):
+        frame = t.idle(by, iteration_regex=iteration_regex)
+        totals = t.idle_totals(iteration_regex=iteration_regex)
         share = f" ({100 * totals.idle_ns / totals.span_ns:.1f} %)" if totals.span_ns else ""
-        title = (f"{trace_name}: GPU idle {format_duration(totals.idle_ns)} of {format_duration(totals.span_ns)}"
+        title = (f"{t.name}: GPU idle {format_duration(totals.idle_ns)} of {format_duration(totals.span_ns)}"
                  f"{share} on {totals.devices} device(s)")
         if totals.iterations:
             title += f", {format_duration(totals.idle_ns / totals.iterations)} per iteration ({totals.iterations})"
-        if by is not None:
-            return idle_split(con, trace_id, by, regex, gaps), f"{title}; by cause and {by.value}"
-        return frame, f"{title}; by cause"
+        return frame, f"{title}; by cause" + (f" and {by.value}" if by is not None else "")
 
-    _show_trace_table(trace, db, fmt, out, lambda t: build(t.con, t.id, t.name))
+    _show_trace_table(trace, db, fmt, out, build)
 
 
 @app.command()
@@ -461,19 +449,16 @@ def launches(
     out: OutOpt = None,
 ) -> None:
     """Launch overhead per kernel: launch call time, queue delay and kernel time, and the tiny kernels."""
-    from traceq.analysis.launches import launch_table
     from traceq.render.columns import format_duration
 
-    def build(con, trace_id: int, trace_name: str):  # not yet a Trace method
-        frame, totals = launch_table(con, trace_id)
-        if k is not None:
-            frame = frame.head(k)
-        title = (f"{trace_name}: {totals['launches']:,} launches, {format_duration(totals['api_ns'])} in launch calls "
+    def build(t: Trace):
+        totals = t.launch_totals()
+        title = (f"{t.name}: {totals['launches']:,} launches, {format_duration(totals['api_ns'])} in launch calls "
                  f"for {format_duration(totals['kernel_ns'])} of kernels; {totals['tiny']:,} tiny "
                  f"({totals['tiny_pct']:.1f} %: the kernel ran shorter than its launch call)")
-        return frame, title
+        return t.launches(k=k), title
 
-    _show_trace_table(trace, db, fmt, out, lambda t: build(t.con, t.id, t.name))
+    _show_trace_table(trace, db, fmt, out, build)
 
 
 @app.command()
@@ -486,13 +471,8 @@ def stats(
     out: OutOpt = None,
 ) -> None:
     """An `nsys stats` report from the store: the same rows and numbers (docs/stats.md)."""
-    from traceq.analysis.stats import stats_report
-
-    def build(con, trace_id: int, trace_name: str):  # not yet a Trace method
-        return (stats_report(con, trace_id, report.value),
-                f"{trace_name}: {report.value} (as `nsys stats --report {report.value}`)")
-
-    _show_trace_table(trace, db, fmt, out, lambda t: build(t.con, t.id, t.name))
+    _show_trace_table(trace, db, fmt, out, lambda t: (
+        t.stats(report), f"{t.name}: {report.value} (as `nsys stats --report {report.value}`)"))
 
 
 @app.command()
@@ -504,15 +484,14 @@ def advise(
     out: OutOpt = None,
 ) -> None:
     """What to change first: findings ranked by GPU time at stake, with evidence and the usual fix."""
-    from traceq.analysis.advise import advise as findings
-    from traceq.render.findings import render_findings
     from traceq.render.columns import format_duration
+    from traceq.render.findings import render_findings
 
     with user_errors():
         t = _store(db).trace(trace)
-        trace_name = t.name
-        frame, totals = findings(t.con, t.id, _iteration_regex(iteration_regex))
-        title = (f"{trace_name}: {len(frame)} finding(s), by GPU time at stake (of "
+        frame = t.advise(iteration_regex=iteration_regex)
+        totals = t.idle_totals(iteration_regex=iteration_regex)
+        title = (f"{t.name}: {len(frame)} finding(s), by GPU time at stake (of "
                  f"{format_duration(totals.span_ns)} on {totals.devices} device(s))")
         fmt = format_for(fmt, out)
         text = (render_findings(frame, title=title, width=_terminal_width()) if fmt is Format.table
@@ -750,7 +729,10 @@ def compare(
         title = f"a = {ta.name} vs b = {tb.name} by {by.value}: {unit}, b - a, b / a"
         _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
         if threshold is not None:
-            _gate(ta.con, ta.id, tb.id, threshold, _iteration_regex(iteration_regex))
+            result = ta.gate(tb, threshold, iteration_regex=iteration_regex)
+            if result.failed:
+                raise RegressionError(result.verdict)
+            _err(result.verdict)
 
 
 def _percentage(text: str) -> float:
@@ -762,22 +744,6 @@ def _percentage(text: str) -> float:
     if not 0 <= value < 1000:
         raise typer.BadParameter(f"{text!r}: give a percentage from 0 to 1000", param_hint="--gate")
     return value / 100
-
-
-def _gate(con, a: int, b: int, threshold: float, iteration_regex: str) -> None:
-    """The regression gate's verdict: a line on stderr, RegressionError (exit 3) when b is slower."""
-    from traceq.analysis.gate import regression_gate
-    from traceq.errors import RegressionError
-    from traceq.render.columns import format_duration
-
-    result = regression_gate(con, a, b, threshold, iteration_regex=iteration_regex)
-    verdict = (f"b's median iteration {format_duration(result.b_median_ns)} vs a's {format_duration(result.a_median_ns)} "
-               f"({100 * result.change:+.1f} %, gate {100 * threshold:g} %), {result.b_iterations} vs "
-               f"{result.a_iterations} iterations, one-sided Mann-Whitney p = {result.p_value:.3g} (alpha {result.alpha:g})")
-    if result.failed:
-        raise RegressionError(f"gate failed: b is slower: {verdict}")
-    note = "" if result.decidable else "; too few iterations for the test to reach alpha: the gate cannot fail"
-    _err(f"gate passed: {verdict}{note}")
 
 
 RunArg = Annotated[Optional[str], typer.Argument(

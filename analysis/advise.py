@@ -56,18 +56,21 @@ class _Facts:
     iteration_regex: str
     idle: pl.DataFrame
     totals: IdleTotals
+    launches: tuple[pl.DataFrame, dict[str, float]] | None  # launches.launch_table, if the caller had it
 
 
-def advise(con: duckdb.DuckDBPyConnection, trace_id: int,
-           iteration_regex: str = ITERATION_REGEX) -> tuple[pl.DataFrame, IdleTotals]:
+def advise(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX,
+           idle: tuple[pl.DataFrame, IdleTotals] | None = None,
+           launches: tuple[pl.DataFrame, dict[str, float]] | None = None) -> tuple[pl.DataFrame, IdleTotals]:
     """The trace's findings, most time at stake first, and its idle totals.
 
     Columns: rank, title, time_ns (GPU time at stake: what the fix could save at most), pct
     (time_ns as a share of the devices' span, %), evidence, fix, rule (the rule's id, one of
-    RULES).
+    RULES). `idle`, `launches`: the trace's `idle.idle_causes` and `launches.launch_table`, when
+    the caller has them already.
     """
-    idle, totals = idle_causes(con, trace_id, iteration_regex)
-    facts = _Facts(con, trace_id, iteration_regex, idle, totals)
+    idle, totals = idle_causes(con, trace_id, iteration_regex) if idle is None else idle
+    facts = _Facts(con, trace_id, iteration_regex, idle, totals, launches)
     found = [f for rule in RULES.values() for f in rule(facts)
              if f.time_ns >= MIN_SHARE * max(totals.span_ns, 1)]
     found.sort(key=lambda f: (-f.time_ns, f.rule))
@@ -139,7 +142,7 @@ def _tiny_kernels(facts: _Facts) -> list[Finding]:
     """A storm of tiny kernels: the launch-call time the tiny launches cost beyond their kernels."""
     from traceq.analysis.launches import launch_table
 
-    table, totals = launch_table(facts.con, facts.trace_id)
+    table, totals = facts.launches or launch_table(facts.con, facts.trace_id)
     if not totals["launches"] or totals["tiny_pct"] < 100 * TINY_SHARE:
         return []
     tiny = table.filter(pl.col("tiny") > 0).join(_classified(facts).select("name", "label"), on="name", how="left")

@@ -33,6 +33,10 @@ correction) above."""
 
 @dataclass(frozen=True)
 class GateResult:
+    """The gate's answer for runs a and b (`Trace.gate`): `failed` is the verdict, `verdict` the
+    line `traceq compare --gate` prints, the fields its numbers (medians in ns, change and
+    threshold as fractions)."""
+
     a_iterations: int
     b_iterations: int
     a_median_ns: float
@@ -51,12 +55,29 @@ class GateResult:
         """Whether the test could ever reach alpha with these many iterations."""
         return 1 / math.comb(self.a_iterations + self.b_iterations, self.a_iterations) < self.alpha
 
+    @property
+    def verdict(self) -> str:
+        """The verdict in one line, as `traceq compare --gate` prints it."""
+        from traceq.render.columns import format_duration
 
-def iteration_times(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX) -> pl.Series:
-    """Each iteration's GPU span, ns, in time order (the longest over the devices)."""
+        numbers = (f"b's median iteration {format_duration(self.b_median_ns)} vs a's "
+                   f"{format_duration(self.a_median_ns)} ({100 * self.change:+.1f} %, gate {100 * self.threshold:g} %), "
+                   f"{self.b_iterations} vs {self.a_iterations} iterations, one-sided Mann-Whitney "
+                   f"p = {self.p_value:.3g} (alpha {self.alpha:g})")
+        if self.failed:
+            return f"gate failed: b is slower: {numbers}"
+        return f"gate passed: {numbers}" + ("" if self.decidable else "; too few iterations for the test to reach "
+                                            "alpha: the gate cannot fail")
+
+
+def iteration_times(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX,
+                    stages: pl.DataFrame | None = None) -> pl.Series:
+    """Each iteration's GPU span, ns, in time order (the longest over the devices). `stages`:
+    the trace's `layers.stage_times`, when the caller has it already."""
     from traceq.analysis.layers import stage_times
 
-    stages = stage_times(con, trace_id, iteration_regex).filter(pl.col("iteration").is_not_null())
+    stages = stage_times(con, trace_id, iteration_regex) if stages is None else stages
+    stages = stages.filter(pl.col("iteration").is_not_null())
     return stages.group_by("iteration", maintain_order=True).agg(pl.col("span_ns").max())["span_ns"]
 
 
@@ -111,11 +132,12 @@ def _u_counts(n: int, m: int) -> tuple[int, ...]:
 
 
 def regression_gate(con: duckdb.DuckDBPyConnection, a: int, b: int, threshold: float, *,
-                    alpha: float = ALPHA, iteration_regex: str = ITERATION_REGEX) -> GateResult:
+                    alpha: float = ALPHA, iteration_regex: str = ITERATION_REGEX,
+                    stages: tuple[pl.DataFrame, pl.DataFrame] | None = None) -> GateResult:
     """Whether trace `b` is slower per iteration than trace `a` by more than `threshold` (0.05 for
-    5 %) and beyond the iterations' noise. Raises MissingDataError when a trace marks no
-    iterations."""
-    ta, tb = (iteration_times(con, t, iteration_regex) for t in (a, b))
+    5 %) and beyond the iterations' noise (`stages`: their `layers.stage_times`, when the caller
+    has them). Raises MissingDataError when a trace marks no iterations."""
+    ta, tb = (iteration_times(con, t, iteration_regex, s) for t, s in zip((a, b), stages or (None, None)))
     if ta.is_empty() or tb.is_empty():
         raise MissingDataError("--gate compares iteration times: both traces need iteration ranges "
                                "('iteration N' or 'step N' NVTX ranges, or --iteration-regex)")

@@ -15,6 +15,7 @@ from conftest import SAMPLES
 from typer.testing import CliRunner
 
 import traceq
+from traceq.analysis.choices import StatsReport
 from traceq.cli import app
 
 runner = CliRunner()
@@ -38,6 +39,11 @@ COMMANDS = {  # what the CLI runs (with -t TRACE) -> the same through the API
     "memory layer": (["memory"], lambda t: t.memory()),
     "memory time": (["memory", "--by", "time"], lambda t: t.memory("time")),
     "traffic": (["traffic", "-k", "8"], lambda t: t.traffic(k=8)),
+    "idle": (["idle"], lambda t: t.idle()),
+    **{f"idle {by}": (["idle", "--by", by], lambda t, by=by: t.idle(by)) for by in ("iteration", "stream", "layer")},
+    "launches": (["launches", "-k", "10"], lambda t: t.launches(k=10)),
+    **{f"stats {r.value}": (["stats", "-r", r.value], lambda t, r=r: t.stats(r.value)) for r in StatsReport},
+    "advise": (["advise"], lambda t: t.advise()),
 }
 ALEXNET_SPEC = {  # with a model spec, on the AlexNet samples
     "ce spec kernel": (["ce", "--by", "kernel", "--spec", SPEC], lambda t: t.ce("kernel", spec=SPEC)),
@@ -162,6 +168,43 @@ def test_a_run_loaded_and_read_through_the_api(tmp_path: Path) -> None:
         assert s.trace("dlrm8").name == via_api[0][1]  # a run's name: its rank 0's trace
 
 
+def test_compare_gate_gives_the_api_verdict(store: Path) -> None:
+    """`compare --gate`: the CLI exits 3 exactly when the API's GateResult failed, and its last
+    stderr line is the result's verdict; a gate on traces without iterations is refused alike.
+    b256 takes about 1.8 times b128's time per iteration: slower beyond 5 %, not beyond 100 %."""
+    b128, b256 = "alexnet_b128_cudnn", "alexnet_b256_cudnn"
+    with traceq.open(store) as s:
+        failed = []
+        for a, b, gate, threshold in ((b256, b128, "5%", 0.05), (b128, b256, "5%", 0.05), (b128, b256, "100", 1.0)):
+            cli = runner.invoke(app, ["compare", a, b, "--gate", gate, "--db", str(store), "-f", "json"])
+            result = s.trace(a).gate(b, threshold)
+            assert cli.exit_code == (3 if result.failed else 0), cli.output
+            assert cli.stderr.strip().splitlines()[-1] == f"traceq: {result.verdict}"
+            assert _rows(json.loads(cli.stdout)) == _rows(s.trace(a).compare(b).to_dicts())
+            failed.append(result.failed)
+        assert failed == [False, True, False], "b128 -> b256 only fails the 5 % gate"
+        with pytest.raises(traceq.MissingDataError) as e:
+            s.trace("alexnet_b256_cudnn").gate("alexnet_b128_cudnn", iteration_regex="^no such range$")
+        cli = runner.invoke(app, ["compare", "alexnet_b256_cudnn", "alexnet_b128_cudnn", "--gate", "5%",
+                                  "--iteration-regex", "^no such range$", "--db", str(store), "-f", "json"])
+        assert cli.exit_code == 1 and cli.stderr.strip().splitlines()[-1] == f"traceq: {e.value}"
+
+
+def test_every_command_has_a_documented_method() -> None:
+    """docs/api.md's table gives every `traceq` command its API method, and each method it names
+    exists (a command added to the CLI without its method, or a renamed method, fails here)."""
+    import re
+
+    from typer.main import get_command
+
+    rows = re.findall(r"^\| `traceq ([a-z]+)[^`]*` \| (.*?) \|", (SAMPLES.parent / "docs" / "api.md").read_text(),
+                      re.MULTILINE)
+    assert set(get_command(app).commands) <= {command for command, _ in rows}  # type: ignore[attr-defined]
+    for command, methods in rows:
+        for owner, name in re.findall(r"`(Store|Trace|Run|traceq)\.(\w+)\(", methods):
+            assert hasattr(traceq if owner == "traceq" else getattr(traceq, owner), name), (command, owner, name)
+
+
 def test_kernels_hold_every_launch_with_its_context(store: Path) -> None:
     """`Trace.kernels()`: one row per launch of the trace (counted in the store), its layer as
     `layers` sums it, its precision as `ce` reads it, its RU as `ru` weighs it."""
@@ -207,9 +250,13 @@ def test_dir_shows_the_public_api_and_imports_stay_lazy() -> None:
     code = ("import sys, traceq; print(sorted(n for n in dir(traceq) if not n.startswith('_'))); "
             "print('polars' in sys.modules, 'traceq.analysis.layers' in sys.modules); import traceq.analysis.layers")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert eval(out[0]) == ["MissingDataError", "NotFoundError", "Run", "Store", "StoreError", "Trace", "TraceFormatError",
-                            "TraceqError", "TraceqWarning", "load", "occupancy", "open", "use_rules"]
+    assert eval(out[0]) == ["MissingDataError", "NotFoundError", "RegressionError", "Run", "Store", "StoreError",
+                            "Trace", "TraceFormatError", "TraceqError", "TraceqWarning", "load", "occupancy", "open",
+                            "use_rules"]
     assert out[1] == "False False"
+    import traceq.errors as errors
+
+    assert {n for n, v in vars(errors).items() if isinstance(v, type)} <= set(dir(traceq)), "an error class not exported"
 
 
 def test_sql_reads_and_refuses_writes_in_one_line(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
