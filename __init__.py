@@ -20,7 +20,7 @@ from traceq.errors import (MissingDataError, NotFoundError, RegressionError, Sto
 
 __version__ = "0.1.0"
 
-_API = ("Run", "Store", "Trace", "load", "occupancy", "open", "use_rules")
+_API = ("Run", "Store", "Trace", "load", "load_dataset", "occupancy", "open", "use_rules")
 _MODULES = ("analysis", "api", "cli", "errors", "export", "ingest", "render", "store")
 
 __all__ = [*_API, "MissingDataError", "NotFoundError", "RegressionError", "StoreError", "TraceFormatError",

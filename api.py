@@ -38,18 +38,21 @@ if TYPE_CHECKING:
     from traceq.analysis.gpu_products import GpuProduct
     from traceq.analysis.idle import IdleTotals
     from traceq.ingest import LoadResult
+    from traceq.ingest.parallel import DatasetLoad
 
 AUTO_CONTEXT_MAX_KERNELS = 1_000_000
 """Above this many kernels `top` gives the library column alone unless asked for `context`."""
 
 
-def open(path: str | Path | None = None, *, write: bool = False) -> Store:  # noqa: A001 (traceq.open)
-    """The store at `path` (default: $TRACEQ_DB, else ./traceq.duckdb), read-only unless `write`.
+def open(path: str | Path | None = None, *, write: bool = False,  # noqa: A001 (traceq.open)
+         dataset: str | Path | None = None) -> Store:
+    """The store at `path` (default: $TRACEQ_DB, else ./traceq.duckdb), read-only unless `write`;
+    or, given `dataset`, the Parquet dataset in that folder (`load_dataset` writes one), read-only.
 
-    Raises StoreError when there is no store there, it is not a traceq store, or it is locked
-    by a process writing it for longer than $TRACEQ_LOCK_TIMEOUT seconds.
+    Raises StoreError when there is no store (or dataset) there, it is not a traceq store, or it
+    is locked by a process writing it for longer than $TRACEQ_LOCK_TIMEOUT seconds.
     """
-    return Store(path, write=write)
+    return Store(path, write=write, dataset=dataset)
 
 
 def load(path: str | Path, store: str | Path | Store | None = None, **options: Any) -> Trace:
@@ -61,7 +64,9 @@ def load(path: str | Path, store: str | Path | Store | None = None, **options: A
 
 
 class Store:
-    """A traceq store: one DuckDB file holding many traces. Use `traceq.open` or `traceq.load`.
+    """A traceq store: one DuckDB file holding many traces, or a dataset: a folder of Parquet
+    files per trace (`traceq load --dataset`; docs/scale-out.md) read through DuckDB views with
+    the store's table names. Use `traceq.open` or `traceq.load`.
 
     `con` is the DuckDB connection, for SQL of your own (`docs/schema.md` lists the tables);
     `sql(query)` runs a read-only query as `traceq sql` does. A Store is a context manager that
@@ -69,10 +74,16 @@ class Store:
     """
 
     def __init__(self, path: str | Path | None = None, *, write: bool = False, lazy: bool = False,
-                 on_wait: Callable[[str], None] | None = None):
+                 on_wait: Callable[[str], None] | None = None, dataset: str | Path | None = None):
         """`lazy`: open the connection at its first use (`load` creates a missing store);
-        `on_wait`: called with a message when the store is locked and the open waits."""
-        self.path = Path(path) if path is not None else default_store_path()
+        `on_wait`: called with a message when the store is locked and the open waits;
+        `dataset`: the dataset in this folder instead of a store (read-only: `path` and `write`
+        are refused with it)."""
+        if dataset is not None and (path is not None or write):
+            raise TraceqError("a dataset is read here, not written, and is not a store: give it alone "
+                              "(traceq.open(dataset=...))")
+        self.dataset = Path(dataset) if dataset is not None else None
+        self.path = self.dataset or (Path(path) if path is not None else default_store_path())
         self.write = write
         self._on_wait = on_wait
         self._con: duckdb.DuckDBPyConnection | None = None
@@ -80,10 +91,26 @@ class Store:
             self._con = self._open(read_only=not write)
 
     def _open(self, *, read_only: bool, create: bool = False) -> duckdb.DuckDBPyConnection:
+        if self.dataset is not None:
+            if not read_only:
+                raise TraceqError(f"{self.dataset} is a dataset: it is read, not changed (`traceq load --dataset` "
+                                  "adds traces to it)")
+            from traceq.dataset import open_dataset
+
+            return open_dataset(self.dataset)
         try:
             return open_store(self.path, read_only=read_only, create=create, on_wait=self._on_wait)
         finally:  # an on_wait that showed a notice may take it back (the CLI's erases its line)
             getattr(self._on_wait, "clear", lambda: None)()
+
+    def _over(self, trace_ids: list[int]) -> duckdb.DuckDBPyConnection:
+        """A connection that reads these traces: the store's own; for a dataset, views over their
+        files alone (as quick among 1,000 traces as alone)."""
+        if self.dataset is None:
+            return self.con
+        from traceq.dataset import open_dataset
+
+        return open_dataset(self.dataset, trace_ids)
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
@@ -104,7 +131,8 @@ class Store:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<traceq.Store {str(self.path)!r}{' (writable)' if self.write else ''}>"
+        kind = "dataset" if self.dataset is not None else "Store"
+        return f"<traceq.{kind} {str(self.path)!r}{' (writable)' if self.write else ''}>"
 
     # --- what the store holds
 
@@ -120,7 +148,7 @@ class Store:
         """The trace named `ref` (a name or an id; None: the latest loaded; a run's name: its
         rank 0's trace). Raises NotFoundError, listing what the store holds, when there is none."""
         trace_id, name = resolve_trace_or_run(self.con, None if ref is None else str(ref))
-        return Trace(self, trace_id, name)
+        return Trace(self, trace_id, name, con=None if self.dataset is None else self._over([trace_id]))
 
     def sql(self, query: str) -> pl.DataFrame:
         """The result of one read-only SQL statement (SELECT, WITH, DESCRIBE, SHOW, EXPLAIN,
@@ -159,6 +187,7 @@ class Store:
     def _loading(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A connection that may write, for a load: the store is created when missing, and
         removed again when the load fails; read-only again at the next use unless `write`."""
+        self._writable()
         existed = self.path.exists()
         self.close()  # a read-only connection cannot write: open one that can for the load
         con = self._open(read_only=False, create=True)
@@ -201,6 +230,7 @@ class Store:
 
     def _change(self, change: Callable[[duckdb.DuckDBPyConnection], Any]) -> Any:
         """What change(con) returns, run in one transaction on a connection that may write."""
+        self._writable()
         con = self.con if self.write else None
         if con is None:
             self.close()
@@ -227,7 +257,7 @@ class Store:
         from traceq.render.report import build_report
 
         ids = [t.id if isinstance(t, Trace) else self.trace(t).id for t in (traces or [None])]
-        return build_report(self.con, ids, iteration_regex=_regex(iteration_regex), top_k=k, title=title,
+        return build_report(self._over(ids), ids, iteration_regex=_regex(iteration_regex), top_k=k, title=title,
                             spec=_path(spec), batch=batch)
 
     # --- runs: several traces as the ranks of one job (docs/multigpu.md)
@@ -265,6 +295,37 @@ class Store:
         return run
 
 
+    def _writable(self) -> None:
+        if self.dataset is not None:
+            raise TraceqError(f"{self.dataset} is a dataset: it is read, not changed (`traceq load --dataset` "
+                              "adds traces to it)")
+
+
+def load_dataset(paths: list[str | Path], dataset: str | Path, *, scheduler: str | None = None,
+                 workers: int | None = None, progress: Callable[[int, int], None] | None = None,
+                 python_functions: bool = False, attribute: bool | None = None) -> DatasetLoad:
+    """`traceq load --dataset`: load trace files into the Parquet dataset in the folder `dataset`
+    (made when absent), one Dask task per file, on the Dask cluster at `scheduler` (an address,
+    tcp://host:8786, or a scheduler file) or else on a local cluster of `workers` processes
+    (default: one per core). Files already loaded are not read again, and none starts a cluster.
+    `progress`, `python_functions`, `attribute`: as `Store.load`'s.
+    Returns what was loaded, skipped and failed (a failed file leaves nothing; loading the same
+    files again loads only those); `open(dataset=...)` reads the dataset.
+
+    Raises TraceFormatError for a file traceq cannot read and TraceqError for a name taken,
+    before anything starts; TraceqError when Dask is not installed (`traceq[dask]`).
+    """
+    from traceq.ingest.parallel import DatasetLoad, dask_client, load_dataset as load_on, plan_load
+
+    if scheduler is not None and workers is not None:
+        raise TraceqError("workers start a local cluster: give a scheduler or workers, not both")
+    plan = plan_load([Path(p) for p in paths], Path(dataset))  # bad input is refused before a cluster starts
+    if not plan.todo:
+        return DatasetLoad([], plan.skipped, [], 0.0, 0)
+    with dask_client(scheduler, workers) as client:
+        return load_on(client, plan, progress=progress, python_functions=python_functions, attribute=attribute)
+
+
 def _remove_store(path: Path) -> None:
     for p in (path, path.with_name(path.name + ".wal")):
         try:
@@ -297,11 +358,13 @@ class Trace:
     then `libs()` attribute the launches once.
     """
 
-    def __init__(self, store: Store, trace_id: int, name: str):
+    def __init__(self, store: Store, trace_id: int, name: str, con: duckdb.DuckDBPyConnection | None = None):
+        """`con`: a connection of its own (a dataset's views over this trace's files), else the store's."""
         self.store = store
         self.id = trace_id
         self.name = name
         self.load_result: LoadResult | None = None
+        self._con = con
         self._kept: dict[str, tuple[tuple, object]] = {}
 
     def __repr__(self) -> str:
@@ -309,7 +372,7 @@ class Trace:
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
-        return self.store.con
+        return self.store.con if self._con is None else self._con
 
     def _keep(self, kind: str, key: tuple, make: Callable[[], Any]) -> Any:
         """make(), kept for the next call with the same `kind` and `key` (one per kind)."""
@@ -532,7 +595,7 @@ class Trace:
             done = {"stages": (self._stages(iteration_regex), b._stages(iteration_regex))}
         else:
             done = {"kernels": (self._attributed(iteration_regex), b._attributed(iteration_regex))}
-        frame, _ = compare_runs(self.con, self.id, b.id, CompareBy(by), spec=_path(spec),
+        frame, _ = compare_runs(self.store._over([self.id, b.id]), self.id, b.id, CompareBy(by), spec=_path(spec),
                                 iteration_regex=_regex(iteration_regex), **done)
         return frame if k is None else frame.head(k)
 
@@ -545,7 +608,8 @@ class Trace:
         from traceq.analysis.gate import regression_gate
 
         b = other if isinstance(other, Trace) else self.store.trace(other)
-        return regression_gate(self.con, self.id, b.id, threshold, iteration_regex=_regex(iteration_regex),
+        return regression_gate(self.store._over([self.id, b.id]), self.id, b.id, threshold,
+                               iteration_regex=_regex(iteration_regex),
                                stages=(self._stages(iteration_regex), b._stages(iteration_regex)))
 
     def _gaps(self, iteration_regex: str | None) -> tuple[pl.DataFrame, dict[str, pl.Series]]:
@@ -757,4 +821,4 @@ def use_rules(path: str | Path | None) -> None:
     choose(path)
 
 
-__all__ = ["AUTO_CONTEXT_MAX_KERNELS", "Store", "Trace", "load", "occupancy", "open", "use_rules"]
+__all__ = ["AUTO_CONTEXT_MAX_KERNELS", "Store", "Trace", "load", "load_dataset", "occupancy", "open", "use_rules"]

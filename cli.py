@@ -69,7 +69,8 @@ def _global(ctx: typer.Context, param: typer.CallbackParam, value: object) -> ob
 
 # The global options: accepted before the command (by `_main`) and after it (by each command
 # that declares them, with these same aliases). A new command takes them by declaring
-# `db: DbOpt = None`, `fmt: FormatOpt = None`, `out: OutOpt = None`.
+# `db: DbOpt = None`, `fmt: FormatOpt = None`, `out: OutOpt = None`, and a reading command
+# `dataset: DatasetOpt = None` too; `_store(db, dataset)` opens what they name.
 DbOpt = Annotated[
     Optional[Path],
     typer.Option("--db", callback=_global, show_default=False,
@@ -80,9 +81,14 @@ FormatOpt = Annotated[
     typer.Option("--format", "-f", callback=_global, show_default=False,
                  help="table, csv or json [default: from -o's suffix, else table]"),
 ]
+DatasetOpt = Annotated[
+    Optional[Path],
+    typer.Option("--dataset", callback=_global, show_default=False,
+                 help="Read (or with load, write) this Parquet dataset folder instead of the store"),
+]
 OutOpt = Annotated[Optional[Path], typer.Option("--output", "-o", callback=_global, show_default=False,
                                                 help="Write to this file instead of stdout")]
-GLOBAL_OPTIONS = {"db": "--db", "fmt": "--format", "out": "--output"}
+GLOBAL_OPTIONS = {"db": "--db", "dataset": "--dataset", "fmt": "--format", "out": "--output"}
 """Parameter name -> option, for the options above."""
 TraceOpt = Annotated[
     Optional[str], typer.Option("--trace", "-t", help="Trace name or id [default: the latest loaded]")
@@ -123,8 +129,13 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(code=130) from None
 
 
-def _store(db: Path | None, **kwargs: bool) -> Store:
-    return Store(db or default_store_path(), on_wait=_WaitNotice(), **kwargs)
+def _store(db: Path | None, dataset: Path | None = None, **kwargs: bool) -> Store:
+    """The store `db` names (or the default one), or the dataset `dataset` names (read-only)."""
+    if dataset is None:
+        return Store(db or default_store_path(), on_wait=_WaitNotice(), **kwargs)
+    if db is not None:
+        raise typer.BadParameter("give --db or --dataset, not both", param_hint="--dataset")
+    return Store(dataset=dataset, **kwargs)
 
 
 class _WaitNotice:
@@ -160,13 +171,13 @@ def _emit(text: str, out: Path | None) -> None:
 
 
 def _show_trace_table(
-    trace: str | None, db: Path | None, fmt: Format | None, out: Path | None,
+    trace: str | None, db: Path | None, dataset: Path | None, fmt: Format | None, out: Path | None,
     build: Callable[[Trace], tuple[object, str]],
 ) -> None:
-    """The body every per-trace command shares: open the store read-only, find the trace,
-    `build(trace) -> (frame, title)`, render and write it."""
+    """The body every per-trace command shares: open the store (or dataset) read-only, find the
+    trace, `build(trace) -> (frame, title)`, render and write it."""
     with user_errors():
-        frame, title = build(_store(db).trace(trace))
+        frame, title = build(_store(db, dataset).trace(trace))
         _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
 
 
@@ -238,6 +249,7 @@ def _main(
         help="Kernel classification rules (TOML, the format of analysis/kernel_rules.toml) "
              "tried before the packaged ones")] = None,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
 ) -> None:
@@ -260,6 +272,7 @@ def load(
                                                "PyTorch profiler (Kineto) JSON traces",
                                                metavar="PATH...", show_default=False)],
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     name: Annotated[Optional[str], typer.Option(help="Name in the store [default: the file's name "
                                                      "without its suffix]")] = None,
     replace: Annotated[bool, typer.Option(help="Replace a trace with the same content or name")] = False,
@@ -273,12 +286,23 @@ def load(
     run: Annotated[Optional[str], typer.Option(
         help="Load the files as the ranks of one run (one file per rank or node), in one transaction",
         show_default=False)] = None,
+    scheduler: Annotated[Optional[str], typer.Option(
+        help="With --dataset: the Dask scheduler's address (tcp://host:8786) or scheduler file "
+             "[default: a local cluster]", show_default=False)] = None,
+    workers: Annotated[Optional[int], typer.Option(
+        min=1, help="With --dataset and no --scheduler: local Dask workers [default: one per core]",
+        show_default=False)] = None,
 ) -> None:
-    """Load trace files into the store (one transaction each, or one for all with --run)."""
+    """Load trace files into the store (one transaction each, or one for all with --run), or with
+    --dataset into a Parquet dataset, one Dask task per file."""
 
     with user_errors():
         if name is not None and len(paths) > 1:
             raise typer.BadParameter("--name needs exactly one file", param_hint="--name")
+        if dataset is not None or scheduler is not None or workers is not None:
+            _load_dataset(paths, dataset, scheduler, workers, python_functions, attribute,
+                          {"--db": db, "--name": name, "--replace": replace, "--export": export, "--run": run})
+            return
         store = _store(db, lazy=True)
         if export:
             paths = [_exported(path) for path in paths]
@@ -336,11 +360,44 @@ def _load_run(store: Store, paths: list[Path], run: str, replace: bool, python_f
     typer.echo(f"run {run!r}: {r.world_size} ranks{shift} (`traceq ranks {run}`)")
 
 
+def _load_dataset(paths: list[Path], dataset: Path | None, scheduler: str | None, workers: int | None,
+                  python_functions: bool, attribute: bool | None, store_only: dict[str, object]) -> None:
+    """`traceq load --dataset`: check the options, load, and say what was done."""
+    from traceq.api import load_dataset
+
+    if dataset is None:
+        raise typer.BadParameter("--scheduler and --workers load into a dataset: add --dataset PATH",
+                                 param_hint="--dataset")
+    for option, value in store_only.items():
+        if value:
+            raise typer.BadParameter(f"{option} is for the store, not --dataset", param_hint=option)
+    if scheduler is not None and workers is not None:
+        raise typer.BadParameter("--workers starts a local cluster: not with --scheduler", param_hint="--workers")
+    progress = _LazyProgress(f"loading {len(paths)} files")
+    try:
+        done = load_dataset(paths, dataset, scheduler=scheduler, workers=workers, progress=progress,
+                            python_functions=python_functions, attribute=attribute)
+    finally:
+        progress.close()
+    if not done.workers:
+        typer.echo(f"all {len(paths)} file(s) are already in {dataset}; nothing changed")
+        return
+    kernels = sum(e.kernels or 0 for e in done.loaded)
+    there = f"; {len(done.skipped)} already there" if done.skipped else ""
+    typer.echo(f"loaded {len(done.loaded)} trace(s) into {dataset} ({kernels:,} kernels{there}) "
+               f"on {done.workers} Dask worker(s) in {done.seconds:.2f} s")
+    for entry in done.failed:
+        _err(f"{entry.source_path} (trace {entry.trace_id}) failed: {entry.error}")
+    if done.failed:
+        raise TraceqError(f"{len(done.failed)} of {len(paths)} file(s) not loaded: run the same command again "
+                          "to load only those")
+
+
 @app.command()
-def traces(db: DbOpt = None, fmt: FormatOpt = None, out: OutOpt = None) -> None:
+def traces(db: DbOpt = None, dataset: DatasetOpt = None, fmt: FormatOpt = None, out: OutOpt = None) -> None:
     """List the traces in the store."""
     with user_errors():
-        store = _store(db)
+        store = _store(db, dataset)
         frame = store.traces()
         fmt = format_for(fmt, out)
         if fmt is Format.table:
@@ -358,6 +415,7 @@ def top(
         help="Add layer, pass and library columns [default: on up to 1M kernels; above, library only]")] = None,
     trace: TraceOpt = None,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
 ) -> None:
@@ -373,7 +431,7 @@ def top(
         return ranking, (f"{t.name}: top {len(ranking)} kernels by total time "
                          f"(all kernels: {format_duration(t.kernel_time_ns())} of GPU time)")
 
-    _show_trace_table(trace, db, fmt, out, build)
+    _show_trace_table(trace, db, dataset, fmt, out, build)
 
 
 IterOpt = Annotated[
@@ -382,7 +440,7 @@ IterOpt = Annotated[
 
 
 @app.command()
-def layers(trace: TraceOpt = None, db: DbOpt = None, iteration_regex: IterOpt = None,
+def layers(trace: TraceOpt = None, db: DbOpt = None, dataset: DatasetOpt = None, iteration_regex: IterOpt = None,
            fmt: FormatOpt = None, out: OutOpt = None) -> None:
     """GPU time per NVTX layer and pass, with its heaviest kernel, library split and how its kernels were placed."""
     def build(t: Trace):
@@ -392,24 +450,24 @@ def layers(trace: TraceOpt = None, db: DbOpt = None, iteration_regex: IterOpt = 
                        f"a layer range, {shares['rule']:.1f} % placed by rule, {shares['none']:.1f} % in no layer: "
                        "see Attribution)")
 
-    _show_trace_table(trace, db, fmt, out, build)
+    _show_trace_table(trace, db, dataset, fmt, out, build)
 
 
 @app.command()
 def libs(by_layer: Annotated[bool, typer.Option("--by-layer", help="One row per layer, pass and library")] = False,
-         trace: TraceOpt = None, db: DbOpt = None, iteration_regex: IterOpt = None,
+         trace: TraceOpt = None, db: DbOpt = None, dataset: DatasetOpt = None, iteration_regex: IterOpt = None,
          fmt: FormatOpt = None, out: OutOpt = None) -> None:
     """GPU time per library (cuDNN, cuBLAS, NCCL, PyTorch ATen, ...), optionally per layer."""
-    _show_trace_table(trace, db, fmt, out, lambda t: (
+    _show_trace_table(trace, db, dataset, fmt, out, lambda t: (
         t.libs(by_layer=by_layer, iteration_regex=iteration_regex),
         f"{t.name}: GPU time per library" + (" and layer" if by_layer else "")))
 
 
 @app.command()
-def stages(trace: TraceOpt = None, db: DbOpt = None, iteration_regex: IterOpt = None,
+def stages(trace: TraceOpt = None, db: DbOpt = None, dataset: DatasetOpt = None, iteration_regex: IterOpt = None,
            fmt: FormatOpt = None, out: OutOpt = None) -> None:
     """GPU time per iteration in data copy, forward, backward and weight update, and GPU idle time."""
-    _show_trace_table(trace, db, fmt, out, lambda t: (
+    _show_trace_table(trace, db, dataset, fmt, out, lambda t: (
         t.stages(iteration_regex=iteration_regex), f"{t.name}: GPU time per iteration and stage"))
 
 
@@ -420,6 +478,7 @@ def idle(
              "[default: one row per cause]", show_default=False)] = None,
     trace: TraceOpt = None,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     iteration_regex: IterOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
@@ -437,7 +496,7 @@ def idle(
             title += f", {format_duration(totals.idle_ns / totals.iterations)} per iteration ({totals.iterations})"
         return frame, f"{title}; by cause" + (f" and {by.value}" if by is not None else "")
 
-    _show_trace_table(trace, db, fmt, out, build)
+    _show_trace_table(trace, db, dataset, fmt, out, build)
 
 
 @app.command()
@@ -445,6 +504,7 @@ def launches(
     k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k rows with most launch time")] = None,
     trace: TraceOpt = None,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
 ) -> None:
@@ -458,7 +518,7 @@ def launches(
                  f"({totals['tiny_pct']:.1f} %: the kernel ran shorter than its launch call)")
         return t.launches(k=k), title
 
-    _show_trace_table(trace, db, fmt, out, build)
+    _show_trace_table(trace, db, dataset, fmt, out, build)
 
 
 @app.command()
@@ -467,11 +527,12 @@ def stats(
                                                 show_default=False)],
     trace: TraceOpt = None,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
 ) -> None:
     """An `nsys stats` report from the store: the same rows and numbers (docs/stats.md)."""
-    _show_trace_table(trace, db, fmt, out, lambda t: (
+    _show_trace_table(trace, db, dataset, fmt, out, lambda t: (
         t.stats(report), f"{t.name}: {report.value} (as `nsys stats --report {report.value}`)"))
 
 
@@ -479,6 +540,7 @@ def stats(
 def advise(
     trace: TraceOpt = None,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     iteration_regex: IterOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
@@ -488,7 +550,7 @@ def advise(
     from traceq.render.findings import render_findings
 
     with user_errors():
-        t = _store(db).trace(trace)
+        t = _store(db, dataset).trace(trace)
         frame = t.advise(iteration_regex=iteration_regex)
         totals = t.idle_totals(iteration_regex=iteration_regex)
         title = (f"{t.name}: {len(frame)} finding(s), by GPU time at stake (of "
@@ -520,15 +582,19 @@ def sql(
         help="One read-only SQL statement [default: open DuckDB's own shell on the store, read-only]",
         metavar="[QUERY]", show_default=False)] = None,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
 ) -> None:
     """Run a read-only SQL query on the store and print its rows like every other table (docs/schema.md)."""
     with user_errors():
-        store = _store(db)
+        store = _store(db, dataset)
         if query is None:
             if fmt is not None or out is not None:
                 raise typer.BadParameter("--format and --output need a QUERY", param_hint="QUERY")
+            if dataset is not None:
+                raise typer.BadParameter("DuckDB's shell opens a store, not a dataset: give a QUERY",
+                                         param_hint="QUERY")
             store.close()
             raise typer.Exit(_duckdb_shell(store.path))
         frame = store.sql(query)
@@ -618,12 +684,13 @@ def ru(
     sms: SmsOpt = None,
     trace: TraceOpt = None,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     iteration_regex: IterOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
 ) -> None:
     """Occupancy and resource utilization (RU) of the launches: limiter, blocks per SM, waves, RU."""
-    _show_trace_table(trace, db, fmt, out, lambda t: (
+    _show_trace_table(trace, db, dataset, fmt, out, lambda t: (
         t.ru(by, k=k, cc=cc, sms=sms, iteration_regex=iteration_regex),
         f"{t.name}: occupancy and RU per {by.value} (kernel-time-weighted means; "
         "paper RU: registers-only maxBlocks, eq. 10; Kineto: its estimate)"))
@@ -647,6 +714,7 @@ def ce(
     k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k rows with most FLOPs")] = None,
     trace: TraceOpt = None,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     iteration_regex: IterOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
@@ -662,7 +730,7 @@ def ce(
                  f"peak of each kernel's precision (TFLOP/s: {peaks or 'unknown'})")
         return frame, title
 
-    _show_trace_table(trace, db, fmt, out, build)
+    _show_trace_table(trace, db, dataset, fmt, out, build)
 
 
 @app.command()
@@ -680,6 +748,7 @@ def traffic(
                                               help="Show only the k rows with most GPU time")] = None,
     trace: TraceOpt = None,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     iteration_regex: IterOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
@@ -694,7 +763,7 @@ def traffic(
                  f"DRAM {target.dram_bytes_per_s / 1e12:.2f} TB/s")
         return frame, title
 
-    _show_trace_table(trace, db, fmt, out, build)
+    _show_trace_table(trace, db, dataset, fmt, out, build)
 
 
 @app.command()
@@ -708,6 +777,7 @@ def compare(
         "--gate", help="Fail (exit 3) when b's iterations are slower than a's by more than this (5%) and "
                        "beyond their noise (a rank test over iterations)", show_default=False)] = None,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     iteration_regex: IterOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
@@ -715,7 +785,7 @@ def compare(
     """Two runs side by side: GPU time (per iteration), difference, ratio, RU and CE; runs of different GPU counts per GPU, with scaling efficiency; --gate for CI."""
     with user_errors():
         threshold = _percentage(gate) if gate is not None else None
-        store = _store(db)
+        store = _store(db, dataset)
         ta, tb = store.trace(a), store.trace(b)
         ra, rb = store.run(ta), store.run(tb)
         if (ra.world_size > 1 or rb.world_size > 1) and threshold is None:  # --gate compares the traces as they are
@@ -829,6 +899,7 @@ def memory(
     = MemoryBy.layer,
     trace: TraceOpt = None,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     iteration_regex: IterOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
@@ -847,7 +918,7 @@ def memory(
         what = "device memory allocated per layer and pass" if by is MemoryBy.layer else "device memory in use"
         return frame, f"{t.name}: {what} ({'; '.join(peaks)})"
 
-    _show_trace_table(trace, db, fmt, out, build)
+    _show_trace_table(trace, db, dataset, fmt, out, build)
 
 
 @app.command()
@@ -862,13 +933,14 @@ def report(
     spec: SpecOpt = None,
     batch: BatchOpt = None,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     iteration_regex: IterOpt = None,
 ) -> None:
     """One self-contained HTML report (Plotly, works offline): stages, layers, CE/RU, memory, timeline."""
     out = out or Path("report.html")
     with user_errors():
         started = time.monotonic()
-        page = _store(db).report(traces, k=top_k, title=title, spec=spec, batch=batch,
+        page = _store(db, dataset).report(traces, k=top_k, title=title, spec=spec, batch=batch,
                                  iteration_regex=iteration_regex)
         _emit(page, out)
         figures = page.count('class="figure"')
@@ -886,11 +958,12 @@ def export(
     export_format: Annotated[ExportFormat, typer.Option(
         "--format", "-f", help="perfetto: Chrome trace events (Perfetto, chrome://tracing)")] = ExportFormat.perfetto,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
 ) -> None:
     """Write a trace's kernels, memcpys, API calls and NVTX ranges as a timeline Perfetto opens."""
     with user_errors():
         started = time.monotonic()
-        t = _store(db).trace(trace)
+        t = _store(db, dataset).trace(trace)
         out = out or Path(f"{t.name}.json.gz")
         progress = _LazyProgress(f"exporting {t.name}")
         try:

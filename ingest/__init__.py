@@ -74,6 +74,11 @@ def _digest_in_background(path: Path) -> Callable[[], str]:
     return future.result
 
 
+def default_name(path: Path) -> str:
+    """A trace's name when none is given: its file's name without its suffix (rank0.json.gz: rank0)."""
+    return Path(Path(path).name.removesuffix(".gz")).stem
+
+
 def load_trace(
     con: duckdb.DuckDBPyConnection,
     path: Path,
@@ -110,7 +115,7 @@ def load_trace(
     started = time.perf_counter()
     path = Path(path)
     reader = reader_for(path, READERS)
-    name = name or Path(path.name.removesuffix(".gz")).stem  # rank0.json.gz: rank0
+    name = name or default_name(path)
     if first_row(con, "SELECT 1 FROM traces WHERE source_bytes = ? LIMIT 1", [path.stat().st_size]):
         sha = sha256_of(path)  # the same content may be loaded already: decide before reading
         digest: Callable[[], str] = lambda: sha
@@ -319,4 +324,4 @@ def export_report(path: Path) -> Path:
     return out
 
 
-__all__ = ["READERS", "LoadResult", "export_report", "load_run", "load_trace", "reader_for", "sha256_of"]
+__all__ = ["READERS", "LoadResult", "default_name", "export_report", "load_run", "load_trace", "reader_for", "sha256_of"]

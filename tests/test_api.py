@@ -251,7 +251,7 @@ def test_dir_shows_the_public_api_and_imports_stay_lazy() -> None:
             "print('polars' in sys.modules, 'traceq.analysis.layers' in sys.modules); import traceq.analysis.layers")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert eval(out[0]) == ["MissingDataError", "NotFoundError", "RegressionError", "Run", "Store", "StoreError",
-                            "Trace", "TraceFormatError", "TraceqError", "TraceqWarning", "load", "occupancy", "open",
+                            "Trace", "TraceFormatError", "TraceqError", "TraceqWarning", "load", "load_dataset", "occupancy", "open",
                             "use_rules"]
     assert out[1] == "False False"
     import traceq.errors as errors

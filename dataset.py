@@ -1,0 +1,149 @@
+"""Datasets: many traces as Parquet files in a folder, read through DuckDB views with the store's
+table names, so every analysis runs on them unchanged.
+
+A dataset is written by `traceq load --dataset` (traceq.ingest.parallel), one trace (a rank
+file) per Dask task. Its layout:
+
+    DATASET/catalog.json                 the traces it holds: id, name, source, sha256, status
+    DATASET/trace=<id>/<table>.parquet   one file per store table (traceq_meta aside)
+    DATASET/.partial/trace=<id>/         a trace being written (never read)
+
+A trace's files are written into `.partial/trace=<id>/` and the folder is renamed into place
+when all are whole, so a trace appears complete or not at all; readers list only the traces the
+catalog marks `loaded`, and the catalog is replaced by rename too. The store's own views
+(schema.sql: kernels, api_calls, nvtx, kernel_launches) are created over the Parquet views.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import duckdb
+
+from traceq.errors import StoreError
+from traceq.store import SCHEMA_VERSION, connect, schema_sql
+
+CATALOG = "catalog.json"
+DATASET_FORMAT = 1
+"""The layout's version, in catalog.json beside the store schema version of its files."""
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One trace of a dataset. `status` is 'loaded' or 'failed' (then `error` says why)."""
+
+    trace_id: int
+    name: str
+    source_path: str
+    source_bytes: int
+    status: str
+    sha256: str | None = None
+    kernels: int | None = None
+    seconds: float | None = None
+    error: str | None = None
+
+
+def is_dataset(path: Path) -> bool:
+    return (Path(path) / CATALOG).is_file()
+
+
+def trace_dir(dataset: Path, trace_id: int) -> Path:
+    """Where a loaded trace's Parquet files are."""
+    return Path(dataset) / f"trace={trace_id}"
+
+
+def partial_dir(dataset: Path, trace_id: int) -> Path:
+    """Where a trace's Parquet files are written before they are renamed into place."""
+    return Path(dataset) / ".partial" / f"trace={trace_id}"
+
+
+def read_catalog(dataset: Path) -> list[CatalogEntry]:
+    """The traces of the dataset at `dataset`, in trace_id order.
+
+    Raises:
+        StoreError: no dataset there, or one of another store schema.
+    """
+    path = Path(dataset) / CATALOG
+    if not path.is_file():
+        raise StoreError(f"no dataset at {dataset} (no {CATALOG}): make one with "
+                         "`traceq load FILE... --dataset PATH`")
+    try:
+        catalog = json.loads(path.read_text(encoding="utf-8"))
+        found = catalog["schema_version"]
+        entries = [CatalogEntry(**t) for t in catalog["traces"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise StoreError(f"{path} is not a traceq dataset catalog ({e})") from None
+    if found != SCHEMA_VERSION:
+        raise StoreError(f"{dataset} holds store schema {found}, this traceq uses {SCHEMA_VERSION}: "
+                         "load its traces again into a new dataset")
+    return sorted(entries, key=lambda e: e.trace_id)
+
+
+def write_catalog(dataset: Path, entries: list[CatalogEntry]) -> None:
+    """Replace the catalog in one rename (readers see the old one or the new one)."""
+    path = Path(dataset) / CATALOG
+    text = json.dumps({"traceq_dataset": DATASET_FORMAT, "schema_version": SCHEMA_VERSION,
+                       "traces": [asdict(e) for e in sorted(entries, key=lambda e: e.trace_id)]}, indent=1)
+    tmp = path.with_name(CATALOG + ".tmp")
+    tmp.write_text(text + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_trace(con: duckdb.DuckDBPyConnection, trace_id: int, dataset: Path) -> None:
+    """Write every table of the one trace in the store `con` (a private store) as the trace
+    `trace_id` of the dataset: into its partial folder first, renamed into place when whole."""
+    staging, final = partial_dir(dataset, trace_id), trace_dir(dataset, trace_id)
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for table, keys in _trace_tables(con).items():
+        ids = ", ".join(f"{int(trace_id)}::INTEGER AS {key}" for key in keys)
+        con.execute(f"COPY (SELECT * {f'REPLACE ({ids})' if ids else ''} FROM {table}) "
+                    f"TO {_literal(staging / f'{table}.parquet')} (FORMAT parquet)")
+    _publish(staging, final)
+
+
+def _trace_tables(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
+    """The tables a dataset keeps per trace (every table of the store but traceq_meta), each with
+    its id columns that must be unique across the dataset's traces: trace_id, and run_id (each
+    trace of a dataset is a run of its own, with the trace's id)."""
+    rows = con.execute("SELECT table_name, list(column_name ORDER BY column_index) FILTER "
+                       "(column_name IN ('trace_id', 'run_id')) FROM duckdb_columns() WHERE NOT internal "
+                       "AND table_name IN (SELECT table_name FROM duckdb_tables()) AND table_name != 'traceq_meta' "
+                       "GROUP BY table_name ORDER BY table_name").fetchall()
+    return {table: keys or [] for table, keys in rows}
+
+
+def _publish(staging: Path, final: Path) -> None:
+    """Move a trace's whole folder into place (one rename; a stale copy of it goes first)."""
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staging, final)
+
+
+def open_dataset(dataset: Path, trace_ids: list[int] | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection whose tables are views over the dataset's loaded traces
+    (the store's table names and views), for the analyses to read as they read a store; over
+    those of `trace_ids` only when given (a query then opens none of the other traces' files).
+
+    Raises:
+        StoreError: no dataset at `dataset`, or one of another store schema.
+    """
+    loaded = [e.trace_id for e in read_catalog(dataset)
+              if e.status == "loaded" and (trace_ids is None or e.trace_id in trace_ids)]
+    con = connect()
+    con.execute(schema_sql())  # every table, empty, and the schema's views over them
+    con.execute("INSERT INTO traceq_meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
+    if loaded:  # else the empty tables stand: an empty dataset reads as an empty store
+        for table in _trace_tables(con):
+            files = ", ".join(_literal(trace_dir(dataset, t) / f"{table}.parquet") for t in loaded)
+            con.execute(f"DROP TABLE {table}")
+            con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{files}])")
+    return con
+
+
+def _literal(path: Path) -> str:
+    """`path` as an SQL string literal."""
+    return "'" + str(path).replace("'", "''") + "'"

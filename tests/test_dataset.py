@@ -1,0 +1,203 @@
+"""Datasets: trace files loaded in parallel on a local Dask cluster into Parquet (traceq load
+--dataset), and the commands on them (--dataset) against the same traces in a single-file store.
+
+One local cluster of 2 worker processes serves the module (about 10 s to start and load the 9
+traces on our 2-core machine); the worker-killing test loads 3 more files on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import sample, shared_files
+from typer.testing import CliRunner
+
+from traceq.cli import app
+
+pytest.importorskip("distributed")  # the test extra installs it; CI runs these
+
+runner = CliRunner()
+DLRM = shared_files("realtraces/kineto_json", "facebookresearch__param__dlrm_kineto__worker*")
+def _name(path: Path) -> str:
+    """The trace name `traceq load` gives a file: rank0.json.gz is rank0."""
+    return path.name.removesuffix(".gz").rsplit(".", 1)[0]
+
+
+COMMANDS = [["top", "-k", "50"], ["layers"], ["libs"], ["stages"]]
+
+
+@pytest.fixture(scope="module")
+def client():
+    import dask
+
+    from traceq.ingest.parallel import dask_client
+
+    # A rank whose worker dies fails at once (Dask's default retries it on another worker), so
+    # that the killing test sees the failure the way a rank that kills every worker would.
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), dask_client(workers=2) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def loaded(client, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[Path]]:
+    """The DDP sample and the 8 DLRM ranks, in a dataset (by the CLI's code path on `client`)
+    and in a store (by `traceq load`)."""
+    from traceq.ingest.parallel import load_dataset, plan_load
+
+    if not DLRM:
+        pytest.skip("../shared is absent: the DLRM ranks are there")
+    files = [sample("ddp_resnet18_2gpu.sqlite"), *DLRM]
+    base = tmp_path_factory.mktemp("dataset")
+    done = load_dataset(client, plan_load(files, base / "ds"))
+    assert [e.name for e in done.loaded] == [_name(f) for f in files] and not done.failed
+    store = base / "s.duckdb"
+    result = runner.invoke(app, ["load", *map(str, files), "--db", str(store)])
+    assert result.exit_code == 0, result.output
+    return base / "ds", store, files
+
+
+def _run(args: list[str]) -> str:
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_commands_on_a_dataset_print_what_they_print_on_the_store(loaded) -> None:
+    dataset, store, files = loaded
+    for trace in [_name(f) for f in files]:
+        for command in COMMANDS if trace == _name(files[0]) else COMMANDS[:2]:
+            on_store = _run([*command, "-t", trace, "--db", str(store), "-f", "csv"])
+            assert _run([*command, "-t", trace, "--dataset", str(dataset), "-f", "csv"]) == on_store, (command, trace)
+    on_store = _run(["top", "--db", str(store)])  # the latest trace, as a table
+    assert on_store.startswith(_name(DLRM[-1]))
+    assert _run(["top", "--dataset", str(dataset)]) == on_store
+
+
+def test_traces_lists_the_same_traces(loaded) -> None:
+    dataset, store, _ = loaded
+    same = ["trace_id", "name", "sha256", "source_path", "format", "gpus", "kernel_count", "span_ns"]
+
+    def rows(*where: str) -> list[dict]:
+        return [{k: r[k] for k in same} for r in json.loads(_run(["traces", *where, "-f", "json"]))]
+
+    assert rows("--dataset", str(dataset)) == rows("--db", str(store))
+
+
+def test_files_already_there_are_not_loaded_again(loaded) -> None:
+    dataset, _, files = loaded
+    result = runner.invoke(app, ["load", *map(str, files[:2]), "--dataset", str(dataset)])
+    assert (result.exit_code, result.stdout) == (0, f"all 2 file(s) are already in {dataset}; nothing changed\n")
+
+
+def test_the_catalog_says_what_is_where(loaded) -> None:
+    dataset, _, files = loaded
+    catalog = json.loads((dataset / "catalog.json").read_text())
+    assert [(t["trace_id"], t["name"], t["status"]) for t in catalog["traces"]] == [
+        (i, _name(f), "loaded") for i, f in enumerate(files, 1)]
+    assert [t["source_bytes"] for t in catalog["traces"]] == [f.stat().st_size for f in files]
+    assert sorted(p.name for p in dataset.iterdir()) == [
+        ".lock", ".partial", "catalog.json", *sorted(f"trace={i}" for i in range(1, len(files) + 1))]
+    assert not any((dataset / ".partial").iterdir())
+
+
+def _hang_before_publishing(victim: int, marker: str) -> None:
+    """Run on each worker: the victim trace's task writes its Parquet files, then waits forever
+    before renaming them into place (so that the test can kill its worker there)."""
+    import traceq.dataset as ds
+
+    publish = ds._publish
+
+    def hang(staging: Path, final: Path) -> None:
+        if final.name == f"trace={victim}":
+            Path(marker).write_text(str(os.getpid()))
+            time.sleep(600)
+        publish(staging, final)
+
+    hang.unhung = publish  # type: ignore[attr-defined]
+    ds._publish = hang
+
+
+def _publish_again() -> None:
+    import traceq.dataset as ds
+
+    ds._publish = getattr(ds._publish, "unhung", ds._publish)
+
+
+def test_a_killed_worker_leaves_no_parquet_and_its_rank_is_loaded_again(client, loaded, tmp_path: Path) -> None:
+    from traceq.dataset import open_dataset, read_catalog
+    from traceq.ingest.parallel import load_dataset, plan_load
+
+    files = DLRM[:3]
+    dataset = tmp_path / "ds"
+    marker = tmp_path / "victim.pid"
+    client.run(_hang_before_publishing, 2, str(marker))
+    outcome: dict = {}
+    loading = threading.Thread(target=lambda: outcome.update(done=load_dataset(client, plan_load(files, dataset))))
+    loading.start()
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), "trace 2 never reached its rename"
+    partial = list((dataset / ".partial" / "trace=2").glob("*.parquet"))
+    assert len(partial) > 10  # mid-file: its Parquet files are written, not yet in place
+    os.kill(int(marker.read_text()), signal.SIGKILL)
+    loading.join(120)
+    done = outcome["done"]
+    # trace 2 failed, and so may the task queued behind it on that worker (with no retries)
+    failed = [e.trace_id for e in done.failed]
+    assert 2 in failed and all("worker died" in e.error for e in done.failed)
+    assert sorted(failed + [e.trace_id for e in done.loaded]) == [1, 2, 3]
+    assert not list((dataset / ".partial").rglob("*"))
+    assert {p.parent.name for p in dataset.rglob("*.parquet")} == {f"trace={e.trace_id}" for e in done.loaded}
+    assert {e.trace_id: e.status for e in read_catalog(dataset)} == {
+        t: "failed" if t in failed else "loaded" for t in (1, 2, 3)}
+    held = open_dataset(dataset).execute("SELECT list(trace_id ORDER BY trace_id) FROM traces").fetchone()[0]
+    assert held == ([e.trace_id for e in done.loaded] or None)
+
+    # the workers now publish as usual (the killed one was restarted without the hang)
+    client.run(_publish_again)
+    again = load_dataset(client, plan_load(files, dataset))
+    assert sorted(e.trace_id for e in again.loaded) == sorted(failed) and not again.failed
+    assert len(again.skipped) == 3 - len(failed)
+    _, store, _ = loaded
+    for command in COMMANDS:
+        assert _run([*command, "-t", _name(files[1]), "--dataset", str(dataset), "-f", "csv"]) == \
+            _run([*command, "-t", _name(files[1]), "--db", str(store), "-f", "csv"])
+
+
+def test_a_bad_file_is_refused_before_a_cluster_starts(tmp_path: Path) -> None:
+    bad = tmp_path / "notes.json"
+    bad.write_text("{}")
+    result = runner.invoke(app, ["load", str(bad), "--dataset", str(tmp_path / "ds"), "--workers", "1"])
+    assert result.exit_code == 1
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"traceq: {bad}")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_without_dask_the_load_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed raises ImportError
+    result = runner.invoke(app, ["load", str(sample("lenet_b256_cudnn.sqlite")), "--dataset", str(tmp_path / "ds")])
+    assert result.exit_code == 1
+    assert result.stderr == ("traceq: loading into a dataset runs on Dask, which is not installed here: "
+                             "pip install 'traceq[dask]'\n")
+
+
+def test_dataset_options_are_checked(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["top", "--dataset", str(tmp_path)])
+    assert result.exit_code == 1
+    assert result.stderr == (f"traceq: no dataset at {tmp_path} (no catalog.json): make one with "
+                             "`traceq load FILE... --dataset PATH`\n")
+    result = runner.invoke(app, ["top", "--dataset", str(tmp_path), "--db", str(tmp_path / "s.duckdb")])
+    assert result.exit_code == 2 and "give --db or --dataset, not both" in result.output
+    lenet = str(sample("lenet_b256_cudnn.sqlite"))
+    result = runner.invoke(app, ["load", lenet, "--workers", "2"])
+    assert result.exit_code == 2 and "add --dataset PATH" in result.output
+    result = runner.invoke(app, ["load", lenet, "--dataset", str(tmp_path / "ds"), "--name", "x"])
+    assert result.exit_code == 2 and "--name is for the store" in result.output
