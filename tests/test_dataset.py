@@ -69,15 +69,68 @@ def _run(args: list[str]) -> str:
     return result.stdout
 
 
+VOLATILE = {"traces": {"loaded_at", "load_seconds"}, "attributions": {"seconds"}}
+"""Columns that say when and how fast a load ran, not what it read."""
+
+
+def test_every_store_table_holds_the_same_rows_in_the_dataset(loaded) -> None:
+    """Table by table, the dataset's views hold the store's rows (every table, so one added to
+    the schema is covered or fails here), trace ids, run ids and kept attribution included."""
+    dataset, store, _ = loaded
+    import traceq
+
+    con = traceq.open(dataset=dataset).con
+    con.execute(f"ATTACH '{store}' AS s (READ_ONLY)")
+    tables = [t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 's' "
+                                        "AND table_name != 'traceq_meta' ORDER BY 1").fetchall()]
+    assert {"kernel_events", "graph_nodes", "kernel_attribution", "kernel_contexts", "collectives"} <= set(tables)
+    views = {v for (v,) in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    assert set(tables) <= views, f"kept in no Parquet file: {sorted(set(tables) - views)}"
+    for table in tables:
+        columns = [c for (c,) in con.execute("SELECT column_name FROM duckdb_columns() WHERE database_name = 's' "
+                                             "AND table_name = ? ORDER BY column_index", [table]).fetchall()
+                   if c not in VOLATILE.get(table, ())]
+        cols = ", ".join(f'"{c}"' for c in columns)
+        rows = con.execute(f"SELECT count(*) FROM s.{table}").fetchone()[0]
+        assert con.execute(f"SELECT count(*) FROM main.{table}").fetchone()[0] == rows, table
+        differ = con.execute(f"SELECT count(*) FROM (SELECT {cols} FROM s.{table} EXCEPT ALL "
+                             f"SELECT {cols} FROM main.{table})").fetchone()[0]
+        assert differ == 0, f"{table}: {differ} of {rows} rows differ"
+    kept = con.execute("SELECT count(DISTINCT trace_id) FROM attributions").fetchone()[0]
+    assert kept == 9  # every trace's attribution is kept, and read from the dataset
+
+
 def test_commands_on_a_dataset_print_what_they_print_on_the_store(loaded) -> None:
     dataset, store, files = loaded
-    for trace in [_name(f) for f in files]:
+    for trace in [_name(f) for f in (files[0], files[1], files[-1])]:
         for command in COMMANDS if trace == _name(files[0]) else COMMANDS[:2]:
             on_store = _run([*command, "-t", trace, "--db", str(store), "-f", "csv"])
             assert _run([*command, "-t", trace, "--dataset", str(dataset), "-f", "csv"]) == on_store, (command, trace)
     on_store = _run(["top", "--db", str(store)])  # the latest trace, as a table
     assert on_store.startswith(_name(DLRM[-1]))
     assert _run(["top", "--dataset", str(dataset)]) == on_store
+    a, b = _name(files[1]), _name(files[2])  # two traces at once: views over both traces' files
+    assert _run(["compare", a, b, "--dataset", str(dataset), "-f", "csv"]) == \
+        _run(["compare", a, b, "--db", str(store), "-f", "csv"])
+    query = "SELECT trace_id, count(*) AS kernels FROM kernels GROUP BY 1 ORDER BY 1"
+    assert _run(["sql", query, "--dataset", str(dataset)]) == _run(["sql", query, "--db", str(store)])
+
+
+def test_the_api_reads_a_dataset_as_a_store(loaded) -> None:
+    from polars.testing import assert_frame_equal
+
+    import traceq
+
+    dataset, store, files = loaded
+    on_dataset, on_store = traceq.open(dataset=dataset), traceq.open(store)
+    assert repr(on_dataset) == f"<traceq.dataset {str(dataset)!r}>"
+    a, b = on_dataset.trace(_name(files[0])), on_store.trace(_name(files[0]))
+    for method in ("ru", "kernels", "top"):
+        assert_frame_equal(getattr(a, method)(), getattr(b, method)(), check_exact=True)
+    with pytest.raises(traceq.TraceqError, match="is a dataset: it is read, not changed"):
+        on_dataset.remove(_name(files[0]))
+    with pytest.raises(traceq.TraceqError, match="give it alone"):
+        traceq.open(store, dataset=dataset)
 
 
 def test_traces_lists_the_same_traces(loaded) -> None:
