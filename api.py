@@ -87,7 +87,11 @@ class Store:
         self.write = write
         self._on_wait = on_wait
         self._con: duckdb.DuckDBPyConnection | None = None
-        if not lazy:
+        if self.dataset is not None:  # its views are made at their first use: check it is a dataset now
+            from traceq.dataset import read_catalog
+
+            read_catalog(self.dataset)
+        elif not lazy:
             self._con = self._open(read_only=not write)
 
     def _open(self, *, read_only: bool, create: bool = False) -> duckdb.DuckDBPyConnection:
@@ -147,8 +151,14 @@ class Store:
     def trace(self, ref: str | int | None = None) -> Trace:
         """The trace named `ref` (a name or an id; None: the latest loaded; a run's name: its
         rank 0's trace). Raises NotFoundError, listing what the store holds, when there is none."""
-        trace_id, name = resolve_trace_or_run(self.con, None if ref is None else str(ref))
-        return Trace(self, trace_id, name, con=None if self.dataset is None else self._over([trace_id]))
+        if self.dataset is None:
+            trace_id, name = resolve_trace_or_run(self.con, None if ref is None else str(ref))
+            return Trace(self, trace_id, name)
+        from traceq.dataset import open_dataset
+
+        found = self._con or open_dataset(self.dataset, tables=["traces", "runs", "ranks"])  # not every table
+        trace_id, name = resolve_trace_or_run(found, None if ref is None else str(ref))
+        return Trace(self, trace_id, name, con=self._over([trace_id]))
 
     def sql(self, query: str) -> pl.DataFrame:
         """The result of one read-only SQL statement (SELECT, WITH, DESCRIBE, SHOW, EXPLAIN,

@@ -123,10 +123,13 @@ def _publish(staging: Path, final: Path) -> None:
     os.replace(staging, final)
 
 
-def open_dataset(dataset: Path, trace_ids: list[int] | None = None) -> duckdb.DuckDBPyConnection:
+def open_dataset(dataset: Path, trace_ids: list[int] | None = None,
+                 tables: list[str] | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection whose tables are views over the dataset's loaded traces
     (the store's table names and views), for the analyses to read as they read a store; over
-    those of `trace_ids` only when given (a query then opens none of the other traces' files).
+    those of `trace_ids` only when given (a query then opens none of the other traces' files);
+    only `tables` made views when given (the others stay empty tables: finding a trace needs
+    `traces` alone).
 
     Raises:
         StoreError: no dataset at `dataset`, or one of another store schema.
@@ -137,7 +140,7 @@ def open_dataset(dataset: Path, trace_ids: list[int] | None = None) -> duckdb.Du
     con.execute(schema_sql())  # every table, empty, and the schema's views over them
     con.execute("INSERT INTO traceq_meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
     if loaded:  # else the empty tables stand: an empty dataset reads as an empty store
-        for table in _trace_tables(con):
+        for table in tables or _trace_tables(con):
             files = ", ".join(_literal(trace_dir(dataset, t) / f"{table}.parquet") for t in loaded)
             con.execute(f"DROP TABLE {table}")
             con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{files}])")
