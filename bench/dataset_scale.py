@@ -1,21 +1,28 @@
 """Many rank files loaded into a dataset on Dask: wall and CPU time, peak RSS per worker, the
 speed-up of N workers over one process, and `traceq top` on the result (run on demand).
 
-    python bench/dataset_scale.py [--ranks 256] [--kernels N] [--workers 2] [-o /tmp/traceq-bench/ranks]
+    python bench/dataset_scale.py [--ranks 256] [--batch 32] [--compare 4] [--kernels N] [--workers 2]
+                                  [-o /tmp/traceq-bench/ranks]
 
 Making (once; files already there are kept): OUT/files/rank<i>.json[.gz] is rank i mod 8 of the
 DLRM set (../shared/realtraces/kineto_json, 8 real Kineto rank files of about 250 kernels), as
 it is, or with --kernels N grown to N kernels by bench/kineto_scale.py (its events repeated,
 shifted in time, ids offset).
 
-Measuring, in one run, on the same files, one after the other:
-- one process: `traceq.ingest.parallel.load_rank` on each file in turn in this process (what a
-  Dask task does, without Dask), wall and CPU seconds;
-- N local Dask workers (`traceq load --dataset --workers N`'s code): the cluster's start, the
-  load's wall time, the workers' CPU seconds (psutil) and each worker's peak RSS (ru_maxrss);
-- `traceq top --dataset` on the result, each in a child process: wall and CPU, median of 3.
-The machine may be shared: compare the ratios of one run, and CPU seconds, not wall times of
-different runs.
+Measuring, in one run: the ranks are loaded into OUT/dask a batch at a time (`--batch` files)
+on one local cluster of N Dask workers (`traceq load --dataset --workers N`'s code), and in
+each of the first `--compare` rounds the same batch is loaded, just before, by one process
+(`traceq.ingest.parallel.load_rank` on each file in turn, what a Dask task does, without Dask)
+into a scratch dataset. Each round's two wall times are taken seconds apart, so their ratio is
+the speed-up under the same load from other processes; the median of the rounds' ratios is the
+figure. CPU seconds (this process's; the workers' from psutil) do not depend on that load.
+Then: each worker's peak RSS (ru_maxrss), and `traceq top --dataset` on the whole dataset, each
+in a child process: wall and CPU, median of 3. The machine may be shared: compare the ratios of
+one run, and CPU seconds, not wall times of different runs. Each wall time is printed with the
+cores it used (CPU s / wall s): on a busy Linux machine with autogroup scheduling (the default)
+a session's processes share one session's part of the CPUs, so N local workers get no more
+CPU than one process would while other sessions keep the cores busy; the CPU seconds per file
+then say what N free cores would give (N x one process's / a worker's).
 """
 
 from __future__ import annotations
@@ -55,17 +62,15 @@ def make(out: Path, ranks: int, kernels: int | None) -> list[Path]:
     return files
 
 
-def one_process(files: list[Path], dataset: Path) -> tuple[float, float]:
+def one_process(files: list[Path], dataset: Path, first_id: int) -> tuple[float, float]:
     """(wall s, CPU s) of loading `files` one after the other in this process."""
-    from traceq.dataset import write_catalog
     from traceq.ingest import default_name
     from traceq.ingest.parallel import load_rank
 
-    shutil.rmtree(dataset, ignore_errors=True)
-    dataset.mkdir(parents=True)
+    dataset.mkdir(parents=True, exist_ok=True)
     wall, cpu = time.perf_counter(), time.process_time()
-    entries = [load_rank(str(f), i, default_name(f), str(dataset)) for i, f in enumerate(files, 1)]
-    write_catalog(dataset, entries)
+    for i, f in enumerate(files, first_id):
+        load_rank(str(f), i, default_name(f), str(dataset))
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
@@ -80,20 +85,43 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def on_dask(files: list[Path], dataset: Path, workers: int) -> dict[str, object]:
+def rounds(files: list[Path], out: Path, workers: int, batch: int, compare: int) -> dict[str, object]:
+    """Load `files` into OUT/dask `batch` at a time on `workers` local Dask workers; in the
+    first `compare` rounds, load the same batch in this process first (into OUT/one)."""
     from traceq.ingest.parallel import dask_client, load_dataset, plan_load
 
-    shutil.rmtree(dataset, ignore_errors=True)
+    for folder in ("dask", "one"):
+        shutil.rmtree(out / folder, ignore_errors=True)
     started = time.perf_counter()
+    measured: list[dict[str, float]] = []
     with dask_client(workers=workers) as client:
         up = time.perf_counter() - started
-        cpu_before = client.run(_cpu_s)
-        plan = plan_load(files, dataset)
-        done = load_dataset(client, plan)
-        cpu = sum(client.run(_cpu_s).values()) - sum(cpu_before.values())
+        one_process(files[:1], out / "one", 1)  # warm up: imports and caches, here and on the workers
+        load_dataset(client, plan_load(files[:workers], out / "one"))
+        shutil.rmtree(out / "one")
+        cpu_before = sum(client.run(_cpu_s).values())
+        for first in range(0, len(files), batch):
+            part = files[first:first + batch]
+            row = {"load": os.getloadavg()[0]}
+            if len(measured) < compare:
+                row["one_s"], row["one_cpu_s"] = one_process(part, out / "one", first + 1)
+            cpu = sum(client.run(_cpu_s).values())
+            done = load_dataset(client, plan_load(files[:first + batch], out / "dask"))
+            assert not done.failed, done.failed
+            row["dask_s"], row["dask_cpu_s"] = done.seconds, sum(client.run(_cpu_s).values()) - cpu
+            measured.append(row)
+            print("  round {:2d}: {:3d} files, load average {:4.1f}: ".format(len(measured), len(part), row["load"])
+                  + (f"one process {_said(row['one_s'], row['one_cpu_s'])}, " if "one_s" in row else "")
+                  + f"{workers} workers {_said(row['dask_s'], row['dask_cpu_s'])}"
+                  + (f": {row['one_s'] / row['dask_s']:.2f}x" if "one_s" in row else ""), flush=True)
+        cpu = sum(client.run(_cpu_s).values()) - cpu_before
         rss = sorted(client.run(_peak_rss_mib).values())
-    assert not done.failed, done.failed
-    return {"start_s": up, "wall_s": done.seconds, "cpu_s": cpu, "rss_mib": rss}
+    return {"start_s": up, "rounds": measured, "cpu_s": cpu, "rss_mib": rss}
+
+
+def _said(wall: float, cpu: float) -> str:
+    """Wall and CPU seconds, and the cores they used (CPU s / wall s)."""
+    return f"{wall:6.1f} s ({cpu:5.1f} CPU s, {cpu / wall:.2f} cores)"
 
 
 def top(dataset: Path, repeat: int = 3) -> tuple[float, float]:
@@ -113,6 +141,8 @@ def top(dataset: Path, repeat: int = 3) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=32, help="files per round")
+    parser.add_argument("--compare", type=int, default=4, help="rounds that also load in one process")
     parser.add_argument("--kernels", type=int, help="grow each rank file to this many kernels")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("-o", "--output", type=Path, default=Path("/tmp/traceq-bench/ranks"))
@@ -120,18 +150,26 @@ def main() -> None:
     files = make(args.output / "files", args.ranks, args.kernels)
     size = sum(f.stat().st_size for f in files)
     print(f"{len(files)} rank files, {size / 1e6:.1f} MB, on {os.cpu_count()} cores "
-          f"(load average {os.getloadavg()[0]:.1f})")
-    serial = one_process(files, args.output / "one")
-    print(f"one process:  {serial[0]:7.1f} s wall, {serial[1]:7.1f} CPU s")
-    dask = on_dask(files, args.output / "dask", args.workers)
-    rss = ", ".join(f"{r:.0f}" for r in dask["rss_mib"])
-    print(f"{args.workers} Dask workers: {dask['wall_s']:7.1f} s wall, {dask['cpu_s']:7.1f} CPU s of the workers "
-          f"(cluster start {dask['start_s']:.1f} s); peak RSS per worker {rss} MiB")
-    print(f"speed-up: {serial[0] / dask['wall_s']:.2f}x wall; CPU s per rank {serial[1] / len(files):.3f} "
-          f"in one process, {dask['cpu_s'] / len(files):.3f} on the workers")
-    parquet = sum(p.stat().st_size for p in (args.output / "dask").rglob("*.parquet"))
-    print(f"dataset: {parquet / 1e6:.1f} MB of Parquet in {sum(1 for _ in (args.output / 'dask').rglob('*.parquet'))} files")
-    wall, cpu = top(args.output / "dask")
+          f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+    run = rounds(files, args.output, args.workers, args.batch, args.compare)
+    compared = [r for r in run["rounds"] if "one_s" in r]
+    ratios = [r["one_s"] / r["dask_s"] for r in compared]
+    one_cpu = sum(r["one_cpu_s"] for r in compared) / sum(min(args.batch, len(files) - i * args.batch)
+                                                       for i in range(len(compared)))
+    dask_cpu = sum(r["dask_cpu_s"] for r in compared) / sum(min(args.batch, len(files) - i * args.batch)
+                                                         for i in range(len(compared)))
+    dask_s = sum(r["dask_s"] for r in run["rounds"])
+    print(f"speed-up of {args.workers} workers over one process, per round: "
+          f"{', '.join(f'{x:.2f}' for x in ratios)}; median {statistics.median(ratios):.2f}x")
+    print(f"CPU s per file (compared rounds): {one_cpu:.3f} in one process, {dask_cpu:.3f} on the workers; "
+          f"on {args.workers} free cores that is {args.workers * one_cpu / dask_cpu:.2f}x (workers x the ratio)")
+    print(f"all {len(files)} files on {args.workers} workers: {dask_s:.1f} s wall in {len(run['rounds'])} rounds, "
+          f"{run['cpu_s']:.1f} CPU s of the workers (cluster start {run['start_s']:.1f} s); "
+          f"peak RSS per worker {', '.join(f'{r:.0f}' for r in run['rss_mib'])} MiB")
+    dataset = args.output / "dask"
+    parquet = list(dataset.rglob("*.parquet"))
+    print(f"dataset: {sum(p.stat().st_size for p in parquet) / 1e6:.1f} MB of Parquet in {len(parquet)} files")
+    wall, cpu = top(dataset)
     print(f"traceq top --dataset ({len(files)} ranks): {wall:.2f} s wall, {cpu:.2f} CPU s (median of 3)")
     print(f"load average now {os.getloadavg()[0]:.1f}")
 
