@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -114,6 +115,23 @@ def test_commands_on_a_dataset_print_what_they_print_on_the_store(loaded) -> Non
         _run(["compare", a, b, "--db", str(store), "-f", "csv"])
     query = "SELECT trace_id, count(*) AS kernels FROM kernels GROUP BY 1 ORDER BY 1"
     assert _run(["sql", query, "--dataset", str(dataset)]) == _run(["sql", query, "--db", str(store)])
+
+
+def test_report_and_export_on_a_dataset_are_those_of_the_store(loaded, tmp_path: Path) -> None:
+    import gzip
+
+    dataset, store, files = loaded
+    trace = _name(files[0])
+    written = {}
+    for where in ("--dataset", "--db"):
+        source = str(dataset if where == "--dataset" else store)
+        html, events = tmp_path / f"{where[2:]}.html", tmp_path / f"{where[2:]}.json.gz"
+        _run(["report", trace, where, source, "-o", str(html)])
+        _run(["export", trace, where, source, "-o", str(events)])
+        page = re.sub(r"built in [0-9.]+ s", "built in N s", html.read_text())
+        written[where] = page, sorted(json.dumps(e, sort_keys=True)  # flows come in no set order
+                                      for e in json.load(gzip.open(events))["traceEvents"])
+    assert written["--dataset"] == written["--db"]
 
 
 def test_the_api_reads_a_dataset_as_a_store(loaded) -> None:
