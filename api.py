@@ -95,10 +95,7 @@ class Store:
             self._con = self._open(read_only=not write)
 
     def _open(self, *, read_only: bool, create: bool = False) -> duckdb.DuckDBPyConnection:
-        if self.dataset is not None:
-            if not read_only:
-                raise TraceqError(f"{self.dataset} is a dataset: it is read, not changed (`traceq load --dataset` "
-                                  "adds traces to it)")
+        if self.dataset is not None:  # read-only: `_writable` refuses what would write
             from traceq.dataset import open_dataset
 
             return open_dataset(self.dataset)
@@ -304,8 +301,8 @@ class Store:
         run.load_results = results
         return run
 
-
     def _writable(self) -> None:
+        """Raise TraceqError for a dataset: nothing but `load_dataset` changes one."""
         if self.dataset is not None:
             raise TraceqError(f"{self.dataset} is a dataset: it is read, not changed (`traceq load --dataset` "
                               "adds traces to it)")

@@ -11,7 +11,8 @@ file) per Dask task. Its layout:
 A trace's files are written into `.partial/trace=<id>/` and the folder is renamed into place
 when all are whole, so a trace appears complete or not at all; readers list only the traces the
 catalog marks `loaded`, and the catalog is replaced by rename too. The store's own views
-(schema.sql: kernels, api_calls, nvtx, kernel_launches) are created over the Parquet views.
+(schema.sql: kernels, api_calls, nvtx, kernel_launches, kernels_attributed) are created over
+the Parquet views.
 """
 
 from __future__ import annotations
