@@ -1,8 +1,9 @@
 """Datasets: trace files loaded in parallel on a local Dask cluster into Parquet (traceq load
 --dataset), and the commands on them (--dataset) against the same traces in a single-file store.
 
-One local cluster of 2 worker processes serves the module (about 10 s to start and load the 9
-traces on our 2-core machine); the worker-killing test loads 3 more files on it.
+One local cluster of 2 worker processes serves the module: starting it and loading the 9 traces
+into a dataset and into a store takes 11 to 22 s on our busy 2-core machine, the module 27 to
+42 s; the worker-killing test loads 3 more files on it.
 """
 
 from __future__ import annotations
