@@ -244,6 +244,18 @@ def test_a_killed_worker_leaves_no_parquet_and_its_rank_is_loaded_again(client, 
             _run([*command, "-t", _name(files[1]), "--db", str(store), "-f", "csv"])
 
 
+def test_a_load_runs_on_the_cluster_a_scheduler_file_names(client, tmp_path: Path) -> None:
+    """`--scheduler FILE`: the workers of a running cluster (here the module's), as on a real one."""
+    if not DLRM:
+        pytest.skip("../shared is absent: the DLRM ranks are there")
+    client.write_scheduler_file(str(tmp_path / "scheduler.json"))
+    result = runner.invoke(app, ["load", str(DLRM[0]), "--dataset", str(tmp_path / "ds"),
+                                 "--scheduler", str(tmp_path / "scheduler.json")])
+    assert result.exit_code == 0, result.output
+    assert re.fullmatch(rf"loaded 1 trace\(s\) into {tmp_path / 'ds'} \([0-9,]+ kernels\) on 2 Dask worker\(s\) "
+                        r"in [0-9.]+ s\n", result.stdout), result.stdout
+
+
 def test_a_bad_file_is_refused_before_a_cluster_starts(tmp_path: Path) -> None:
     bad = tmp_path / "notes.json"
     bad.write_text("{}")
