@@ -386,6 +386,9 @@ def _load_dataset(paths: list[Path], dataset: Path | None, scheduler: str | None
     there = f"; {len(done.skipped)} already there" if done.skipped else ""
     typer.echo(f"loaded {len(done.loaded)} trace(s) into {dataset} ({kernels:,} kernels{there}) "
                f"on {done.workers} Dask worker(s) in {done.seconds:.2f} s")
+    for entry in done.loaded:  # a damaged file's repairs, as `traceq load` says them
+        if entry.notes:
+            typer.echo(f"{entry.name!r} (trace {entry.trace_id}) from {entry.source_path}: {'; '.join(entry.notes)}")
     for entry in done.failed:
         _err(f"{entry.source_path} (trace {entry.trace_id}) failed: {entry.error}")
     if done.failed:

@@ -35,7 +35,8 @@ DATASET_FORMAT = 1
 
 @dataclass(frozen=True)
 class CatalogEntry:
-    """One trace of a dataset. `status` is 'loaded' or 'failed' (then `error` says why)."""
+    """One trace of a dataset. `status` is 'loaded' or 'failed' (then `error` says why); `notes`
+    say what a damaged file's rows lacked and what was done (`LoadResult.notes`)."""
 
     trace_id: int
     name: str
@@ -46,6 +47,7 @@ class CatalogEntry:
     kernels: int | None = None
     seconds: float | None = None
     error: str | None = None
+    notes: list[str] | None = None
 
 
 def is_dataset(path: Path) -> bool:

@@ -62,7 +62,7 @@ def load_rank(path: str, trace_id: int, name: str, dataset: str, python_function
         finally:
             con.close()
     return CatalogEntry(trace_id, name, path, int(size), "loaded", sha, result.kernel_count,
-                        round(result.seconds, 3))
+                        round(result.seconds, 3), notes=result.notes or None)
 
 
 @contextmanager

@@ -48,6 +48,14 @@ def client():
 
 
 @pytest.fixture(scope="module")
+def scheduler_file(client, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The module's cluster as a scheduler file names it (a client writes one file only)."""
+    path = tmp_path_factory.mktemp("cluster") / "scheduler.json"
+    client.write_scheduler_file(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
 def loaded(client, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[Path]]:
     """The DDP sample and the 8 DLRM ranks, in a dataset (by the CLI's code path on `client`)
     and in a store (by `traceq load`)."""
@@ -244,16 +252,32 @@ def test_a_killed_worker_leaves_no_parquet_and_its_rank_is_loaded_again(client, 
             _run([*command, "-t", _name(files[1]), "--db", str(store), "-f", "csv"])
 
 
-def test_a_load_runs_on_the_cluster_a_scheduler_file_names(client, tmp_path: Path) -> None:
+def test_a_load_runs_on_the_cluster_a_scheduler_file_names(scheduler_file: Path, tmp_path: Path) -> None:
     """`--scheduler FILE`: the workers of a running cluster (here the module's), as on a real one."""
     if not DLRM:
         pytest.skip("../shared is absent: the DLRM ranks are there")
-    client.write_scheduler_file(str(tmp_path / "scheduler.json"))
     result = runner.invoke(app, ["load", str(DLRM[0]), "--dataset", str(tmp_path / "ds"),
-                                 "--scheduler", str(tmp_path / "scheduler.json")])
+                                 "--scheduler", str(scheduler_file)])
     assert result.exit_code == 0, result.output
     assert re.fullmatch(rf"loaded 1 trace\(s\) into {tmp_path / 'ds'} \([0-9,]+ kernels\) on 2 Dask worker\(s\) "
                         r"in [0-9.]+ s\n", result.stdout), result.stdout
+
+
+def test_a_damaged_file_s_repairs_are_said_and_kept_in_the_catalog(scheduler_file: Path, tmp_path: Path) -> None:
+    """What `traceq load` says of a damaged file (tests/test_damaged.py: 13 kernels of 260 made
+    to end before they start), a dataset load says too."""
+    import shutil
+    import sqlite3
+
+    path = tmp_path / "lenet.sqlite"
+    shutil.copy(sample("lenet_b256_cudnn.sqlite"), path)
+    with sqlite3.connect(path) as con:
+        con.execute('UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = start - 1 WHERE rowid % 20 = 3')
+    result = runner.invoke(app, ["load", str(path), "--dataset", str(tmp_path / "ds"), "--scheduler", str(scheduler_file)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[1] == f"'lenet' (trace 1) from {path}: 13 kernels with end < start dropped"
+    assert json.loads((tmp_path / "ds" / "catalog.json").read_text())["traces"][0]["notes"] == [
+        "13 kernels with end < start dropped"]
 
 
 def test_a_bad_file_is_refused_before_a_cluster_starts(tmp_path: Path) -> None:
