@@ -122,6 +122,9 @@ def test_commands_on_a_dataset_print_what_they_print_on_the_store(loaded) -> Non
     a, b = _name(files[1]), _name(files[2])  # two traces at once: views over both traces' files
     assert _run(["compare", a, b, "--dataset", str(dataset), "-f", "csv"]) == \
         _run(["compare", a, b, "--db", str(store), "-f", "csv"])
+    gated = [runner.invoke(app, ["compare", a, b, "--gate", "5%", where, str(source)])
+             for where, source in (("--dataset", dataset), ("--db", store))]
+    assert gated[0].stderr == gated[1].stderr and "gate" in gated[0].stderr
     query = "SELECT trace_id, count(*) AS kernels FROM kernels GROUP BY 1 ORDER BY 1"
     assert _run(["sql", query, "--dataset", str(dataset)]) == _run(["sql", query, "--db", str(store)])
 
