@@ -14,12 +14,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import duckdb
 import polars as pl
 
 from traceq.analysis.attribution import ITERATION_REGEX
+from traceq.analysis.gaps import gap_frame
 from traceq.analysis.idle import IdleTotals, idle_causes
+from traceq.analysis.operations import api_calls
 from traceq.errors import TraceqError
 
 MIN_SHARE = 0.01
@@ -57,6 +60,12 @@ class _Facts:
     idle: pl.DataFrame
     totals: IdleTotals
     launches: tuple[pl.DataFrame, dict[str, float]] | None  # launches.launch_table, if the caller had it
+    calls: pl.DataFrame | None  # `operations.api_calls`, when read for the idle rules: the launch rule reuses them
+
+    @cached_property
+    def classified(self) -> pl.DataFrame:
+        """`_classified`, which four rules read: computed once."""
+        return _classified(self)
 
 
 def advise(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX,
@@ -69,8 +78,12 @@ def advise(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str =
     RULES). `idle`, `launches`: the trace's `idle.idle_causes` and `launches.launch_table`, when
     the caller has them already.
     """
-    idle, totals = idle_causes(con, trace_id, iteration_regex) if idle is None else idle
-    facts = _Facts(con, trace_id, iteration_regex, idle, totals, launches)
+    calls = None
+    if idle is None:  # the API calls read once, for the gaps and the launch table
+        calls = api_calls(con, trace_id)
+        idle = idle_causes(con, trace_id, iteration_regex, gap_frame(con, trace_id, iteration_regex, calls))
+    table, totals = idle
+    facts = _Facts(con, trace_id, iteration_regex, table, totals, launches, calls)
     found = [f for rule in RULES.values() for f in rule(facts)
              if f.time_ns >= MIN_SHARE * max(totals.span_ns, 1)]
     found.sort(key=lambda f: (-f.time_ns, f.rule))
@@ -142,10 +155,10 @@ def _tiny_kernels(facts: _Facts) -> list[Finding]:
     """A storm of tiny kernels: the launch-call time the tiny launches cost beyond their kernels."""
     from traceq.analysis.launches import launch_table
 
-    table, totals = facts.launches or launch_table(facts.con, facts.trace_id)
+    table, totals = facts.launches or launch_table(facts.con, facts.trace_id, facts.calls)
     if not totals["launches"] or totals["tiny_pct"] < 100 * TINY_SHARE:
         return []
-    tiny = table.filter(pl.col("tiny") > 0).join(_classified(facts).select("name", "label"), on="name", how="left")
+    tiny = table.filter(pl.col("tiny") > 0).join(facts.classified.select("name", "label"), on="name", how="left")
     overhead = float((tiny["api_ns"] * tiny["tiny"] / tiny["launches"]).sum()) - totals["tiny_kernel_ns"]
     n = max(facts.totals.iterations, 1)
     top = ", ".join(f"{_label(r)} x{r['tiny'] // n:,}" for r in tiny.sort("tiny", descending=True).head(3)
@@ -229,10 +242,10 @@ def _fp32_math(facts: _Facts) -> list[Finding]:
     cc = tuple(int(part) for part in gpu["cc"].split("."))
     if cc < (7, 0):
         return []
-    kernels = _classified(facts).filter(pl.col("operation").is_in(["gemm", "convolution"])
-                                        & ~pl.col("tensor_cores").fill_null(False)
-                                        & pl.col("precision").fill_null("fp32").eq("fp32")
-                                        & ~pl.col("name").str.contains("(?i)reduce|init|workspace"))
+    kernels = facts.classified.filter(pl.col("operation").is_in(["gemm", "convolution"])
+                                      & ~pl.col("tensor_cores").fill_null(False)
+                                      & pl.col("precision").fill_null("fp32").eq("fp32")
+                                      & ~pl.col("name").str.contains("(?i)reduce|init|workspace"))
     if kernels.is_empty():
         return []
     tf32 = cc >= TF32_CC
@@ -296,7 +309,7 @@ def _gemm_layers(facts: _Facts) -> tuple[pl.DataFrame, int]:
     from traceq.analysis.graphs import kernel_points_sql
 
     t = int(facts.trace_id)
-    classes = _classified(facts).filter(pl.col("operation").is_in(["gemm", "convolution"]))
+    classes = facts.classified.filter(pl.col("operation").is_in(["gemm", "convolution"]))
     if classes.is_empty():
         return pl.DataFrame(schema={"name": pl.String, "operation": pl.String, "gemm_variant": pl.String,
                                     "dur_ns": pl.Int64, "layer": pl.String, "pass": pl.String}), 1
@@ -336,7 +349,7 @@ def _low_ru(facts: _Facts) -> list[Finding]:
     except TraceqError:  # no GPU description
         return []
     low = (ru.filter(pl.col("ru") < LOW_RU).with_columns(waste_ns=pl.col("total_ns") * (1 - pl.col("ru")))
-           .sort("waste_ns", descending=True).join(_classified(facts).select("name", "label"), on="name", how="left",
+           .sort("waste_ns", descending=True).join(facts.classified.select("name", "label"), on="name", how="left",
                                                    maintain_order="left"))
     if low.is_empty():
         return []
