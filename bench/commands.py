@@ -9,6 +9,10 @@ Each command (default: `idle`, `idle --by iteration`, `idle --by stream`, `launc
 and `stats --report R` for every report) runs as a child process (`python -m traceq ... --db
 STORE`), --repeat times; the figures are the median wall and CPU times and the largest peak RSS
 (`bench/run.py`'s measurement, whose helpers this reuses). Prints a markdown table.
+
+`--against DIR` compares with another revision in the same run: DIR holds that revision as a
+folder named `traceq` (`mkdir -p DIR/traceq && git archive main | tar -x -C DIR/traceq`); each
+repeat runs both, one after the other, and the table gains its column and the CPU ratio.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import fmt, machine, repeat  # noqa: E402  (bench/run.py, beside this file)
+from run import Run, fmt, machine, median, repeat, run  # noqa: E402  (bench/run.py, beside this file)
 
 REPORTS = ("cuda_api_sum", "cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "cuda_gpu_mem_size_sum", "nvtx_sum",
            "nvtx_gpu_proj_sum", "cuda_kern_exec_sum")
@@ -27,17 +31,36 @@ DEFAULT = ["idle", "idle --by iteration", "idle --by stream", "launches", "advis
            *[f"stats --report {r}" for r in REPORTS]]
 
 
+def interleaved(n: int, argv: list[str], env: dict[str, str]) -> tuple[Run | str, Run | str]:
+    """`repeat` of argv with env and without it, the two alternating (a busy machine slows both alike)."""
+    other: list[Run | str] = []
+    this: list[Run | str] = []
+    for _ in range(n):
+        other.append(run(argv, env))
+        this.append(run(argv))
+    return median(other), median(this)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("store", type=Path)
     parser.add_argument("commands", nargs="*", default=DEFAULT, help="traceq commands, quoted [default: %(default)s]")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--against", type=Path, help="a folder holding another revision as `traceq`, run alongside")
     args = parser.parse_intermixed_args()
-    lines = [f"Store: {args.store}, median of {args.repeat} runs", *machine(), "",
-             "| command | wall (CPU, peak RSS) |", "|---|---|"]
+    lines = [f"Store: {args.store}, median of {args.repeat} runs", *machine(), ""]
+    if args.against is None:
+        lines += ["| command | wall (CPU, peak RSS) |", "|---|---|"]
+    else:
+        lines += [f"| command | {args.against} | this checkout | CPU ratio |", "|---|---|---|---|"]
     for command in args.commands:
-        result = repeat(args.repeat, [sys.executable, "-m", "traceq", *shlex.split(command), "--db", str(args.store)])
-        lines.append(f"| `traceq {command}` | {fmt(result)} |")
+        argv = [sys.executable, "-m", "traceq", *shlex.split(command), "--db", str(args.store)]
+        if args.against is None:
+            lines.append(f"| `traceq {command}` | {fmt(repeat(args.repeat, argv))} |")
+        else:
+            other, this = interleaved(args.repeat, argv, {"PYTHONPATH": str(args.against.resolve())})
+            ratio = f"{this.cpu / other.cpu:.2f}" if isinstance(this, Run) and isinstance(other, Run) else ""
+            lines.append(f"| `traceq {command}` | {fmt(other)} | {fmt(this)} | {ratio} |")
         print(lines[-1], file=sys.stderr, flush=True)
     print("\n".join(lines))
 
