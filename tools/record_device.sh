@@ -8,6 +8,9 @@
 #                                   # and on the bundled samples; a Kineto JSON of AlexNet AMP
 #   tools/record_device.sh kineto   # Kineto JSON of AlexNet (FP32, AMP) and ResNet-50 (AMP) with
 #                                   # layer ranges and iterations, and PyTorch's FLOPs per op
+#   tools/record_device.sh multigpu  # every GPU of the machine: ResNet-50 DDP and a transformer
+#                                   # under FSDP, nsys (a report per rank) and Kineto (a JSON per
+#                                   # rank), nsys stats of each rank (tools/record_multigpu.py)
 #   tools/record_device.sh traffic [MODEL...]  # AlexNet, VGG-16, ResNet-50 training, FP32 and AMP: an nsys
 #                                   # trace, Nsight Compute memory counters of every convolution
 #                                   # and GEMM kernel of one step (--nvtx: each carries its layer),
@@ -123,6 +126,37 @@ smoke)
         --kernel-name 'regex:(gemm|xmma|conv)' -c 3 $TRAIN --model alexnet --batch 32 --iterations 1 --warmup 1 | tail -4
     ls -la "$WORK"
     ;;
+multigpu)
+    # Every GPU of the machine (one process each, torchrun): ResNet-50 under DDP and a small
+    # transformer under FSDP, each recorded twice: nsys, one report per rank (%q{RANK}), NCCL's
+    # own NVTX ranges on; then torch.profiler, one Kineto JSON per rank. nsys stats beside each.
+    GPUS=$(nvidia-smi -L | wc -l)
+    MULTI="tools/record_multigpu.py"
+    for spec in "resnet50 32 ddp" "transformer 8 fsdp"; do
+        set -- $spec
+        tag=${3}_${1}_${GPUS}gpu
+        log "nsys $tag"
+        torchrun --nproc_per_node "$GPUS" --no-python "$NSYS" profile -t cuda,nvtx,osrt -s none \
+            --cpuctxsw=none --capture-range=cudaProfilerApi --capture-range-end=stop -f true \
+            -o "$WORK/${tag}_rank%q{RANK}" python3 $MULTI --model "$1" --batch "$2" \
+            > "$WORK/$tag.log" 2>&1 || tail -20 "$WORK/$tag.log"
+        for rep in "$WORK/${tag}"_rank*.nsys-rep; do
+            "$NSYS" export --type sqlite -f true -o "${rep%.nsys-rep}.sqlite" "$rep" >> "$WORK/$tag.log" 2>&1
+            rm -f "$rep"
+            stats "${rep%.nsys-rep}.sqlite"
+        done
+        log "kineto $tag"
+        torchrun --nproc_per_node "$GPUS" $MULTI --model "$1" --batch "$2" --kineto "$WORK/${tag}_kineto" \
+            > "$WORK/${tag}_kineto.log" 2>&1 || tail -20 "$WORK/${tag}_kineto.log"
+        gzip -f "$WORK/${tag}"_kineto_rank*.json
+        ls -la "$WORK"
+        pack "$tag" "${tag}_*" "$tag.log"
+        # what comes back from the device is at most 16 MiB a file
+        if [ "$(stat -c %s "$OUT/$tag.tar.gz")" -gt 15000000 ]; then
+            split -b 15000000 -d "$OUT/$tag.tar.gz" "$OUT/$tag.tar.gz.part" && rm "$OUT/$tag.tar.gz"
+        fi
+    done
+    ;;
 *)
-    echo "usage: $0 traces|kineto|traffic|smoke" >&2; exit 2 ;;
+    echo "usage: $0 traces|kineto|traffic|multigpu|smoke" >&2; exit 2 ;;
 esac
