@@ -575,6 +575,9 @@ CASES = [
     # kineto_json/AMD-AGI__TraceLens__b200__eager_trace
     ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
      "NCCL", "communication", None, None, "all_gather", None, False),
+    # sample_traces/multigpu/fsdp_transformer_2gpu_rank0 (ours, FSDP2)
+    ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<(unsigned long)4096>)",
+     "NCCL", "communication", None, None, "reduce_scatter", None, False),
     # nvprof_sqlite/ZhangXin8069__qcu__test__log_x99-Yang_1236834.nvvp
     ("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)",
      "NCCL", "communication", None, None, "send_recv", None, False),
