@@ -83,10 +83,11 @@ def ddp_work(stages: bool = False) -> list[tuple]:
     return work
 
 
-def kineto_work(path: Path) -> list[tuple]:
+def kineto_work(path: Path, step: str = "ProfilerStep#") -> list[tuple]:
     """The same for one Kineto rank file: rank = distributedInfo.rank, iteration = the
-    ProfilerStep#N range of the process around the launching runtime or driver call, times in
-    ns (the file's decimal microseconds times 1000, rounded half up)."""
+    `step`N range (ProfilerStep#N, or a record_function range such as 'iteration N') of the
+    process around the launching runtime or driver call, times in ns (the file's decimal
+    microseconds times 1000, rounded half up)."""
     from decimal import ROUND_HALF_UP, Decimal
 
     def ns(us: Decimal | int) -> int:
@@ -99,7 +100,7 @@ def kineto_work(path: Path) -> list[tuple]:
     calls = {e["args"]["correlation"]: ns(e["ts"]) for e in events
              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     steps = [(ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), e["name"]) for e in events
-             if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+             if e.get("cat") == "user_annotation" and e["name"].startswith(step)]
     work = []
     for e in events:
         cat = e.get("cat")
