@@ -234,10 +234,10 @@ def test_nsys_and_kineto_agree_on_compute(db: Path) -> None:
     kernels; its compute time per rank and iteration agrees within 1 % plus half the difference
     in overlap between the two recordings: a kernel that runs beside an NCCL kernel (one waiting
     for the other rank occupies SMs and memory) takes longer, and which kernels do differs from
-    run to run. Measured: kernels beside no NCCL kernel in either recording agree within 0.25 %
-    (DDP) and 2.8 % (FSDP) in sum; the whole compute time differs by up to 13 % (DDP) and 27 %
-    (FSDP), always more in the recording with more overlap, by 0.16 to 0.42 of the overlap's
-    difference (docs/multigpu.md)."""
+    run to run. Measured, the kernels paired stream by stream: those beside no NCCL kernel in
+    either recording agree within 0.25 % (DDP) and 0.5 % (FSDP) per rank and iteration; the
+    whole compute time differs by up to 13 % (DDP) and 27 % (FSDP), always more in the recording
+    with more overlap, by 0.16 to 0.42 of the overlap's difference (docs/multigpu.md)."""
     for model in RECORDINGS:
         nsys = {(r["rank"], r["iteration"]): r for r in cli_rows(db, "overlap", f"{model}_nsys")}
         kineto = {(r["rank"], r["iteration"]): r for r in cli_rows(db, "overlap", f"{model}_kineto")}
