@@ -61,13 +61,19 @@ COLLECTIVES = {"AllReduce": "all_reduce", "Broadcast": "broadcast", "AllGather":
                "ReduceScatter": "reduce_scatter"}
 
 
+def collective_of(kernel: str) -> str | None:
+    """'ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)' -> 'all_reduce'; None for other kernels."""
+    found = re.match(r"ncclDevKernel_([A-Za-z]+)_", kernel)
+    return COLLECTIVES[found.group(1)] if found else None
+
+
 def kern_sum_nccl(model: str, rank: int) -> dict[str, tuple[int, int]]:
     """{collective: (total ns, instances)} of the NCCL kernels in nsys stats' cuda_gpu_kern_sum of a rank."""
     out = {}
     with sample(f"multigpu/{RECORDINGS[model]}_rank{rank}.cuda_gpu_kern_sum.csv").open(newline="") as f:
         for row in csv.DictReader(f):
-            if found := re.match(r"ncclDevKernel_([A-Za-z]+)_", row["Name"]):
-                out[COLLECTIVES[found.group(1)]] = (int(row["Total Time (ns)"]), int(row["Instances"]))
+            if collective := collective_of(row["Name"]):
+                out[collective] = (int(row["Total Time (ns)"]), int(row["Instances"]))
     return out
 
 
@@ -110,11 +116,12 @@ def test_communication_time_per_rank(db: Path, run: str) -> None:
         expected = defaultdict(lambda: [0, 0])
         for rank, _, start, end, name, kind in run_work(model, profiler):
             if kind == "comm":
-                collective = COLLECTIVES[re.match(r"ncclDevKernel_([A-Za-z]+)_", name).group(1)]
+                collective = collective_of(name)
                 expected[(rank, collective)][0] += end - start
                 expected[(rank, collective)][1] += 1
     assert dict(got) == dict(expected)
-    assert {c for _, c in expected} == ({"all_reduce", "broadcast"} if model == "ddp" else {"all_gather", "reduce_scatter"})
+    kinds = {"ddp": {"all_reduce", "broadcast"}, "fsdp": {"all_gather", "reduce_scatter"}}
+    assert {c for _, c in expected} == kinds[model]
 
 
 @pytest.mark.parametrize("run", RUNS)
@@ -150,9 +157,9 @@ def test_bytes_and_bus_bandwidth(db: Path, model: str) -> None:
     """Kineto runs: per iteration, the bytes each rank all-reduces (DDP) or reduce-scatters and
     all-gathers (FSDP) are the model's fp32 parameters (FSDP gathers the encoder layers again for
     the backward pass, the root stays gathered); each collective instance's size is its kernel's
-    max(In, Out msg nelems) x its dtype's size, its time the kernel's on the last rank to start, its bus
-    bandwidth nccl-tests' 2(n-1)/n or (n-1)/n x bytes / time, below H200 NVLink's 450 GB/s a
-    direction (NVIDIA's H200 product brief: 900 GB/s in all). nsys records no sizes."""
+    max(In, Out msg nelems) x its dtype's size, its time the kernel's on the last rank to start,
+    its bus bandwidth nccl-tests' 2(n-1)/n or (n-1)/n x bytes / time, below H200 NVLink's 450
+    GB/s a direction (NVIDIA's H200 product brief: 900 GB/s in all). nsys records no sizes."""
     run = f"{model}_kineto"
     if model == "ddp":
         per_iteration = {"all_reduce": 4 * RESNET50_PARAMETERS}
@@ -175,7 +182,7 @@ def test_bytes_and_bus_bandwidth(db: Path, model: str) -> None:
         for e in events:
             a = e["args"]
             assert a["Group size"] == 2
-            collective = COLLECTIVES[re.match(r"ncclDevKernel_([A-Za-z]+)_", e["name"]).group(1)]
+            collective = collective_of(e["name"])
             size = {"Float": 4, "Long": 8}[a["dtype"]] * max(a["In msg nelems"], a["Out msg nelems"])
             kernels[(rank, collective, counts[collective])] = (size, round(e["dur"] * 1000))
             counts[collective] += 1
@@ -216,7 +223,7 @@ def test_start_skew_of_each_collective(db: Path, run: str) -> None:
     counts: dict[tuple, int] = defaultdict(int)
     for rank, _, start, _, name, kind in sorted(run_work(model, profiler), key=lambda w: w[2]):
         if kind == "comm":
-            collective = COLLECTIVES[re.match(r"ncclDevKernel_([A-Za-z]+)_", name).group(1)]
+            collective = collective_of(name)
             starts[(collective, counts[(rank, collective)])][rank] = start + offsets[rank]
             counts[(rank, collective)] += 1
     instances = cli_rows(db, "comm", run, "--by", "instance")
