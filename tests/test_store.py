@@ -95,7 +95,7 @@ def test_traces_lists_what_was_loaded(tmp_path: Path) -> None:
     fields = row.split(",")
     assert fields[:7] == ["1", "ddp_resnet18_2gpu", "nsys", "NVIDIA Nsight Systems 2025.3.2.0", "3.20.3",
                           "2x NVIDIA H200", "4460"]
-    table = _invoke("traces", "--db", str(db)).stdout
+    table = runner.invoke(app, ["traces", "--db", str(db)], env={"COLUMNS": "240"}).stdout  # wide: every column
     assert "ddp_resnet18_2gpu" in table and "2x NVIDIA H200" in table and "4,460" in table
 
 
