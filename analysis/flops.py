@@ -313,13 +313,26 @@ def _kineto_op_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFr
             WINDOW w AS (PARTITION BY pid, tid ORDER BY start_ns, end_ns DESC
                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
         ),
-        backward AS (SELECT pid, tid, start_ns, end_ns FROM nvtx WHERE trace_id = {int(trace_id)}
-                     AND domain = 'cpu_op' AND name LIKE '%Backward%')
-        SELECT o.pid, o.tid, o.start_ns, o.end_ns, o.op, o.input_dims, o.concrete_inputs, o.input_types,
-               CASE WHEN o.op = '{_CONV_BACKWARD}' OR EXISTS (SELECT 1 FROM backward b WHERE b.pid = o.pid
-                    AND b.tid = o.tid AND b.start_ns <= o.start_ns AND o.end_ns <= b.end_ns)
+        outermost AS (SELECT * EXCLUDE (cover) FROM o WHERE cover IS NULL OR cover < end_ns),
+        -- an op is inside a backward range when one starting at or before it ends at or after it:
+        -- the running maximum of those ranges' ends, in start order (a backward range before an op
+        -- of the same start), not a search of every range per op
+        timeline AS (
+            SELECT pid, tid, start_ns, end_ns AS backward_end, NULL AS op, NULL AS end_ns, NULL AS input_dims,
+                   NULL AS concrete_inputs, NULL AS input_types, 0 AS place
+            FROM nvtx WHERE trace_id = {int(trace_id)} AND domain = 'cpu_op' AND name LIKE '%Backward%'
+            UNION ALL
+            SELECT pid, tid, start_ns, NULL, op, end_ns, input_dims, concrete_inputs, input_types, 1 FROM outermost
+        ),
+        covered AS (
+            SELECT *, max(backward_end) OVER (PARTITION BY pid, tid ORDER BY start_ns, place
+                                              ROWS UNBOUNDED PRECEDING) AS backward_cover
+            FROM timeline
+        )
+        SELECT pid, tid, start_ns, end_ns, op, input_dims, concrete_inputs, input_types,
+               CASE WHEN op = '{_CONV_BACKWARD}' OR backward_cover >= end_ns
                     THEN 'backward' ELSE 'forward' END AS pass
-        FROM o WHERE cover IS NULL OR cover < o.end_ns
+        FROM covered WHERE place = 1
     """).pl()
     if ops.is_empty():
         return _empty_op_flops()
