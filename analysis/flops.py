@@ -123,13 +123,20 @@ def _kernel_shares(con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFr
     `op_shapes` for emit_nvtx ranges, of `op_flops` for Kineto operators)."""
     ops = (op_flops(con, trace_id).with_row_index("op_row") if ops is None else ops).select(
         "op_row", "pid", "tid", "start_ns", "end_ns", "op", "pass", "flops", "dtype")
+    t = int(trace_id)
     launches = con.sql(  # no op ranges: no launch is read (the frame keeps its columns)
-        f"SELECT kernel_id, pid, launch_tid AS tid, launch_start_ns, dur_ns, name FROM kernel_launches "
-        f"WHERE trace_id = {int(trace_id)} AND launch_start_ns IS NOT NULL{' AND false' if ops.is_empty() else ''}"
+        f"SELECT kernel_id, pid, launch_tid AS tid, launch_start_ns, dur_ns FROM kernel_launches "
+        f"WHERE trace_id = {t} AND launch_start_ns IS NOT NULL{' AND false' if ops.is_empty() else ''}"
     ).pl().sort("launch_start_ns")
     inside = (launches.join_asof(ops.sort("start_ns"), left_on="launch_start_ns", right_on="start_ns",
                                  by=["pid", "tid"], strategy="backward", check_sortedness=False)
               .filter(pl.col("launch_start_ns") <= pl.col("end_ns")))
+    # names by their ids: a million launches would otherwise each carry their kernel's name
+    name_ids = con.sql(f"SELECT kernel_id, name_id FROM kernel_events WHERE trace_id = {t}"
+                       f"{' AND false' if inside.is_empty() else ''}").pl()
+    names = con.sql(f"SELECT name_id, name FROM kernel_names WHERE trace_id = {t}").pl()
+    inside = (inside.join(name_ids, on="kernel_id", how="left", maintain_order="left")
+              .join(names, on="name_id", how="left", maintain_order="left").drop("name_id"))
     classes = classify_names(inside["name"].unique()).select(
         "name", compute=pl.col("operation").is_in(["convolution", "gemm"]))
     k = inside.join(classes, on="name", how="left").with_columns(pl.col("compute").fill_null(False))
@@ -303,49 +310,62 @@ def _gemm_flops(op: str, sizes: list[list[int]]) -> int | None:
 def _kineto_op_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
     """`op_flops` from a Kineto trace's operators (record_shapes=True): shapes from Input Dims,
     stride, padding, dilation, groups and output_mask from Concrete Inputs, so a forward
-    convolution's output size is computed, not looked up. Outermost FLOP_OPS only, as for NVTX."""
+    convolution's output size is computed, not looked up. Outermost FLOP_OPS only, as for NVTX.
+
+    The operators' text columns stay in DuckDB: Python counts the FLOPs of each distinct
+    (op, Input Dims, Concrete Inputs) and the dtype of each distinct Input type, a few thousand
+    where a trace has hundreds of thousands of operators."""
+    from traceq.analysis.attribution import _registered
+
     flop_ops = ", ".join(f"'{op}'" for op in FLOP_OPS)
-    ops = con.sql(f"""
+    t = int(trace_id)
+    ops_cte = f"""
         WITH o AS (
             SELECT pid, tid, start_ns, end_ns, name AS op, input_dims, concrete_inputs, input_types,
                    max(end_ns) OVER w AS cover
-            FROM operators WHERE trace_id = {int(trace_id)} AND name IN ({flop_ops})
+            FROM operators WHERE trace_id = {t} AND name IN ({flop_ops})
             WINDOW w AS (PARTITION BY pid, tid ORDER BY start_ns, end_ns DESC
                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
         ),
-        outermost AS (SELECT * EXCLUDE (cover) FROM o WHERE cover IS NULL OR cover < end_ns),
-        -- an op is inside a backward range when one starting at or before it ends at or after it:
-        -- the running maximum of those ranges' ends, in start order (a backward range before an op
-        -- of the same start), not a search of every range per op
-        timeline AS (
-            SELECT pid, tid, start_ns, end_ns AS backward_end, NULL AS op, NULL AS end_ns, NULL AS input_dims,
-                   NULL AS concrete_inputs, NULL AS input_types, 0 AS place
-            FROM nvtx WHERE trace_id = {int(trace_id)} AND domain = 'cpu_op' AND name LIKE '%Backward%'
-            UNION ALL
-            SELECT pid, tid, start_ns, NULL, op, end_ns, input_dims, concrete_inputs, input_types, 1 FROM outermost
-        ),
-        covered AS (
-            SELECT *, max(backward_end) OVER (PARTITION BY pid, tid ORDER BY start_ns, place
-                                              ROWS UNBOUNDED PRECEDING) AS backward_cover
-            FROM timeline
-        )
-        SELECT pid, tid, start_ns, end_ns, op, input_dims, concrete_inputs, input_types,
-               CASE WHEN op = '{_CONV_BACKWARD}' OR backward_cover >= end_ns
-                    THEN 'backward' ELSE 'forward' END AS pass
-        FROM covered WHERE place = 1
-    """).pl()
-    if ops.is_empty():
+        outermost AS (SELECT * EXCLUDE (cover) FROM o WHERE cover IS NULL OR cover < end_ns)"""
+    shapes = con.sql(f"{ops_cte} SELECT DISTINCT op, input_dims, concrete_inputs FROM outermost").pl()
+    if shapes.is_empty():
         return _empty_op_flops()
-    keys = ["op", "input_dims", "concrete_inputs"]
-    counts = ops.select(keys).unique()
-    counts = counts.with_columns(flops=pl.Series([_operator_flops(*row) for row in counts.iter_rows()],
-                                                 dtype=pl.Int64))
-    types = ops.select("input_types").unique()
+    shapes = shapes.with_columns(flops=pl.Series([_operator_flops(*row) for row in shapes.iter_rows()],
+                                                 dtype=pl.Int64)).filter(pl.col("flops").is_not_null())
+    types = con.sql(f"{ops_cte} SELECT DISTINCT input_types FROM outermost").pl()
     types = types.with_columns(dtype=pl.Series([_operator_dtype(t) for t in types["input_types"]], dtype=pl.String))
-    return (ops.join(counts, on=keys, how="left", nulls_equal=True).filter(pl.col("flops").is_not_null())
-            .join(types, on="input_types", how="left", nulls_equal=True)
-            .select("pid", "tid", "start_ns", "end_ns", "op", "pass", "flops", "dtype")
-            .sort("pid", "tid", "start_ns"))
+    with _registered(con, shapes=shapes, types=types) as rel:
+        return con.sql(f"""{ops_cte},
+            counted AS (
+                SELECT o.pid, o.tid, o.start_ns, o.end_ns, o.op, s.flops, ty.dtype
+                FROM outermost o
+                JOIN {rel['shapes']} s ON s.op = o.op AND s.input_dims IS NOT DISTINCT FROM o.input_dims
+                     AND s.concrete_inputs IS NOT DISTINCT FROM o.concrete_inputs
+                LEFT JOIN {rel['types']} ty ON ty.input_types IS NOT DISTINCT FROM o.input_types
+            ),
+            -- an op is inside a backward range when one starting at or before it ends at or after
+            -- it: the running maximum of those ranges' ends in start order (a backward range first
+            -- at equal starts), not a search of every range per op
+            timeline AS (
+                SELECT pid, tid, start_ns, end_ns AS backward_end, NULL AS end_ns, NULL AS op, NULL AS flops,
+                       NULL AS dtype, 0 AS place
+                FROM nvtx WHERE trace_id = {t} AND domain = 'cpu_op' AND name LIKE '%Backward%'
+                UNION ALL
+                SELECT pid, tid, start_ns, NULL, end_ns, op, flops, dtype, 1 FROM counted
+            ),
+            covered AS (
+                SELECT *, max(backward_end) OVER (PARTITION BY pid, tid ORDER BY start_ns, place
+                                                  ROWS UNBOUNDED PRECEDING) AS backward_cover
+                FROM timeline
+            )
+            SELECT pid, tid, start_ns, end_ns::BIGINT AS end_ns, op::VARCHAR AS op,
+                   CASE WHEN op = '{_CONV_BACKWARD}' OR backward_cover >= end_ns
+                        THEN 'backward' ELSE 'forward' END AS pass,
+                   flops::BIGINT AS flops, dtype::VARCHAR AS dtype
+            FROM covered WHERE place = 1
+            ORDER BY pid, tid, start_ns, end_ns, op
+        """).pl()
 
 
 _CONV_ARGS = {  # positions of stride, padding, dilation, groups among an op's inputs (ATen signatures)
