@@ -9,8 +9,10 @@ Each mutant is a copy of one corpus trace with one mutation (`MUTATIONS`), loade
 
 - no traceback, and an exit status of 0 or 1;
 - a refusal (exit 1) is one `traceq: ...` line on stderr, and the store is byte for byte as before;
-- after an acceptance (exit 0) the store's earlier trace is unchanged, and `traceq traces`, `top`,
-  `layers`, `libs`, `stages`, `ru`, `memory` and `report` each either work or refuse in one line.
+- after an acceptance (exit 0) the store's earlier trace is unchanged, and each of `COMMANDS`
+  (`traces`, `top`, `layers`, `libs`, `stages`, `ru`, `memory`, `report` with `advise` and so
+  `idle` in it, `idle --by iteration`, `launches`, the two `stats` reports that join launches to
+  their calls, `comm`, `overlap`, `ranks`) either works or refuses in one line.
 
 Mutant i of a run is made from `random.Random(f"{seed}:{i}")` alone, so any mutant of any run
 can be made again (`--only i`) and a long run can be cut into chunks (`--start`). The commands
@@ -71,7 +73,9 @@ REALTRACES = (
 BASE_TRACE = ROOT / "sample_traces" / "lenet_b256_cudnn.sqlite"
 """The good trace every mutant's store already holds."""
 
-COMMANDS = (("traces",), ("top",), ("layers",), ("libs",), ("stages",), ("ru",), ("memory",), ("report",))
+COMMANDS = (("traces",), ("top",), ("layers",), ("libs",), ("stages",), ("ru",), ("memory",), ("report",),
+            ("idle", "--by", "iteration"), ("launches",), ("stats", "-r", "nvtx_gpu_proj_sum"),
+            ("stats", "-r", "cuda_kern_exec_sum"), ("comm",), ("overlap",), ("ranks",))
 """Commands that must work (or refuse in one line) on an accepted mutant, the mutant's trace being
 the latest loaded, so each runs on it by default."""
 
@@ -728,7 +732,7 @@ class Harness:
                 outcome.problems.append("the earlier trace changed")
             for command in COMMANDS:
                 extra = ["-o", str(self.work / "report.html")] if command == ("report",) else []
-                self._invoke([*command, "--db", str(db), *extra], command[0], outcome)
+                self._invoke([*command, "--db", str(db), *extra], " ".join(command), outcome)
         outcome.seconds = round(time.perf_counter() - started, 3)
         return outcome
 
