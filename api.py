@@ -148,14 +148,17 @@ class Store:
     def trace(self, ref: str | int | None = None) -> Trace:
         """The trace named `ref` (a name or an id; None: the latest loaded; a run's name: its
         rank 0's trace). Raises NotFoundError, listing what the store holds, when there is none."""
-        if self.dataset is None:
-            trace_id, name = resolve_trace_or_run(self.con, None if ref is None else str(ref))
-            return Trace(self, trace_id, name)
+        trace_id, name = resolve_trace_or_run(self._finder(), None if ref is None else str(ref))
+        return Trace(self, trace_id, name, con=None if self.dataset is None else self._over([trace_id]))
+
+    def _finder(self) -> duckdb.DuckDBPyConnection:
+        """A connection to find traces and runs by: the store's; for a dataset, views over its
+        traces, runs and ranks files alone (not every table of every trace)."""
+        if self.dataset is None or self._con is not None:
+            return self.con
         from traceq.dataset import open_dataset
 
-        found = self._con or open_dataset(self.dataset, tables=["traces", "runs", "ranks"])  # not every table
-        trace_id, name = resolve_trace_or_run(found, None if ref is None else str(ref))
-        return Trace(self, trace_id, name, con=self._over([trace_id]))
+        return open_dataset(self.dataset, tables=["traces", "runs", "ranks"])
 
     def sql(self, query: str) -> pl.DataFrame:
         """The result of one read-only SQL statement (SELECT, WITH, DESCRIBE, SHOW, EXPLAIN,
@@ -273,9 +276,15 @@ class Store:
         """The run `ref` names: a run's name or id, a trace's name or id or a Trace (the run it
         is a rank of: a trace loaded alone is a run of its own), or None for the latest loaded.
         Raises NotFoundError, listing the runs, when there is none."""
+        con = self._finder()
         if isinstance(ref, Trace):
-            return Run(self, *run_of_trace(self.con, ref.id, ref.name))
-        return Run(self, *resolve_run(self.con, None if ref is None else str(ref)))
+            run_id, name = run_of_trace(con, ref.id, ref.name)
+        else:
+            run_id, name = resolve_run(con, None if ref is None else str(ref))
+        if self.dataset is None:
+            return Run(self, run_id, name)
+        traces = [t for (t,) in con.execute("SELECT DISTINCT trace_id FROM ranks WHERE run_id = ?", [run_id]).fetchall()]
+        return Run(self, run_id, name, con=self._over(traces))  # views over its traces' files alone
 
     def load_run(self, paths: list[str | Path], name: str, *, replace: bool = False,
                  progress: Callable[[int, int], None] | None = None, python_functions: bool = False,
@@ -297,7 +306,8 @@ class Store:
         with self._loading() as con:
             results = load_run(con, paths, name, replace=replace, progress=step, engine=engine,
                                python_functions=python_functions)
-            run = Run(self, *resolve_run(con, name), con=con)
+            run_id, run_name = resolve_run(con, name)
+        run = Run(self, run_id, run_name)
         run.load_results = results
         return run
 
@@ -711,11 +721,13 @@ class Run:
     """
 
     def __init__(self, store: Store, run_id: int, name: str, *, con: duckdb.DuckDBPyConnection | None = None):
+        """`con`: a connection of its own (a dataset's views over the run's traces' files), else the store's."""
         self.store = store
         self.id = run_id
         self.name = name
         self.load_results: list[LoadResult] | None = None
-        world, clock, shift = first_row(con or store.con, "SELECT world_size, clock, max(abs(k.shift_ns)) FROM runs "
+        self._con = con
+        world, clock, shift = first_row(self.con, "SELECT world_size, clock, max(abs(k.shift_ns)) FROM runs "
                                         "JOIN ranks k USING (run_id) WHERE run_id = ? GROUP BY ALL", [run_id])
         self.world_size, self.clock, self.max_shift_ns = int(world), str(clock), int(shift)
 
@@ -724,13 +736,14 @@ class Run:
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
-        return self.store.con
+        return self.store.con if self._con is None else self._con
 
     def traces(self) -> list[Trace]:
         """The run's traces, by their first rank."""
         rows = self.con.execute("SELECT k.trace_id, any_value(t.name) FROM ranks k JOIN traces t USING (trace_id) "
                                 "WHERE k.run_id = ? GROUP BY 1 ORDER BY min(k.rank)", [self.id]).fetchall()
-        return [Trace(self.store, int(t), str(n)) for t, n in rows]
+        over = (lambda t: None) if self.store.dataset is None else (lambda t: self.store._over([t]))
+        return [Trace(self.store, int(t), str(n), con=over(int(t))) for t, n in rows]
 
     def comm(self, by: CommBy | str = CommBy.rank, *, iteration_regex: str | None = None,
              progress: Callable[[int, int], None] | None = None) -> pl.DataFrame:
@@ -767,7 +780,7 @@ class Run:
         from traceq.analysis.scaling import compare_scaling
 
         other = other if isinstance(other, Run) else self.store.run(other)
-        frame = compare_scaling(self.con, self.id, other.id, by, _regex(iteration_regex))
+        frame = compare_scaling(self.store.con, self.id, other.id, by, _regex(iteration_regex))  # both runs' traces
         return frame if k is None else frame.head(k)
 
 

@@ -182,13 +182,13 @@ def _show_trace_table(
 
 
 def _show_run_table(
-    run: str | None, db: Path | None, fmt: Format | None, out: Path | None,
+    run: str | None, db: Path | None, dataset: Path | None, fmt: Format | None, out: Path | None,
     build: Callable[[Run, Callable[[int, int], None]], tuple[object, str]],
 ) -> None:
     """`_show_trace_table` for the commands over a run: `build(run, progress) -> (frame, title)`,
     progress a bar (after a second, on a terminal) over the run's traces."""
     with user_errors():
-        r = _store(db).run(run)
+        r = _store(db, dataset).run(run)
         progress = _LazyProgress(f"reading {r.name}")
         try:
             frame, title = build(r, progress)
@@ -839,6 +839,7 @@ def comm(
     by: Annotated[CommBy, typer.Option(help="One row per collective, iteration and rank, or per collective "
                                             "across ranks")] = CommBy.rank,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     iteration_regex: IterOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
@@ -851,13 +852,14 @@ def comm(
         return frame, (f"{r.name}: collective communication {what} ({_ranks_said(r)}; "
                        "bus bandwidth = bytes / time x nccl-tests' factor)")
 
-    _show_run_table(run, db, fmt, out, build)
+    _show_run_table(run, db, dataset, fmt, out, build)
 
 
 @app.command()
 def overlap(
     run: RunArg = None,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     iteration_regex: IterOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
@@ -868,7 +870,7 @@ def overlap(
         return frame, (f"{r.name}: communication against computation per rank and iteration "
                        f"({_ranks_said(r)}; hidden = communication while computation ran)")
 
-    _show_run_table(run, db, fmt, out, build)
+    _show_run_table(run, db, dataset, fmt, out, build)
 
 
 @app.command()
@@ -879,6 +881,7 @@ def ranks(
     k: Annotated[int, typer.Option("--k", "-k", min=1, help="With --by collective: how many collectives, "
                                                            "latest start first")] = 10,
     db: DbOpt = None,
+    dataset: DatasetOpt = None,
     iteration_regex: IterOpt = None,
     fmt: FormatOpt = None,
     out: OutOpt = None,
@@ -893,7 +896,7 @@ def ranks(
             f"{r.name}: iteration time per rank ({_ranks_said(r)}; wait: in collectives for later "
             "ranks; slowest: the most time not waiting; shift: added to the rank's clock)")
 
-    _show_run_table(run, db, fmt, out, build)
+    _show_run_table(run, db, dataset, fmt, out, build)
 
 
 @app.command()

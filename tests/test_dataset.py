@@ -1,5 +1,6 @@
 """Datasets: trace files loaded in parallel on a local Dask cluster into Parquet (traceq load
---dataset), and the commands on them (--dataset) against the same traces in a single-file store.
+--dataset), and the commands on them (--dataset) against the same traces in a single-file store
+(top, layers, comm, overlap, ranks, ...: the same output, to the byte).
 
 One local cluster of 2 worker processes serves the module: starting it and loading the 9 traces
 into a dataset and into a store takes 11 to 22 s on our busy 2-core machine, the module 27 to
@@ -33,6 +34,7 @@ def _name(path: Path) -> str:
 
 
 COMMANDS = [["top", "-k", "50"], ["layers"], ["libs"], ["stages"]]
+RUN_COMMANDS = [["comm"], ["overlap"], ["ranks"], ["ranks", "--by", "collective"]]
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +118,10 @@ def test_commands_on_a_dataset_print_what_they_print_on_the_store(loaded) -> Non
         for command in COMMANDS if trace == _name(files[0]) else COMMANDS[:2]:
             on_store = _run([*command, "-t", trace, "--db", str(store), "-f", "csv"])
             assert _run([*command, "-t", trace, "--dataset", str(dataset), "-f", "csv"]) == on_store, (command, trace)
+    for command in RUN_COMMANDS:  # each file is a run of its own; the DDP sample's has 2 ranks
+        for trace in (_name(files[0]), _name(files[1])):
+            on_store = _run([*command, trace, "--db", str(store), "-f", "csv"])
+            assert _run([*command, trace, "--dataset", str(dataset), "-f", "csv"]) == on_store, (command, trace)
     on_store = _run(["top", "--db", str(store)])  # the latest trace, as a table
     assert on_store.startswith(_name(DLRM[-1]))
     assert _run(["top", "--dataset", str(dataset)]) == on_store
