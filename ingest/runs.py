@@ -20,7 +20,8 @@ collectives used and the spread left after the fit stored beside the shift.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import duckdb
 import polars as pl
@@ -61,10 +62,17 @@ class _Unit:
     rank: int | None
     rank_from: str
     gpu: int | None = None  # the GPU it ran on (one GPU's trace included), for numbering
+    comm: int = 0         # its communication kernels, and those of a known collective but send/recv
+    collectives: int = 0  # (counted here: `_shifts` reads a rank's kernels only where it needs them)
 
 
-def register_run(con: duckdb.DuckDBPyConnection, name: str, trace_ids: list[int]) -> int:
+def register_run(con: duckdb.DuckDBPyConnection, name: str, trace_ids: list[int],
+                 read: Callable[[int], duckdb.DuckDBPyConnection] | None = None) -> int:
     """Record `trace_ids` as the ranks of a new run `name` (inside the caller's transaction).
+    `read(trace_id)`: a connection to read that trace's rows from (default `con`; for a
+    dataset, views over that trace's files alone). One trace is read at a time, and two ranks'
+    communication kernels at most are held at once: the work grows with the ranks, the memory
+    does not.
 
     Raises:
         RunError: the traces are not one job's ranks (mixed jobs, a rank twice, a rank missing,
@@ -73,15 +81,19 @@ def register_run(con: duckdb.DuckDBPyConnection, name: str, trace_ids: list[int]
     if first_row(con, "SELECT 1 FROM runs WHERE name = ?", [name]):
         raise RunError(f"a run named {name!r} is already loaded: choose another name (--run NAME, or --name NAME "
                        "for a file loaded alone), or --replace")
-    traces = [_trace(con, t) for t in trace_ids]
+    read = read or (lambda _: con)
+    traces, units = [], []
+    for t in trace_ids:
+        on = read(t)
+        traces.append(_trace(on, t))
+        units += _units(on, traces[-1], counted=len(trace_ids) > 1)
     if len(traces) > 1:
         _check_one_job(traces)
-    units = [u for t in traces for u in _units(con, t)]
     ranked = _number(units, traces)
     run_id = int(first_row(con, "SELECT nextval('run_ids')")[0])
     clock = "one trace" if len(traces) == 1 else "collective ends"
     con.execute("INSERT INTO runs VALUES (?, ?, ?, ?)", [run_id, name, len(ranked), clock])
-    shifts = _shifts(con, ranked) if len(traces) > 1 else {}
+    shifts = _shifts(read, ranked) if len(traces) > 1 else {}
     for rank, u in sorted(ranked.items()):
         shift = shifts.get(u.trace_id, (0, 0.0, 0, None, None))
         con.execute("INSERT INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -119,10 +131,11 @@ def _check_one_job(traces: list[_Trace]) -> None:
                        "they are not ranks of one job")
 
 
-def _units(con: duckdb.DuckDBPyConnection, t: _Trace) -> list[_Unit]:
+def _units(con: duckdb.DuckDBPyConnection, t: _Trace, *, counted: bool) -> list[_Unit]:
     """The ranks one trace holds, unnumbered unless the trace says its rank."""
-    if t.rank is not None:
-        return [_Unit(t.trace_id, None, None, t.rank, "distributedInfo")]
+    if t.rank is not None:  # its communication counted for a run of several files only (`_shifts`)
+        counts = _counts(comm_kernels(con, t.trace_id)) if counted else (0, 0)
+        return [_Unit(t.trace_id, None, None, t.rank, "distributedInfo", None, *counts)]
     comm = comm_kernels(con, t.trace_id)
     if comm.height:
         pairs = comm.select("device_id", "pid").unique().sort("device_id", "pid", nulls_last=True).rows()
@@ -130,8 +143,21 @@ def _units(con: duckdb.DuckDBPyConnection, t: _Trace) -> list[_Unit]:
         pairs = con.execute("SELECT DISTINCT device_id, pid FROM kernels WHERE trace_id = ? "
                             "ORDER BY device_id NULLS LAST, pid NULLS LAST", [t.trace_id]).fetchall()
     if len(pairs) <= 1:
-        return [_Unit(t.trace_id, None, None, None, "one GPU", pairs[0][0] if pairs else None)]
-    return [_Unit(t.trace_id, pid, device, None, "device and process ids", device) for device, pid in pairs]
+        return [_Unit(t.trace_id, None, None, None, "one GPU", pairs[0][0] if pairs else None, *_counts(comm))]
+    return [_Unit(t.trace_id, pid, device, None, "device and process ids", device,
+                  *_counts(_own(comm, pid, device))) for device, pid in pairs]
+
+
+def _own(comm: pl.DataFrame, pid: int | None, device_id: int | None) -> pl.DataFrame:
+    """A trace's communication kernels of one rank's process and GPU (None: any)."""
+    if pid is not None:
+        comm = comm.filter(pl.col("pid") == pid)
+    return comm if device_id is None else comm.filter(pl.col("device_id") == device_id)
+
+
+def _counts(comm: pl.DataFrame) -> tuple[int, int]:
+    """A rank's communication kernels, and those of a collective other than send/recv."""
+    return comm.height, comm.filter(pl.col("collective") != "send_recv").height
 
 
 def _number(units: list[_Unit], traces: list[_Trace]) -> dict[int, _Unit]:
@@ -158,36 +184,41 @@ def _number(units: list[_Unit], traces: list[_Trace]) -> dict[int, _Unit]:
                                f"apart: both ran on GPU {u.gpu} and neither records its rank; load them as "
                                "separate runs")
             seen[u.gpu] = u
-        units = [u if u.pid is not None else _Unit(u.trace_id, None, None, None, "device and process ids", u.gpu)
-                 for u in units]
+        units = [u if u.pid is not None else replace(u, rank_from="device and process ids") for u in units]
     order = sorted(units, key=lambda u: (u.gpu is None, u.gpu or 0, u.pid or 0))
     return {i: u for i, u in enumerate(order)}
 
 
-def _shifts(con: duckdb.DuckDBPyConnection,
+def _shifts(read: Callable[[int], duckdb.DuckDBPyConnection],
             ranked: dict[int, _Unit]) -> dict[int, tuple[int, float, int, int | None, int | None]]:
     """trace_id -> (shift_ns, drift_ppm, shift_at_ns, collectives matched, residual_ns) for a run
-    of several files (`collectives.end_shifts`)."""
-    frames = []
-    for rank, u in ranked.items():
-        k = comm_kernels(con, u.trace_id)
-        if u.pid is not None:
-            k = k.filter(pl.col("pid") == u.pid)
-        if u.device_id is not None:
-            k = k.filter(pl.col("device_id") == u.device_id)
-        frames.append(k.select("collective", "group", "start_ns", "end_ns", rank=pl.lit(rank, pl.Int32)))
-    kernels = pl.concat(frames)
-    if kernels.filter(pl.col("collective").is_not_null()).is_empty():
+    of several files (`collectives.end_shifts`): each trace's first rank matched against the
+    lowest rank with communication, one pair of ranks at a time (what matching every rank at
+    once gives: a rank's instances and fit depend on its own and the reference's kernels alone)."""
+    collectives = all(u.collectives >= MIN_COLLECTIVES for u in ranked.values())  # else send/recv too
+    counted = {rank: u.collectives if collectives else u.comm for rank, u in ranked.items()}
+    reference = min((rank for rank, n in counted.items() if n), default=None)
+    if reference is None:
         return {}
-    matched = match_instances(kernels, one_clock=False)
-    collectives = matched.filter(pl.col("collective") != "send_recv")  # point to point: its ends need not meet
-    per_rank = collectives.filter(pl.col("instance").is_not_null()).group_by("rank").len()
-    if per_rank.height == len(ranked) and per_rank["len"].min() >= MIN_COLLECTIVES:
-        matched = collectives
-    shifts = end_shifts(matched)
+
+    def kernels(rank: int) -> pl.DataFrame:
+        u = ranked[rank]
+        k = _own(comm_kernels(read(u.trace_id), u.trace_id), u.pid, u.device_id)
+        if collectives:  # point to point: its ends need not meet
+            k = k.filter(pl.col("collective") != "send_recv")
+        return k.select("collective", "group", "start_ns", "end_ns", rank=pl.lit(rank, pl.Int32))
+
+    ref = kernels(reference)
     out: dict[int, tuple[int, float, int, int | None, int | None]] = {}
-    for rank, shift, drift, at, matched, residual in shifts.iter_rows():
-        out.setdefault(ranked[rank].trace_id, (int(shift), float(drift), int(at), int(matched), int(residual)))
+    for rank, u in sorted(ranked.items()):
+        if u.trace_id in out or rank < reference:
+            continue
+        pair = ref if rank == reference else pl.concat([ref, kernels(rank)])
+        if pair.filter(pl.col("collective").is_not_null()).is_empty():
+            continue
+        for r, shift, drift, at, matched, residual in end_shifts(match_instances(pair, one_clock=False)).iter_rows():
+            if r == rank:
+                out[u.trace_id] = (int(shift), float(drift), int(at), int(matched), int(residual))
     return out
 
 
