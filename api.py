@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from traceq.analysis.choices import (CommBy, CompareBy, GroupBy, IdleBy, MemoryBy, NameBy, RanksBy, StatsReport,
                                     TrafficBy)
-from traceq.errors import TraceqError, TraceqWarning
+from traceq.errors import NotFoundError, TraceqError, TraceqWarning
 from traceq.store import (default_store_path, first_row, open_store, resolve_run, resolve_trace, resolve_trace_or_run,
                           restore_size, run_of_trace)
 
@@ -267,7 +267,7 @@ class Store:
         from traceq.render.report import build_report
 
         ids = [t.id if isinstance(t, Trace) else self.trace(t).id for t in (traces or [None])]
-        return build_report(self._over(ids), ids, iteration_regex=_regex(iteration_regex), top_k=k, title=title,
+        return build_report(self._over(self._with_ranks(ids)), ids, iteration_regex=_regex(iteration_regex), top_k=k, title=title,
                             spec=_path(spec), batch=batch)
 
     # --- runs: several traces as the ranks of one job (docs/multigpu.md)
@@ -280,11 +280,35 @@ class Store:
         if isinstance(ref, Trace):
             run_id, name = run_of_trace(con, ref.id, ref.name)
         else:
-            run_id, name = resolve_run(con, None if ref is None else str(ref))
+            try:
+                run_id, name = resolve_run(con, None if ref is None else str(ref))
+            except NotFoundError as e:
+                raise NotFoundError(self._unmade(str(ref)) or str(e)) from None
         if self.dataset is None:
             return Run(self, run_id, name)
-        traces = [t for (t,) in con.execute("SELECT DISTINCT trace_id FROM ranks WHERE run_id = ?", [run_id]).fetchall()]
-        return Run(self, run_id, name, con=self._over(traces))  # views over its traces' files alone
+        return Run(self, run_id, name, con=self._over(_run_traces(con, run_id)))  # views over its traces' files alone
+
+    def _with_ranks(self, ids: list[int]) -> list[int]:
+        """`ids` and the traces of the other ranks of their runs (a report shows its run's
+        figures): what a dataset's views are made over."""
+        con = self._finder()
+        return sorted({t for i in ids for t in _run_traces(con, run_of_trace(con, i)[0])} | set(ids))
+
+    def _unmade(self, name: str) -> str | None:
+        """Why a dataset's run `name` cannot be read yet, where it is one not made (None: it is
+        no run of a dataset)."""
+        if self.dataset is None:
+            return None
+        from traceq.dataset import read_catalog, read_runs
+
+        run = next((r for r in read_runs(self.dataset) if r.name == name), None)
+        if run is None:
+            return None
+        if run.status == "failed":
+            return f"run {name!r} of {self.dataset} was not made: {run.error}"
+        loaded = {e.trace_id for e in read_catalog(self.dataset) if e.status == "loaded"}
+        return (f"run {name!r} of {self.dataset} has {len(loaded & set(run.trace_ids))} of its {len(run.trace_ids)} "
+                "files loaded: load them again (`traceq load FILE... --run NAME --dataset PATH`) to complete it")
 
     def load_run(self, paths: list[str | Path], name: str, *, replace: bool = False,
                  progress: Callable[[int, int], None] | None = None, python_functions: bool = False,
@@ -318,16 +342,20 @@ class Store:
                               "adds traces to it)")
 
 
-def load_dataset(paths: list[str | Path], dataset: str | Path, *, scheduler: str | None = None,
+def load_dataset(paths: list[str | Path], dataset: str | Path, *, run: str | None = None, scheduler: str | None = None,
                  workers: int | None = None, progress: Callable[[int, int], None] | None = None,
                  python_functions: bool = False, attribute: bool | None = None) -> DatasetLoad:
     """`traceq load --dataset`: load trace files into the Parquet dataset in the folder `dataset`
     (made when absent), one Dask task per file, on the Dask cluster at `scheduler` (an address,
     tcp://host:8786, or a scheduler file) or else on a local cluster of `workers` processes
     (default: one per core). Files already loaded are not read again, and none starts a cluster.
-    `progress`, `python_functions`, `attribute`: as `Store.load`'s.
+    `progress`, `python_functions`, `attribute`: as `Store.load`'s. `run`: the files are the
+    ranks of the run of that name (`Store.load_run`'s), made once all of them are loaded, their
+    clocks aligned (docs/scale-out.md).
     Returns what was loaded, skipped and failed (a failed file leaves nothing; loading the same
-    files again loads only those); `open(dataset=...)` reads the dataset.
+    files again loads only those, and completes the run), and the run as the catalog has it
+    ('loaded', 'pending' while a rank is missing, 'failed' for files that are not one job's
+    ranks); `open(dataset=...)` reads the dataset.
 
     Raises TraceFormatError for a file traceq cannot read and TraceqError for a name taken,
     before anything starts; TraceqError when Dask is not installed (`traceq[dask]`).
@@ -336,11 +364,17 @@ def load_dataset(paths: list[str | Path], dataset: str | Path, *, scheduler: str
 
     if scheduler is not None and workers is not None:
         raise TraceqError("workers start a local cluster: give a scheduler or workers, not both")
-    plan = plan_load([Path(p) for p in paths], Path(dataset))  # bad input is refused before a cluster starts
-    if not plan.todo:
-        return DatasetLoad([], plan.skipped, [], 0.0, 0)
+    plan = plan_load([Path(p) for p in paths], Path(dataset), run)  # bad input is refused before a cluster starts
+    if not plan.todo:  # no cluster: at most the run to complete
+        if plan.run is None or plan.run.status == "loaded":
+            return DatasetLoad([], plan.skipped, [], 0.0, 0, plan.run)
+        return load_on(None, plan)
     with dask_client(scheduler, workers) as client:
         return load_on(client, plan, progress=progress, python_functions=python_functions, attribute=attribute)
+
+
+def _run_traces(con: duckdb.DuckDBPyConnection, run_id: int) -> list[int]:
+    return [int(t) for (t,) in con.execute("SELECT DISTINCT trace_id FROM ranks WHERE run_id = ?", [run_id]).fetchall()]
 
 
 def _remove_store(path: Path) -> None:
@@ -780,7 +814,8 @@ class Run:
         from traceq.analysis.scaling import compare_scaling
 
         other = other if isinstance(other, Run) else self.store.run(other)
-        frame = compare_scaling(self.store.con, self.id, other.id, by, _regex(iteration_regex))  # both runs' traces
+        both = self.store._over([t for r in (self, other) for t in _run_traces(r.con, r.id)])  # a dataset's: their files alone
+        frame = compare_scaling(both, self.id, other.id, by, _regex(iteration_regex))
         return frame if k is None else frame.head(k)
 
 

@@ -300,8 +300,8 @@ def load(
         if name is not None and len(paths) > 1:
             raise typer.BadParameter("--name needs exactly one file", param_hint="--name")
         if dataset is not None or scheduler is not None or workers is not None:
-            _load_dataset(paths, dataset, scheduler, workers, python_functions, attribute,
-                          {"--db": db, "--name": name, "--replace": replace, "--export": export, "--run": run})
+            _load_dataset(paths, dataset, run, scheduler, workers, python_functions, attribute,
+                          {"--db": db, "--name": name, "--replace": replace, "--export": export})
             return
         store = _store(db, lazy=True)
         if export:
@@ -342,8 +342,6 @@ def _exported(path: Path) -> Path:
 
 def _load_run(store: Store, paths: list[Path], run: str, replace: bool, python_functions: bool) -> None:
     """`traceq load --run`: every file in one transaction, then one line per file and one for the run."""
-    from traceq.render.columns import format_duration
-
     progress = _LazyProgress(f"loading {len(paths)} files as run {run}")
     try:
         r = store.load_run(paths, run, replace=replace, progress=progress, python_functions=python_functions)
@@ -356,12 +354,20 @@ def _load_run(store: Store, paths: list[Path], run: str, replace: bool, python_f
     for path, result in zip(paths, r.load_results):
         typer.echo(f"{result.status} {result.name!r} (trace {result.trace_id}) from {path}: "
                    f"{result.kernel_count:,} kernels in {result.seconds:.2f} s")
-    shift = f"; clocks aligned on collectives, largest shift {format_duration(r.max_shift_ns)}" if len(paths) > 1 else ""
-    typer.echo(f"run {run!r}: {r.world_size} ranks{shift} (`traceq ranks {run}`)")
+    _said_run(r, len(paths))
 
 
-def _load_dataset(paths: list[Path], dataset: Path | None, scheduler: str | None, workers: int | None,
-                  python_functions: bool, attribute: bool | None, store_only: dict[str, object]) -> None:
+def _said_run(r: Run, files: int, where: str = "") -> None:
+    """The line `traceq load --run` ends with: the run's ranks and the largest clock shift."""
+    from traceq.render.columns import format_duration
+
+    shift = f"; clocks aligned on collectives, largest shift {format_duration(r.max_shift_ns)}" if files > 1 else ""
+    typer.echo(f"run {r.name!r}: {r.world_size} ranks{shift} (`traceq ranks {r.name}{where}`)")
+
+
+def _load_dataset(paths: list[Path], dataset: Path | None, run: str | None, scheduler: str | None,
+                  workers: int | None, python_functions: bool, attribute: bool | None,
+                  store_only: dict[str, object]) -> None:
     """`traceq load --dataset`: check the options, load, and say what was done."""
     from traceq.api import load_dataset
 
@@ -375,25 +381,31 @@ def _load_dataset(paths: list[Path], dataset: Path | None, scheduler: str | None
         raise typer.BadParameter("--workers starts a local cluster: not with --scheduler", param_hint="--workers")
     progress = _LazyProgress(f"loading {len(paths)} files")
     try:
-        done = load_dataset(paths, dataset, scheduler=scheduler, workers=workers, progress=progress,
+        done = load_dataset(paths, dataset, run=run, scheduler=scheduler, workers=workers, progress=progress,
                             python_functions=python_functions, attribute=attribute)
     finally:
         progress.close()
-    if not done.workers:
+    if not done.workers and not done.seconds:
         typer.echo(f"all {len(paths)} file(s) are already in {dataset}; nothing changed")
         return
-    kernels = sum(e.kernels or 0 for e in done.loaded)
-    there = f"; {len(done.skipped)} already there" if done.skipped else ""
-    typer.echo(f"loaded {len(done.loaded)} trace(s) into {dataset} ({kernels:,} kernels{there}) "
-               f"on {done.workers} Dask worker(s) in {done.seconds:.2f} s")
+    if done.workers:
+        kernels = sum(e.kernels or 0 for e in done.loaded)
+        there = f"; {len(done.skipped)} already there" if done.skipped else ""
+        typer.echo(f"loaded {len(done.loaded)} trace(s) into {dataset} ({kernels:,} kernels{there}) "
+                   f"on {done.workers} Dask worker(s) in {done.seconds:.2f} s")
     for entry in done.loaded:  # a damaged file's repairs, as `traceq load` says them
         if entry.notes:
             typer.echo(f"{entry.name!r} (trace {entry.trace_id}) from {entry.source_path}: {'; '.join(entry.notes)}")
     for entry in done.failed:
         _err(f"{entry.source_path} (trace {entry.trace_id}) failed: {entry.error}")
+    if done.run is not None and done.run.status == "loaded":
+        _said_run(Store(dataset=dataset).run(done.run.name), len(paths), f" --dataset {dataset}")
     if done.failed:
+        later = f"; run {run!r} is made when all its ranks are in" if run is not None else ""
         raise TraceqError(f"{len(done.failed)} of {len(paths)} file(s) not loaded: run the same command again "
-                          "to load only those")
+                          f"to load only those{later}")
+    if done.run is not None and done.run.status == "failed":
+        raise TraceqError(f"run {run!r} not made (each file stays a trace of its own): {done.run.error}")
 
 
 @app.command()

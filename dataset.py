@@ -4,15 +4,19 @@ table names, so every analysis runs on them unchanged.
 A dataset is written by `traceq load --dataset` (traceq.ingest.parallel), one trace (a rank
 file) per Dask task. Its layout:
 
-    DATASET/catalog.json                 the traces it holds: id, name, source, sha256, status
+    DATASET/catalog.json                 the traces it holds: id, name, source, sha256, status;
+                                         and its runs of several files: id, name, traces, status
     DATASET/trace=<id>/<table>.parquet   one file per store table (traceq_meta aside)
-    DATASET/.partial/trace=<id>/         a trace being written (never read)
+    DATASET/run=<id>/{runs,ranks}.parquet  a run of several files: its ranks and their clocks
+    DATASET/.partial/...                 a trace or run being written (never read)
 
 A trace's files are written into `.partial/trace=<id>/` and the folder is renamed into place
 when all are whole, so a trace appears complete or not at all; readers list only the traces the
-catalog marks `loaded`, and the catalog is replaced by rename too. The store's own views
-(schema.sql: kernels, api_calls, nvtx, kernel_launches, kernels_attributed) are created over
-the Parquet views.
+catalog marks `loaded`, and the catalog is replaced by rename too. Each trace is a run of its
+own (run id = trace id) in its runs and ranks files, until a run of several files the catalog
+marks `loaded` takes it as a rank: then that run's files stand for it instead (the run's id is
+its first trace's). The store's own views (schema.sql: kernels,
+api_calls, nvtx, kernel_launches, kernels_attributed) are created over the Parquet views.
 """
 
 from __future__ import annotations
@@ -50,6 +54,24 @@ class CatalogEntry:
     notes: list[str] | None = None
 
 
+@dataclass(frozen=True)
+class RunEntry:
+    """A run of several trace files of a dataset (`traceq load FILE... --run NAME --dataset`):
+    its traces (by trace id), and `status`: 'pending' while some are not loaded, 'loaded' when
+    its ranks and clocks are in run=<id>/, 'failed' when its files are not one job's ranks
+    (`error` says why)."""
+
+    run_id: int
+    name: str
+    trace_ids: list[int]
+    status: str
+    error: str | None = None
+
+
+RUN_TABLES = ("runs", "ranks")
+"""The tables a run of several files writes (its traces' own stand for each as a run of its own)."""
+
+
 def is_dataset(path: Path) -> bool:
     return (Path(path) / CATALOG).is_file()
 
@@ -64,12 +86,33 @@ def partial_dir(dataset: Path, trace_id: int) -> Path:
     return Path(dataset) / ".partial" / f"trace={trace_id}"
 
 
+def run_dir(dataset: Path, run_id: int) -> Path:
+    """Where a loaded run's runs and ranks files are."""
+    return Path(dataset) / f"run={run_id}"
+
+
 def read_catalog(dataset: Path) -> list[CatalogEntry]:
     """The traces of the dataset at `dataset`, in trace_id order.
 
     Raises:
         StoreError: no dataset there, or one of another store schema.
     """
+    return _read(dataset)[0]
+
+
+def read_runs(dataset: Path) -> list[RunEntry]:
+    """The runs of several files of the dataset at `dataset`, in run_id order (StoreError as
+    `read_catalog`'s)."""
+    return _read(dataset)[1]
+
+
+def catalog_of(dataset: Path) -> tuple[list[CatalogEntry], list[RunEntry]]:
+    """The traces and runs of the dataset at `dataset`, ([], []) where there is none yet
+    (StoreError as `read_catalog`'s)."""
+    return _read(dataset) if is_dataset(dataset) else ([], [])
+
+
+def _read(dataset: Path) -> tuple[list[CatalogEntry], list[RunEntry]]:
     path = Path(dataset) / CATALOG
     if not path.is_file():
         raise StoreError(f"no dataset at {dataset} (no {CATALOG}): make one with "
@@ -78,19 +121,21 @@ def read_catalog(dataset: Path) -> list[CatalogEntry]:
         catalog = json.loads(path.read_text(encoding="utf-8"))
         found = catalog["schema_version"]
         entries = [CatalogEntry(**t) for t in catalog["traces"]]
+        runs = [RunEntry(**r) for r in catalog.get("runs", [])]
     except (ValueError, KeyError, TypeError) as e:
         raise StoreError(f"{path} is not a traceq dataset catalog ({e})") from None
     if found != SCHEMA_VERSION:
         raise StoreError(f"{dataset} holds store schema {found}, this traceq uses {SCHEMA_VERSION}: "
                          "load its traces again into a new dataset")
-    return sorted(entries, key=lambda e: e.trace_id)
+    return sorted(entries, key=lambda e: e.trace_id), sorted(runs, key=lambda r: r.run_id)
 
 
-def write_catalog(dataset: Path, entries: list[CatalogEntry]) -> None:
+def write_catalog(dataset: Path, entries: list[CatalogEntry], runs: list[RunEntry]) -> None:
     """Replace the catalog in one rename (readers see the old one or the new one)."""
     path = Path(dataset) / CATALOG
     text = json.dumps({"traceq_dataset": DATASET_FORMAT, "schema_version": SCHEMA_VERSION,
-                       "traces": [asdict(e) for e in sorted(entries, key=lambda e: e.trace_id)]}, indent=1)
+                       "traces": [asdict(e) for e in sorted(entries, key=lambda e: e.trace_id)],
+                       "runs": [asdict(r) for r in sorted(runs, key=lambda r: r.run_id)]}, indent=1)
     tmp = path.with_name(CATALOG + ".tmp")
     tmp.write_text(text + "\n", encoding="utf-8")
     os.replace(tmp, path)
@@ -107,6 +152,27 @@ def write_trace(con: duckdb.DuckDBPyConnection, trace_id: int, dataset: Path) ->
         con.execute(f"COPY (SELECT * {f'REPLACE ({ids})' if ids else ''} FROM {table}) "
                     f"TO {_literal(staging / f'{table}.parquet')} (FORMAT parquet)")
     _publish(staging, final)
+
+
+def write_run(dataset: Path, run: RunEntry) -> None:
+    """Register `run`'s traces as the ranks of one run, their clocks aligned (ingest.runs, one
+    trace's files read at a time), and write its runs and ranks tables as run=<id>/: into its
+    partial folder first, renamed into place when whole.
+
+    Raises:
+        RunError: the traces are not one job's ranks.
+    """
+    from traceq.ingest.runs import register_run
+
+    con = open_dataset(dataset, [])  # the schema's tables, empty: the run's rows are inserted here
+    register_run(con, run.name, run.trace_ids, read=lambda t: open_dataset(dataset, [t]))
+    staging = Path(dataset) / ".partial" / f"run={run.run_id}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for table in RUN_TABLES:
+        con.execute(f"COPY (SELECT * REPLACE ({int(run.run_id)}::INTEGER AS run_id) FROM {table}) "
+                    f"TO {_literal(staging / f'{table}.parquet')} (FORMAT parquet)")
+    _publish(staging, run_dir(dataset, run.run_id))
 
 
 def _trace_tables(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
@@ -137,16 +203,20 @@ def open_dataset(dataset: Path, trace_ids: list[int] | None = None,
     Raises:
         StoreError: no dataset at `dataset`, or one of another store schema.
     """
-    loaded = [e.trace_id for e in read_catalog(dataset)
-              if e.status == "loaded" and (trace_ids is None or e.trace_id in trace_ids)]
+    entries, runs = _read(dataset)
+    loaded = [e.trace_id for e in entries if e.status == "loaded" and (trace_ids is None or e.trace_id in trace_ids)]
+    runs = [r for r in runs if r.status == "loaded" and not set(r.trace_ids).isdisjoint(loaded)]
+    ranks = {t for r in runs for t in r.trace_ids}  # a rank of a run: not a run of its own
     con = connect()
     con.execute(schema_sql())  # every table, empty, and the schema's views over them
     con.execute("INSERT INTO traceq_meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
-    if loaded:  # else the empty tables stand: an empty dataset reads as an empty store
-        for table in tables or _trace_tables(con):
-            files = ", ".join(_literal(trace_dir(dataset, t) / f"{table}.parquet") for t in loaded)
+    for table in tables or _trace_tables(con):
+        files = [trace_dir(dataset, t) / f"{table}.parquet" for t in loaded
+                 if table not in RUN_TABLES or t not in ranks]
+        files += [run_dir(dataset, r.run_id) / f"{table}.parquet" for r in runs if table in RUN_TABLES]
+        if files:  # else the empty table stands: an empty dataset reads as an empty store
             con.execute(f"DROP TABLE {table}")
-            con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{files}])")
+            con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{', '.join(map(_literal, files))}])")
     return con
 
 

@@ -6,6 +6,11 @@ the file with the usual readers into a private temporary store, exactly as `trac
 and writes its tables as that trace's Parquet files. The coordinator alone writes the catalog, as
 each task ends. A task that fails, or whose worker dies, leaves its trace 'failed' in the catalog
 and no Parquet file; loading the same files again into the dataset does only those not loaded.
+
+Files loaded as the ranks of one run (`run=`): the run is recorded 'pending' with its trace ids
+at the start, and once every one of its traces is loaded the coordinator aligns their clocks and
+writes the run's ranks (`dataset.write_run`, reading one trace's files at a time); until then
+each loaded rank reads as a trace of its own, and loading the same files again completes it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from traceq.dataset import CatalogEntry, is_dataset, partial_dir, read_catalog, write_catalog, write_trace
+from traceq.dataset import CatalogEntry, RunEntry, catalog_of, partial_dir, write_catalog, write_run, write_trace
 from traceq.errors import StoreError, TraceqError
 from traceq.store import first_row, open_store
 
@@ -36,13 +41,16 @@ CATALOG_EVERY_S = 1.0
 @dataclass(frozen=True)
 class DatasetLoad:
     """What `load_dataset` did: the traces it loaded, those already there, those that failed,
-    in how many seconds on how many Dask workers (0: nothing to load, no cluster started)."""
+    in how many seconds on how many Dask workers (0: nothing to load, no cluster started; and
+    0 s too: nothing done), and
+    the run the files are the ranks of, as the catalog now has it (None: no run asked for)."""
 
     loaded: list[CatalogEntry]
     skipped: list[CatalogEntry]
     failed: list[CatalogEntry]
     seconds: float
     workers: int
+    run: RunEntry | None = None
 
 
 def load_rank(path: str, trace_id: int, name: str, dataset: str, python_functions: bool = False,
@@ -97,33 +105,37 @@ def dask_client(scheduler: str | None = None, workers: int | None = None) -> Ite
 
 @dataclass(frozen=True)
 class LoadPlan:
-    """What `load_dataset` will do: the catalog as it was read, the catalog with every file in it
-    (new ones 'pending' under new trace ids), the files to load with their ids, and the entries
-    of files already loaded."""
+    """What `load_dataset` will do: the catalog as it was read (traces, runs), the catalog with
+    every file in it (new ones 'pending' under new trace ids), the files to load with their ids,
+    the entries of files already loaded, and the run they are the ranks of (None: no run; 'loaded'
+    already: nothing to do for it)."""
 
     dataset: Path
-    before: list[CatalogEntry]
+    before: tuple[list[CatalogEntry], list[RunEntry]]
     entries: dict[int, CatalogEntry]
     todo: list[tuple[Path, int]]
     skipped: list[CatalogEntry]
+    run: RunEntry | None = None
 
 
-def plan_load(paths: list[Path], dataset: Path) -> LoadPlan:
-    """Check `paths` and give each a trace id of the dataset at `dataset`; writes nothing.
+def plan_load(paths: list[Path], dataset: Path, run: str | None = None) -> LoadPlan:
+    """Check `paths` and give each a trace id of the dataset at `dataset` (and the run `run`
+    they are the ranks of, an id); writes nothing.
 
     Raises:
         TraceFormatError: a file is not a trace traceq reads.
-        TraceqError: two files have one name, or a name is taken by a different file.
+        TraceqError: two files have one name, a name is taken by a different file, or `run`'s
+            name by another run or trace, or a file is there already outside the run.
         StoreError: `dataset` is not a dataset of this traceq.
     """
     from traceq.ingest import READERS, default_name, reader_for
 
     dataset = Path(dataset).resolve()
-    before = read_catalog(dataset) if is_dataset(dataset) else []
-    entries = {e.trace_id: e for e in before}
-    by_name = {e.name: e for e in before}
+    before = catalog_of(dataset)
+    entries = {e.trace_id: e for e in before[0]}
+    by_name = {e.name: e for e in before[0]}
     next_id = max(entries, default=0) + 1
-    todo, skipped, names = [], [], {}
+    todo, skipped, names, ranks = [], [], {}, []
     for path in map(Path, paths):
         reader_for(path, READERS)  # reject bad input before anything is written
         name = default_name(path)
@@ -137,16 +149,41 @@ def plan_load(paths: list[Path], dataset: Path) -> LoadPlan:
                 raise TraceqError(f"a different trace named {name!r} is already in {dataset} "
                                   f"(from {known.source_path}): rename the file, or load into another dataset")
             skipped.append(known)
+            ranks.append(known.trace_id)
             continue
         tid = known.trace_id if known is not None else next_id
         next_id += known is None
         entries[tid] = CatalogEntry(tid, name, str(path), size, "pending")
         todo.append((path, tid))
-    return LoadPlan(dataset, before, entries, todo, skipped)
+        ranks.append(tid)
+    return LoadPlan(dataset, before, entries, todo, skipped, None if run is None else
+                    _plan_run(run, ranks, before, dataset))
+
+
+def _plan_run(name: str, ranks: list[int], before: tuple[list[CatalogEntry], list[RunEntry]],
+              dataset: Path) -> RunEntry:
+    """The run `name` of the traces `ranks`: as the catalog has it when these are its traces
+    (a retry), else a new one, 'pending', under its first trace's id (which no other run has:
+    that trace's own run gives way to it, and a trace is a rank of one run at most)."""
+    traces, runs = before
+    known = next((r for r in runs if r.name == name), None)
+    if known is not None and sorted(known.trace_ids) == sorted(ranks):
+        return known
+    if known is not None:
+        raise TraceqError(f"a run named {name!r} of other files is already in {dataset}: choose another name, "
+                          "or load into another dataset")
+    taken = [e for e in traces if e.trace_id in ranks and (e.status == "loaded" or any(
+        e.trace_id in r.trace_ids for r in runs))]
+    if taken:
+        raise TraceqError(f"{taken[0].source_path} is already in {dataset} as trace {taken[0].name!r}, outside "
+                          f"run {name!r}: load the run into another dataset")
+    if any(e.name == name and e.status == "loaded" for e in traces):
+        raise TraceqError(f"{name!r} is already a trace of {dataset}: choose another run name")
+    return RunEntry(min(ranks), name, sorted(ranks), "pending")
 
 
 def load_dataset(
-    client: object,
+    client: object | None,
     plan: LoadPlan,
     *,
     progress: Callable[[int, int], None] | None = None,
@@ -154,42 +191,66 @@ def load_dataset(
     attribute: bool | None = None,
 ) -> DatasetLoad:
     """Carry out `plan` (`plan_load`): one Dask task per file on `client`'s workers, which must
-    see the files and the dataset at the same paths as this process. The dataset's folder is
-    made when absent. `python_functions`, `attribute`: as `load_trace`'s.
+    see the files and the dataset at the same paths as this process (None: the plan loads no
+    file, and at most completes its run). The dataset's folder is made when absent; then the
+    plan's run, when all its traces are loaded. `python_functions`, `attribute`: as `load_trace`'s.
 
     Raises:
         StoreError: another load is writing the dataset, or wrote it since `plan` was made.
     """
-    from distributed import as_completed
-
     started = time.perf_counter()
     dataset, entries = plan.dataset, dict(plan.entries)
+    runs = {r.run_id: r for r in plan.before[1]}
+    if plan.run is not None:
+        runs[plan.run.run_id] = plan.run
     dataset.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        write_catalog(dataset, list(entries.values()), list(runs.values()))
+
     with _locked(dataset):
-        if (read_catalog(dataset) if is_dataset(dataset) else []) != plan.before:
+        if catalog_of(dataset) != plan.before:
             raise StoreError(f"{dataset} changed while this load was starting: run it again")
-        write_catalog(dataset, list(entries.values()))
-        futures = {client.submit(load_rank, str(path), tid, entries[tid].name, str(dataset),  # type: ignore[attr-defined]
-                                 python_functions, attribute, key=f"traceq-load-{tid}-{uuid.uuid4().hex}", pure=False): tid
-                   for path, tid in plan.todo}
-        written = time.monotonic()
-        for done, future in enumerate(as_completed(futures), 1):
-            tid = futures[future]
-            if future.status == "finished":
-                entries[tid] = future.result()
-            else:
-                shutil.rmtree(partial_dir(dataset, tid), ignore_errors=True)
-                entries[tid] = replace(entries[tid], status="failed", error=_why(future.exception()))
-            if progress is not None:
-                progress(done, len(futures))
-            if time.monotonic() - written >= CATALOG_EVERY_S:
-                write_catalog(dataset, list(entries.values()))
-                written = time.monotonic()
-        write_catalog(dataset, list(entries.values()))
+        save()
+        if plan.todo:
+            _run_tasks(client, plan, entries, save, progress, python_functions, attribute)
+        save()  # write_run reads the traces by it
+        run = plan.run
+        if run is not None and run.status != "loaded" and all(entries[t].status == "loaded" for t in run.trace_ids):
+            try:
+                write_run(dataset, run)
+                runs[run.run_id] = run = replace(run, status="loaded", error=None)
+            except TraceqError as e:  # not one job's ranks: each stays a trace of its own
+                runs[run.run_id] = run = replace(run, status="failed", error=str(e))
+            save()
     ran = [entries[tid] for _, tid in plan.todo]
     return DatasetLoad([e for e in ran if e.status == "loaded"], plan.skipped,
                        [e for e in ran if e.status != "loaded"], time.perf_counter() - started,
-                       len(client.nthreads()))  # type: ignore[attr-defined]
+                       len(client.nthreads()) if plan.todo else 0, run)  # type: ignore[attr-defined]
+
+
+def _run_tasks(client: object, plan: LoadPlan, entries: dict[int, CatalogEntry], save: Callable[[], None],
+               progress: Callable[[int, int], None] | None, python_functions: bool, attribute: bool | None) -> None:
+    """One task per file of `plan.todo` on `client`, each trace's entry updated as its task ends
+    (and `save()`d at most every CATALOG_EVERY_S)."""
+    from distributed import as_completed
+
+    futures = {client.submit(load_rank, str(path), tid, entries[tid].name, str(plan.dataset),  # type: ignore[attr-defined]
+                             python_functions, attribute, key=f"traceq-load-{tid}-{uuid.uuid4().hex}", pure=False): tid
+               for path, tid in plan.todo}
+    written = time.monotonic()
+    for done, future in enumerate(as_completed(futures), 1):
+        tid = futures[future]
+        if future.status == "finished":
+            entries[tid] = future.result()
+        else:
+            shutil.rmtree(partial_dir(plan.dataset, tid), ignore_errors=True)
+            entries[tid] = replace(entries[tid], status="failed", error=_why(future.exception()))
+        if progress is not None:
+            progress(done, len(futures))
+        if time.monotonic() - written >= CATALOG_EVERY_S:
+            save()
+            written = time.monotonic()
 
 
 @contextmanager
