@@ -106,12 +106,14 @@ def reclaim_space(con: duckdb.DuckDBPyConnection, path: Path) -> int:
     file's header counts: there is no WAL (nothing was committed) and they are not in the free
     list, so the store's contents are intact, but a plain open or CHECKPOINT keeps the space;
     DuckDB truncates the file only at a checkpoint that writes something. This makes one (a
-    scratch table created and dropped) when such a tail is there, and no WAL is.
+    scratch table created and dropped) when such a tail is there, and no WAL is: of any length
+    (a kill in the middle of writing a block leaves less than a block; the checkpoint cuts the
+    file back to its counted blocks all the same).
     """
     total, block = first_row(con, "SELECT total_blocks, block_size FROM pragma_database_size() "
                                   "WHERE database_name = current_database()")
     tail = path.stat().st_size - HEADER_BYTES - total * block
-    if tail < block or Path(f"{path}.wal").exists():
+    if tail <= 0 or Path(f"{path}.wal").exists():
         return 0
     con.execute("CREATE TABLE traceq_reclaim (x INTEGER)")
     con.execute("DROP TABLE traceq_reclaim")

@@ -289,7 +289,8 @@ def test_a_load_refused_after_writing_leaves_the_store_byte_for_byte(
 def test_a_killed_load_leaves_the_contents_and_the_next_write_gives_the_space_back(
         tmp_path: Path, big_trace: Path) -> None:
     """kill -9 once the load has written past the store's end: the store keeps its one trace; the
-    space stays until a command writes the store (here a load of a trace it holds already)."""
+    space stays until a command writes the store (here a load of a trace it holds already),
+    whole blocks or part of one (the next test: where the kill lands decides which)."""
     db = tmp_path / "s.duckdb"
     assert _invoke("load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db)).exit_code == 0
     before, size = _counts(db), db.stat().st_size
@@ -305,6 +306,21 @@ def test_a_killed_load_leaves_the_contents_and_the_next_write_gives_the_space_ba
     again = _invoke("load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db))
     assert "already loaded" in again.stdout
     assert db.stat().st_size == size and _counts(db) == before
+
+
+def test_a_killed_load_s_part_of_a_block_is_given_back_too(tmp_path: Path) -> None:
+    """The kill above lands wherever it lands: in the middle of writing a block it leaves less
+    than a block past the store's end (once, under xdist: 249,856 bytes, never given back).
+    Those bytes, put there on purpose, go at the next write as whole blocks do."""
+    db = tmp_path / "s.duckdb"
+    assert _invoke("load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db)).exit_code == 0
+    before, size = _counts(db), db.stat().st_size
+    for tail in (249_856, 1):
+        with db.open("ab") as f:
+            f.write(b"\x07" * tail)
+        again = _invoke("load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db))
+        assert "already loaded" in again.stdout
+        assert db.stat().st_size == size and _counts(db) == before, tail
 
 
 def test_ctrl_c_inside_a_query_is_one_line_and_the_store_as_it_was(
