@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -165,7 +166,7 @@ def write_run(dataset: Path, run: RunEntry) -> None:
     from traceq.ingest.runs import register_run
 
     con = open_dataset(dataset, [])  # the schema's tables, empty: the run's rows are inserted here
-    register_run(con, run.name, run.trace_ids, read=lambda t: open_dataset(dataset, [t]))
+    register_run(con, run.name, run.trace_ids, read=_one_trace_at_a_time(dataset))
     staging = Path(dataset) / ".partial" / f"run={run.run_id}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -173,6 +174,24 @@ def write_run(dataset: Path, run: RunEntry) -> None:
         con.execute(f"COPY (SELECT * REPLACE ({int(run.run_id)}::INTEGER AS run_id) FROM {table}) "
                     f"TO {_literal(staging / f'{table}.parquet')} (FORMAT parquet)")
     _publish(staging, run_dir(dataset, run.run_id))
+
+
+def _one_trace_at_a_time(dataset: Path) -> Callable[[int], duckdb.DuckDBPyConnection]:
+    """trace id -> one connection, the same each time, whose views are made over that trace's
+    files alone (what `open_dataset(dataset, [trace_id])` gives, at a third of its cost: the
+    schema is made once); a trace's rows must be read before the next trace is asked for."""
+    con = open_dataset(dataset, [])
+    tables = list(_trace_tables(con))
+    for table in tables:
+        con.execute(f"DROP TABLE {table}")
+
+    def over(trace_id: int) -> duckdb.DuckDBPyConnection:
+        for table in tables:
+            con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM "
+                        f"read_parquet({_literal(trace_dir(dataset, trace_id) / f'{table}.parquet')})")
+        return con
+
+    return over
 
 
 def _trace_tables(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
