@@ -2,7 +2,7 @@
 speed-up of N workers over one process, and `traceq top` on the result (run on demand).
 
     python bench/dataset_scale.py [--ranks 256] [--batch 32] [--compare 4] [--kernels N] [--workers 2]
-                                  [-o /tmp/traceq-bench/ranks]
+                                  [-o /tmp/traceq-bench/ranks] [--run-only]
 
 Making (once; files already there are kept): OUT/files/rank<i>.json[.gz] is rank i mod 8 of the
 DLRM set (../shared/realtraces/kineto_json, 8 real Kineto rank files of about 250 kernels), as
@@ -23,6 +23,12 @@ cores it used (CPU s / wall s): on a busy Linux machine with autogroup schedulin
 a session's processes share one session's part of the CPUs, so N local workers get no more
 CPU than one process would while other sessions keep the cores busy; the CPU seconds per file
 then say what N free cores would give (N x one process's / a worker's).
+
+Last (alone with --run-only, on the dataset a previous run left): the N traces made the ranks of
+one run, as `traceq load --run --dataset` makes it once its files are in, in a copy of the
+dataset (OUT/run) where trace i's traces file says rank i - 1 of N (the files are copies of 8
+ranks, whose collectives match rank 0's); wall, CPU and peak RSS of making it, and of
+`traceq ranks` and `traceq comm` on the run, each in a child process.
 """
 
 from __future__ import annotations
@@ -124,18 +130,52 @@ def _said(wall: float, cpu: float) -> str:
     return f"{wall:6.1f} s ({cpu:5.1f} CPU s, {cpu / wall:.2f} cores)"
 
 
-def top(dataset: Path, repeat: int = 3) -> tuple[float, float]:
-    """Median (wall s, CPU s) of `traceq top --dataset` in a child process."""
+def top(dataset: Path, command: list[str] | None = None, repeat: int = 3) -> tuple[float, float]:
+    """Median (wall s, CPU s) of `traceq top --dataset` (or another command) in a child process."""
     runs = []
     for _ in range(repeat):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "traceq", "top", "--dataset", str(dataset)], check=True,
+        subprocess.run([sys.executable, "-m", "traceq", *(command or ["top"]), "--dataset", str(dataset)], check=True,
                        stdout=subprocess.DEVNULL)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         runs.append((time.perf_counter() - started,
                      after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime))
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+
+
+RUN = """
+import resource, sys, time
+from pathlib import Path
+from traceq.dataset import RunEntry, read_catalog, read_runs, write_catalog, write_run
+dataset = Path(sys.argv[1])
+ids = [e.trace_id for e in read_catalog(dataset)]
+run = RunEntry(min(ids), "big", ids, "loaded")
+wall, cpu = time.perf_counter(), time.process_time()
+write_run(dataset, run)
+print(time.perf_counter() - wall, time.process_time() - cpu, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+write_catalog(dataset, read_catalog(dataset), [run])
+"""
+
+
+def run_of_all(dataset: Path, out: Path) -> None:
+    """The dataset's traces made one run (see the module's docstring), and read."""
+    import duckdb
+
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(dataset, out)
+    folders = sorted(out.glob("trace=*"), key=lambda p: int(p.name.split("=")[1]))
+    for folder in folders:
+        traces = folder / "traces.parquet"
+        duckdb.execute(f"COPY (SELECT * REPLACE ({int(folder.name.split('=')[1]) - 1} AS rank, {len(folders)} AS "
+                       f"world_size) FROM read_parquet('{traces}')) TO '{traces}.new' (FORMAT parquet)")
+        os.replace(f"{traces}.new", traces)
+    done = subprocess.run([sys.executable, "-c", RUN, str(out)], check=True, capture_output=True, text=True)
+    wall, cpu, rss = map(float, done.stdout.split())
+    print(f"run of {len(folders)} ranks made: {wall:.1f} s wall, {cpu:.1f} CPU s, peak RSS {rss:.0f} MiB", flush=True)
+    for command in ("ranks", "comm"):
+        wall, cpu = top(out, [command, "big"], repeat=1)
+        print(f"traceq {command} big --dataset ({len(folders)} ranks): {wall:.1f} s wall, {cpu:.1f} CPU s", flush=True)
 
 
 def main() -> None:
@@ -146,7 +186,11 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, help="grow each rank file to this many kernels")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("-o", "--output", type=Path, default=Path("/tmp/traceq-bench/ranks"))
+    parser.add_argument("--run-only", action="store_true", help="only make OUT/dask's traces one run, and read it")
     args = parser.parse_args()
+    if args.run_only:
+        run_of_all(args.output / "dask", args.output / "run")
+        return
     files = make(args.output / "files", args.ranks, args.kernels)
     size = sum(f.stat().st_size for f in files)
     print(f"{len(files)} rank files, {size / 1e6:.1f} MB, on {os.cpu_count()} cores "
@@ -171,6 +215,7 @@ def main() -> None:
     print(f"dataset: {sum(p.stat().st_size for p in parquet) / 1e6:.1f} MB of Parquet in {len(parquet)} files")
     wall, cpu = top(dataset)
     print(f"traceq top --dataset ({len(files)} ranks): {wall:.2f} s wall, {cpu:.2f} CPU s (median of 3)")
+    run_of_all(dataset, args.output / "run")
     print(f"load average now {os.getloadavg()[0]:.1f}")
 
 
