@@ -26,12 +26,13 @@ import os
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import duckdb
 
 from traceq.errors import StoreError
-from traceq.store import SCHEMA_VERSION, connect, schema_sql
+from traceq.store import SCHEMA_VERSION, connect, first_row, schema_sql
 
 CATALOG = "catalog.json"
 DATASET_FORMAT = 1
@@ -166,7 +167,7 @@ def write_run(dataset: Path, run: RunEntry) -> None:
     from traceq.ingest.runs import register_run
 
     con = open_dataset(dataset, [])  # the schema's tables, empty: the run's rows are inserted here
-    register_run(con, run.name, run.trace_ids, read=_one_trace_at_a_time(dataset))
+    register_run(con, run.name, run.trace_ids)  # each trace read through views over its own files
     staging = Path(dataset) / ".partial" / f"run={run.run_id}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -174,24 +175,6 @@ def write_run(dataset: Path, run: RunEntry) -> None:
         con.execute(f"COPY (SELECT * REPLACE ({int(run.run_id)}::INTEGER AS run_id) FROM {table}) "
                     f"TO {_literal(staging / f'{table}.parquet')} (FORMAT parquet)")
     _publish(staging, run_dir(dataset, run.run_id))
-
-
-def _one_trace_at_a_time(dataset: Path) -> Callable[[int], duckdb.DuckDBPyConnection]:
-    """trace id -> one connection, the same each time, whose views are made over that trace's
-    files alone (what `open_dataset(dataset, [trace_id])` gives, at a third of its cost: the
-    schema is made once); a trace's rows must be read before the next trace is asked for."""
-    con = open_dataset(dataset, [])
-    tables = list(_trace_tables(con))
-    for table in tables:
-        con.execute(f"DROP TABLE {table}")
-
-    def over(trace_id: int) -> duckdb.DuckDBPyConnection:
-        for table in tables:
-            con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM "
-                        f"read_parquet({_literal(trace_dir(dataset, trace_id) / f'{table}.parquet')})")
-        return con
-
-    return over
 
 
 def _trace_tables(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
@@ -217,26 +200,66 @@ def open_dataset(dataset: Path, trace_ids: list[int] | None = None,
     (the store's table names and views), for the analyses to read as they read a store; over
     those of `trace_ids` only when given (a query then opens none of the other traces' files);
     only `tables` made views when given (the others stay empty tables: finding a trace needs
-    `traces` alone).
+    `traces` alone). The connection knows its dataset (`trace_reader`).
 
     Raises:
         StoreError: no dataset at `dataset`, or one of another store schema.
     """
+    con = connect()
+    con.execute(schema_sql())  # every table, empty, and the schema's views over them
+    con.execute("INSERT INTO traceq_meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
+    con.execute(f"SET VARIABLE {DATASET_VARIABLE} = ?", [str(dataset)])
+    _point(con, dataset, trace_ids, tables)
+    return con
+
+
+DATASET_VARIABLE = "traceq_dataset"
+"""A DuckDB variable of a dataset's connection: the dataset's folder."""
+
+
+def _point(con: duckdb.DuckDBPyConnection, dataset: Path, trace_ids: list[int] | None,
+           tables: list[str] | None = None) -> None:
+    """Make `con`'s views (`open_dataset`'s) over the files of `trace_ids`' (None: every loaded
+    trace), a made run's runs and ranks files standing in for its traces' own."""
     entries, runs = _read(dataset)
     loaded = [e.trace_id for e in entries if e.status == "loaded" and (trace_ids is None or e.trace_id in trace_ids)]
     runs = [r for r in runs if r.status == "loaded" and not set(r.trace_ids).isdisjoint(loaded)]
     ranks = {t for r in runs for t in r.trace_ids}  # a rank of a run: not a run of its own
-    con = connect()
-    con.execute(schema_sql())  # every table, empty, and the schema's views over them
-    con.execute("INSERT INTO traceq_meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
-    for table in tables or _trace_tables(con):
+    base = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT internal").fetchall()}
+    for table in tables or _store_tables():
         files = [trace_dir(dataset, t) / f"{table}.parquet" for t in loaded
                  if table not in RUN_TABLES or t not in ranks]
         files += [run_dir(dataset, r.run_id) / f"{table}.parquet" for r in runs if table in RUN_TABLES]
         if files:  # else the empty table stands: an empty dataset reads as an empty store
-            con.execute(f"DROP TABLE {table}")
-            con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{', '.join(map(_literal, files))}])")
-    return con
+            if table in base:
+                con.execute(f"DROP TABLE {table}")
+            con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet([{', '.join(map(_literal, files))}])")
+
+
+@lru_cache(maxsize=1)
+def _store_tables() -> tuple[str, ...]:
+    """The tables a dataset keeps per trace (`_trace_tables` of an empty store)."""
+    con = connect()
+    con.execute(schema_sql())
+    return tuple(_trace_tables(con))
+
+
+def trace_reader(con: duckdb.DuckDBPyConnection) -> Callable[[int], duckdb.DuckDBPyConnection]:
+    """trace id -> a connection to read that trace's rows through, for going over a run's traces
+    one at a time: a store's connection `con` itself; for a dataset's, one other connection, the
+    same each time, whose views are made over that trace's files alone (and its run's), so that
+    a query opens no other trace's files (over all of them it opens every one: at 256 ranks a
+    trace's query cost 10 times a store's). A trace's rows must be read before the next is asked for."""
+    dataset = first_row(con, f"SELECT getvariable('{DATASET_VARIABLE}')")[0]
+    if dataset is None:
+        return lambda _: con
+    own = open_dataset(Path(dataset), [])
+
+    def over(trace_id: int) -> duckdb.DuckDBPyConnection:
+        _point(own, Path(dataset), [trace_id])
+        return own
+
+    return over
 
 
 def _literal(path: Path) -> str:

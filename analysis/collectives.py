@@ -116,11 +116,16 @@ def by_trace(ranks: list[Rank]) -> dict[int, list[Rank]]:
     return traces
 
 
-def each_trace(ranks: list[Rank], progress: Progress | None = None) -> Iterator[tuple[int, list[Rank]]]:
-    """`by_trace`'s (trace_id, ranks), calling `progress` after each trace."""
-    traces = by_trace(ranks)
-    for done, item in enumerate(traces.items(), start=1):
-        yield item
+def each_trace(con: duckdb.DuckDBPyConnection, ranks: list[Rank], progress: Progress | None = None
+               ) -> Iterator[tuple[int, list[Rank], duckdb.DuckDBPyConnection]]:
+    """`by_trace`'s (trace_id, ranks), with the connection to read that trace through (`con`; a
+    dataset's: views over that trace's files, `dataset.trace_reader`), calling `progress` after
+    each trace."""
+    from traceq.dataset import trace_reader
+
+    traces, read = by_trace(ranks), trace_reader(con)
+    for done, (trace_id, in_trace) in enumerate(traces.items(), start=1):
+        yield trace_id, in_trace, read(trace_id)
         if progress is not None:
             progress(done, len(traces))
 

@@ -46,12 +46,12 @@ def collective_kernels(
     ranks = run_ranks(con, run_id)
     world = _world_sizes(con, run_id)
     frames = []
-    for trace_id, in_trace in each_trace(ranks, progress):
-        k = comm_kernels(con, trace_id).with_columns(rank=rank_expr(in_trace)).drop_nulls("rank")
+    for trace_id, in_trace, on in each_trace(con, ranks, progress):
+        k = comm_kernels(on, trace_id).with_columns(rank=rank_expr(in_trace)).drop_nulls("rank")
         if k.is_empty():
             continue
         points = k.select(id="kernel_id", pid="pid", tid="launch_tid", t="launch_ns")
-        context = attribute_points(con, trace_id, points, iteration_regex, paths=False)
+        context = attribute_points(on, trace_id, points, iteration_regex, paths=False)
         frames.append(k.with_columns(context["iteration"], context["layer"]).select(
             "rank", "collective", "group", "iteration", "layer", "kernel_id", *on_run_clock(in_trace, "start_ns", "end_ns"),
             dur_ns=pl.col("end_ns") - pl.col("start_ns"), bytes="bytes",

@@ -78,8 +78,8 @@ def overlap_table(
     then rank."""
     keys = ["rank", "iteration"]
     parts = []
-    for trace_id, ranks in each_trace(run_ranks(con, run_id), progress):
-        sums = interval_sums(rank_work(con, trace_id, ranks, iteration_regex), keys)
+    for trace_id, ranks, on in each_trace(con, run_ranks(con, run_id), progress):
+        sums = interval_sums(rank_work(on, trace_id, ranks, iteration_regex), keys)
         parts.append(sums.with_columns(*on_run_clock(ranks, "first_ns")))
     frame = pl.concat(parts)
     schema = {"rank": pl.Int32, "iteration": pl.String, **{c: pl.Int64 for c in COLUMNS[2:] if c != "hidden_pct"},

@@ -81,8 +81,8 @@ def late_collectives(
         return late.with_columns(delayed_by=pl.lit(None, pl.String), delayed_ns=pl.lit(None, pl.Int64),
                                  window_ns=pl.lit(None, pl.Int64))
     windows = _windows(kernels, late)
-    parts = [_window_kernels(con, trace_id, ranks, windows, iteration_regex)
-             for trace_id, ranks in each_trace(run_ranks(con, run_id), progress)]
+    parts = [_window_kernels(on, trace_id, ranks, windows, iteration_regex)
+             for trace_id, ranks, on in each_trace(con, run_ranks(con, run_id), progress)]
     inside, firsts = pl.concat([p[0] for p in parts]), pl.concat([p[1] for p in parts])
     common = firsts.group_by("iteration").agg(common_ns=pl.col("first_ns").min())
     windows = (windows.join(common, on="iteration", how="left", nulls_equal=True)

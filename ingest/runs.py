@@ -66,13 +66,11 @@ class _Unit:
     collectives: int = 0  # (counted here: `_shifts` reads a rank's kernels only where it needs them)
 
 
-def register_run(con: duckdb.DuckDBPyConnection, name: str, trace_ids: list[int],
-                 read: Callable[[int], duckdb.DuckDBPyConnection] | None = None) -> int:
+def register_run(con: duckdb.DuckDBPyConnection, name: str, trace_ids: list[int]) -> int:
     """Record `trace_ids` as the ranks of a new run `name` (inside the caller's transaction).
-    `read(trace_id)`: a connection to read that trace's rows from (default `con`; for a
-    dataset, views over that trace's files alone). One trace is read at a time, and two ranks'
-    communication kernels at most are held at once: the work grows with the ranks, the memory
-    does not.
+    One trace is read at a time (`dataset.trace_reader`: for a dataset's connection, through
+    views over that trace's files alone), and two ranks' communication kernels at most are
+    held at once: the work grows with the ranks, the memory does not.
 
     Raises:
         RunError: the traces are not one job's ranks (mixed jobs, a rank twice, a rank missing,
@@ -81,7 +79,9 @@ def register_run(con: duckdb.DuckDBPyConnection, name: str, trace_ids: list[int]
     if first_row(con, "SELECT 1 FROM runs WHERE name = ?", [name]):
         raise RunError(f"a run named {name!r} is already loaded: choose another name (--run NAME, or --name NAME "
                        "for a file loaded alone), or --replace")
-    read = read or (lambda _: con)
+    from traceq.dataset import trace_reader
+
+    read = trace_reader(con)
     traces, units = [], []
     for t in trace_ids:
         on = read(t)
