@@ -267,8 +267,8 @@ class Store:
         from traceq.render.report import build_report
 
         ids = [t.id if isinstance(t, Trace) else self.trace(t).id for t in (traces or [None])]
-        return build_report(self._over(self._with_ranks(ids)), ids, iteration_regex=_regex(iteration_regex), top_k=k, title=title,
-                            spec=_path(spec), batch=batch)
+        return build_report(self._over(self._with_ranks(ids)), ids, iteration_regex=_regex(iteration_regex), top_k=k,
+                            title=title, spec=_path(spec), batch=batch)
 
     # --- runs: several traces as the ranks of one job (docs/multigpu.md)
 
@@ -814,7 +814,7 @@ class Run:
         from traceq.analysis.scaling import compare_scaling
 
         other = other if isinstance(other, Run) else self.store.run(other)
-        both = self.store._over([t for r in (self, other) for t in _run_traces(r.con, r.id)])  # a dataset's: their files alone
+        both = self.store._over([t for r in (self, other) for t in _run_traces(r.con, r.id)])  # a dataset: their files
         frame = compare_scaling(both, self.id, other.id, by, _regex(iteration_regex))
         return frame if k is None else frame.head(k)
 

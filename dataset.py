@@ -219,8 +219,8 @@ DATASET_VARIABLE = "traceq_dataset"
 
 def _point(con: duckdb.DuckDBPyConnection, dataset: Path, trace_ids: list[int] | None,
            tables: list[str] | None = None) -> None:
-    """Make `con`'s views (`open_dataset`'s) over the files of `trace_ids`' (None: every loaded
-    trace), a made run's runs and ranks files standing in for its traces' own."""
+    """Make `con`'s views (`open_dataset`'s) over the files of the traces `trace_ids` (None: every
+    loaded trace), a made run's runs and ranks files standing in for its traces' own."""
     entries, runs = _read(dataset)
     loaded = [e.trace_id for e in entries if e.status == "loaded" and (trace_ids is None or e.trace_id in trace_ids)]
     runs = [r for r in runs if r.status == "loaded" and not set(r.trace_ids).isdisjoint(loaded)]
@@ -233,7 +233,8 @@ def _point(con: duckdb.DuckDBPyConnection, dataset: Path, trace_ids: list[int] |
         if files:  # else the empty table stands: an empty dataset reads as an empty store
             if table in base:
                 con.execute(f"DROP TABLE {table}")
-            con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet([{', '.join(map(_literal, files))}])")
+            listed = ", ".join(map(_literal, files))
+            con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet([{listed}])")
 
 
 @lru_cache(maxsize=1)
@@ -248,8 +249,9 @@ def trace_reader(con: duckdb.DuckDBPyConnection) -> Callable[[int], duckdb.DuckD
     """trace id -> a connection to read that trace's rows through, for going over a run's traces
     one at a time: a store's connection `con` itself; for a dataset's, one other connection, the
     same each time, whose views are made over that trace's files alone (and its run's), so that
-    a query opens no other trace's files (over all of them it opens every one: at 256 ranks a
-    trace's query cost 10 times a store's). A trace's rows must be read before the next is asked for."""
+    a query opens no other trace's files (over all of a run's, a query of one trace reads every
+    rank's files: quadratic in the ranks). A trace's rows must be read before the next is asked
+    for."""
     dataset = first_row(con, f"SELECT getvariable('{DATASET_VARIABLE}')")[0]
     if dataset is None:
         return lambda _: con
