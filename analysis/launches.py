@@ -15,21 +15,21 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from traceq.analysis.operations import calls_of
+from traceq.analysis.operations import with_calls
+from traceq.ingest.launches import LAUNCH_COLUMNS
 
 
-def _launched(con: duckdb.DuckDBPyConnection, trace_id: int, calls: pl.DataFrame | None = None
-              ) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _launched(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(kernels, api_names): every kernel that has its launch call in the trace with pid, tid,
     device_id, name_id, graph (launched from a graph), api_ns, queue_ns (null unless > 0),
     kernel_ns, total_ns, call_name_id; the API names by name_id."""
     t = int(trace_id)
     kernels = con.sql(f"""
-        SELECT q.pid, q.device_id, e.name_id, e.correlation_id, e.start_ns, e.end_ns, e.graph_node_id IS NOT NULL AS graph
+        SELECT q.pid, q.device_id, e.name_id, e.correlation_id, e.start_ns, e.end_ns, e.graph_node_id IS NOT NULL AS graph,
+               {', '.join('e.' + c for c in LAUNCH_COLUMNS)}
         FROM kernel_events e JOIN kernel_queues q ON q.trace_id = e.trace_id AND q.queue_id = e.queue_id
         WHERE e.trace_id = {t}""").pl()
-    calls = calls_of(con, t, kernels["pid"], kernels["correlation_id"], calls=calls)
-    kernels = pl.concat([kernels, calls], how="horizontal").filter(pl.col("call_start_ns").is_not_null())
+    kernels = with_calls(con, t, kernels).filter(pl.col("call_start_ns").is_not_null())
     queue = pl.col("start_ns") - pl.col("call_end_ns")
     kernels = kernels.select(
         "pid", "tid", "device_id", "name_id", "graph", "call_name_id",
@@ -73,18 +73,16 @@ def kern_exec_sum(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame
     return table.sort(["total_avg_ns", "kernel_name"], descending=[True, False]).drop("call_name_id", "name_id")
 
 
-def launch_table(con: duckdb.DuckDBPyConnection, trace_id: int, calls: pl.DataFrame | None = None
-                 ) -> tuple[pl.DataFrame, dict[str, float]]:
+def launch_table(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFrame, dict[str, float]]:
     """Launch cost per kernel name, most API time first, and the trace's totals.
 
     Columns: launches, api_ns (total time in launch calls), api_avg_ns, queue_avg_ns (over
     launches that queued), kernel_ns (total kernel time), kernel_avg_ns, tiny (launches whose
     kernel ran shorter than its launch call), tiny_pct (% of the name's launches), name.
     Totals: launches, api_ns, kernel_ns, tiny (tiny launches), tiny_pct (% of launches),
-    tiny_kernel_ns (their kernel time), graph (kernels replayed from CUDA graphs). `calls`: the
-    trace's `operations.api_calls`, when the caller has them already.
+    tiny_kernel_ns (their kernel time), graph (kernels replayed from CUDA graphs).
     """
-    kernels, _ = _launched(con, trace_id, calls)
+    kernels, _ = _launched(con, trace_id)
     kernels = kernels.with_columns(tiny=~pl.col("graph") & (pl.col("kernel_ns") < pl.col("api_ns")))
     table = (kernels.group_by("name_id")
              .agg(pl.len().cast(pl.Int64).alias("launches"), pl.col("api_ns").sum().alias("api_ns"),
