@@ -23,6 +23,11 @@ from traceq.ingest.launches import LAUNCH_COLUMNS
 KINDS = ("kernel", "memcpy", "memset")
 """`kind` codes of `gpu_work`: 0 kernel, 1 memcpy, 2 memset."""
 
+SEMI_JOIN_MAX = 1_000_000
+"""Up to this many operations, `calls_of` reads only the calls with their ids (the copies of a
+trace whose kernels have their calls stored: thousands); past it, every call (a Kineto or nvprof
+trace's kernels: restricting the read would cost more than it saves)."""
+
 _KEY_BITS = 32  # CUPTI correlation ids are 32-bit: (process number << 32) | correlation id is unique
 
 
@@ -45,20 +50,21 @@ def gpu_work(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFram
     queues = con.sql(f"SELECT queue_id, device_id, stream_id, pid FROM kernel_queues WHERE trace_id = {t} "
                      f"ORDER BY queue_id").pl()
     kernels = con.sql(f"""
-        SELECT 0::UTINYINT AS kind, name_id::UINTEGER AS item, queue_id, correlation_id, start_ns, end_ns,
+        SELECT name_id::UINTEGER AS item, queue_id, correlation_id, start_ns, end_ns,
                {node.removeprefix("e.")} AS graph_node_id, {', '.join(LAUNCH_COLUMNS)}
         FROM kernel_events WHERE trace_id = {t}""").pl()
-    kernels = kernels.with_columns(by_row(queues, "queue_id", kernels["queue_id"], ("device_id", "stream_id", "pid")))
+    device_id, stream_id, pid = by_row(queues, "queue_id", kernels["queue_id"], ("device_id", "stream_id", "pid"))
+    kernels = kernels.select(pl.lit(0, pl.UInt8).alias("kind"), "item", device_id, stream_id, pid,
+                             *kernels.columns[2:])
     memops = con.sql(f"""
         SELECT CASE op WHEN 'memcpy' THEN 1 ELSE 2 END::UTINYINT AS kind, device_id, stream_id, pid,
                correlation_id, start_ns, end_ns, NULL::BIGINT AS graph_node_id, op, copy_kind, src_kind, dst_kind,
                bytes
         FROM memops WHERE trace_id = {t}""").pl().with_row_index("item")
-    columns = ["kind", "item", "device_id", "stream_id", "pid", "correlation_id", "start_ns", "end_ns",
-               "graph_node_id", *LAUNCH_COLUMNS]
-    ops = pl.concat([kernels.select(columns), memops.with_columns(pl.lit(None).alias(c) for c in LAUNCH_COLUMNS)
-                     .select(columns).cast(kernels.select(columns).schema)])
-    return with_calls(con, t, ops), memops.select("op", "copy_kind", "src_kind", "dst_kind", "bytes")
+    copies = (memops.with_columns(pl.lit(None).alias(c) for c in LAUNCH_COLUMNS).select(kernels.columns)
+              .cast(kernels.schema))  # kept apart until their calls are found: a lookup each
+    ops = pl.concat([with_calls(con, t, kernels), with_calls(con, t, copies)])
+    return ops, memops.select("op", "copy_kind", "src_kind", "dst_kind", "bytes")
 
 
 def by_row(table: pl.DataFrame, key: str, ids: pl.Series, columns: tuple[str, ...]) -> list[pl.Series]:
@@ -82,10 +88,13 @@ def with_calls(con: duckdb.DuckDBPyConnection, trace_id: int, work: pl.DataFrame
         call_start_ns="launch_start_ns", call_end_ns="launch_end_ns",
         call_name_id=pl.col("launch_name_id").cast(pl.Int32))
     work = work.drop(LAUNCH_COLUMNS)
-    missing = (stored["call_start_ns"].is_null() & work["correlation_id"].is_not_null()).arg_true()
+    lacking = stored["call_start_ns"].is_null() & work["correlation_id"].is_not_null()
+    missing = lacking.arg_true()
     if missing.len():
         found = calls_of(con, t, work["pid"].gather(missing), work["correlation_id"].gather(missing))
-        stored = stored.with_row_index("row").update(found.with_columns(row=missing), on="row").drop("row")
+        at = lacking.cast(pl.Int64).cum_sum() - 1  # each row's place among the missing ones
+        stored = stored.select(pl.when(lacking).then(found[c].cast(stored[c].dtype).gather(at)).otherwise(pl.col(c))
+                               .alias(c) for c in stored.columns)
     return pl.concat([work, stored], how="horizontal")
 
 
@@ -123,10 +132,11 @@ def calls_of(con: duckdb.DuckDBPyConnection, trace_id: int, pid: pl.Series, corr
              columns: tuple[str, ...] = ("tid", "start_ns", "end_ns", "name_id")) -> pl.DataFrame:
     """`issuing_calls` of the work (pid, correlation_id) among the trace's ISSUING_CALLS with
     those ids, or among all its calls with them should some work's call be named otherwise."""
-    found = issuing_calls(api_calls(con, trace_id, among=correlation_id), pid, correlation_id, columns)
+    among = correlation_id if len(correlation_id) <= SEMI_JOIN_MAX else None
+    found = issuing_calls(api_calls(con, trace_id, among=among), pid, correlation_id, columns)
     key = found.columns[-1]
     if found[key].null_count() > correlation_id.null_count():
-        everything = issuing_calls(api_calls(con, trace_id, None, correlation_id), pid, correlation_id, columns)
+        everything = issuing_calls(api_calls(con, trace_id, None, among), pid, correlation_id, columns)
         if everything[key].null_count() < found[key].null_count():
             return everything
     return found
