@@ -15,7 +15,7 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from traceq.analysis.operations import with_calls
+from traceq.analysis.operations import BATCH_ROWS, with_calls
 from traceq.store import first_row
 from traceq.ingest.launches import LAUNCH_COLUMNS
 
@@ -41,7 +41,7 @@ def _launched(con: duckdb.DuckDBPyConnection, trace_id: int, work: pl.DataFrame 
             SELECT q.pid, q.device_id, e.name_id, e.correlation_id, e.start_ns, e.end_ns,
                    e.graph_node_id IS NOT NULL AS graph, {', '.join('e.' + c for c in LAUNCH_COLUMNS)}
             FROM kernel_events e JOIN kernel_queues q ON q.trace_id = e.trace_id AND q.queue_id = e.queue_id
-            WHERE e.trace_id = {t}""").pl()
+            WHERE e.trace_id = {t}""").pl(BATCH_ROWS)
         kernels = with_calls(con, t, kernels).filter(pl.col("call_start_ns").is_not_null())
     queue = pl.col("start_ns") - pl.col("call_end_ns")
     kernels = kernels.select(
