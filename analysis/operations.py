@@ -86,7 +86,7 @@ def with_calls(con: duckdb.DuckDBPyConnection, trace_id: int, work: pl.DataFrame
     its issuing calls' tid, call_start_ns, call_end_ns and call_name_id in place of LAUNCH_COLUMNS:
     the stored call, else the one `calls_of` finds among the calls with the missing ids."""
     t = int(trace_id)
-    threads = con.sql(f"SELECT thread_id, tid FROM api_threads WHERE trace_id = {t}").pl()
+    threads = con.sql(f"SELECT thread_id, tid FROM api_threads WHERE trace_id = {t} ORDER BY thread_id").pl()
     stored = work.select(
         tid=by_row(threads, "thread_id", work["launch_thread_id"], ("tid",))[0] if threads.height
         else pl.lit(None, pl.Int64),

@@ -220,7 +220,8 @@ def _api_calls(src: sqlite3.Connection, names: Names, threads: Names, sink: Sink
         if len(texts) < len(names.keys):
             new = names.keys[len(texts):]
             texts += _texts(strings, [sid for _, sid in new])
-            launching += [c in API_KIND and bool(LAUNCHING.search(t or "")) for (c, _), t in zip(new, texts[-len(new):])]
+            launching += [c in API_KIND and bool(LAUNCHING.search(t or ""))
+                          for (c, _), t in zip(new, texts[-len(new):])]
         keys = pc.if_else(pc.take(pa.array(launching), name_id), batch["launch_key"], pa.scalar(None, I64))
         rows = pa.table({
             "start_ns": batch["start_ns"],
