@@ -78,7 +78,11 @@ CREATE TABLE kernel_events (
     name_id INTEGER NOT NULL,              -- the kernel's names: kernel_names.name_id of the same trace
     config_id INTEGER NOT NULL,            -- the launch's configuration: kernel_configs.config_id of the same trace
     queue_id INTEGER NOT NULL,             -- where it was queued (device, context, stream, process): kernel_queues.queue_id of the same trace
-    graph_node_id BIGINT                   -- CUDA graph node; NULL when not launched from a graph
+    graph_node_id BIGINT,                  -- CUDA graph node; NULL when not launched from a graph
+    launch_start_ns BIGINT,                -- the call that launched it (api_events of the same pid and correlation_id), found at load: its start
+    launch_end_ns BIGINT,                  -- its end
+    launch_name_id INTEGER,                -- its api_names.name_id
+    launch_thread_id INTEGER               -- its api_threads.thread_id; the four NULL where the load found no call (none in the trace, or a reader that does not look: analyses then look it up)
 );
 
 -- table kernel_names: the distinct names of each trace's kernels (a launch stores the id; hundreds of names stand for millions of launches).
@@ -117,8 +121,8 @@ CREATE TABLE kernel_queues (
     pid BIGINT                             -- launching process
 );
 
--- view kernels: one row per kernel launch, as analyses read it: the columns of kernel_events but name_id, config_id and queue_id, with name, short_name and mangled_name from kernel_names, the launch configuration from kernel_configs, device, context, stream and pid from kernel_queues, dur_ns = end_ns - start_ns, grid_blocks = grid_x * grid_y * grid_z (BIGINT) and block_threads = block_x * block_y * block_z.
-CREATE VIEW kernels AS
+-- view kernel_rows: the `kernels` view with the launch_* columns of kernel_events as they are (ids), which `kernels` and `kernel_launches` are made of.
+CREATE VIEW kernel_rows AS
 SELECT e.trace_id, e.kernel_id, e.start_ns, e.end_ns, e.end_ns - e.start_ns AS dur_ns,
        q.device_id, q.context_id, q.stream_id, e.correlation_id, q.pid,
        n.name, n.short_name, n.mangled_name,
@@ -127,11 +131,16 @@ SELECT e.trace_id, e.kernel_id, e.start_ns, e.end_ns, e.end_ns - e.start_ns AS d
        c.block_x * c.block_y * c.block_z AS block_threads,
        c.registers_per_thread, c.smem_static_bytes, c.smem_dynamic_bytes, c.smem_carveout_bytes,
        c.smem_optin, c.local_memory_per_thread_bytes, c.local_memory_total_bytes, c.launch_type,
-       e.graph_node_id, c.kineto_occupancy_pct
+       e.graph_node_id, c.kineto_occupancy_pct,
+       e.launch_start_ns, e.launch_end_ns, e.launch_name_id, e.launch_thread_id
 FROM kernel_events e
 JOIN kernel_names n ON n.trace_id = e.trace_id AND n.name_id = e.name_id
 JOIN kernel_configs c ON c.trace_id = e.trace_id AND c.config_id = e.config_id
 JOIN kernel_queues q ON q.trace_id = e.trace_id AND q.queue_id = e.queue_id;
+
+-- view kernels: one row per kernel launch, as analyses read it: the columns of kernel_events but name_id, config_id, queue_id and the launch_* ones (the `kernel_launches` view resolves those), with name, short_name and mangled_name from kernel_names, the launch configuration from kernel_configs, device, context, stream and pid from kernel_queues, dur_ns = end_ns - start_ns, grid_blocks = grid_x * grid_y * grid_z (BIGINT) and block_threads = block_x * block_y * block_z.
+CREATE VIEW kernels AS
+SELECT * EXCLUDE (launch_start_ns, launch_end_ns, launch_name_id, launch_thread_id) FROM kernel_rows;
 
 -- table kernel_summary: per-name kernel statistics of each trace, written by the load (traceq.analysis.kernels.build_kernel_summary) so that `traceq top` reads a few rows instead of every launch.
 CREATE TABLE kernel_summary (
@@ -347,14 +356,24 @@ CREATE TABLE ranks (
     shift_residual_ns BIGINT         -- after the shift, the median |end on this rank - end on rank 0| over those collectives
 );
 
--- view kernel_launches: each kernel with the runtime or driver call that launched it, joined on (pid, correlation_id).
+-- view kernel_launches: each kernel with the runtime or driver call that launched it: the one the load found (kernel_events.launch_*), else the calls joined on (pid, correlation_id) (a kernel of a reader that finds none at load, or one launched by a call not named as a launch).
 CREATE VIEW kernel_launches AS
-SELECT k.*, a.tid AS launch_tid, a.name AS launch_api, a.start_ns AS launch_start_ns,
-       a.end_ns AS launch_end_ns
-FROM kernels k
-LEFT JOIN api_calls a
-       ON a.trace_id = k.trace_id AND a.pid = k.pid AND a.correlation_id = k.correlation_id
-      AND a.api IN ('runtime', 'driver');
+SELECT k.* EXCLUDE (launch_start_ns, launch_end_ns, launch_name_id, launch_thread_id),
+       t.tid AS launch_tid, n.name AS launch_api, k.launch_start_ns, k.launch_end_ns
+FROM kernel_rows k
+JOIN api_threads t ON t.trace_id = k.trace_id AND t.thread_id = k.launch_thread_id
+JOIN api_names n ON n.trace_id = k.trace_id AND n.name_id = k.launch_name_id
+UNION ALL (
+    -- the kernels joined to api_events first: DuckDB then skips that scan when none is left
+    WITH unlinked AS (SELECT * FROM kernel_rows WHERE launch_thread_id IS NULL), calls AS (
+        SELECT u.trace_id, u.kernel_id, t.tid, n.name, a.start_ns, a.end_ns
+        FROM unlinked u
+        JOIN api_events a ON a.trace_id = u.trace_id AND a.correlation_id = u.correlation_id
+        JOIN api_threads t ON t.trace_id = a.trace_id AND t.thread_id = a.thread_id AND t.pid = u.pid
+        JOIN api_names n ON n.trace_id = a.trace_id AND n.name_id = a.name_id AND n.api IN ('runtime', 'driver'))
+    SELECT u.* EXCLUDE (launch_start_ns, launch_end_ns, launch_name_id, launch_thread_id),
+           c.tid AS launch_tid, c.name AS launch_api, c.start_ns AS launch_start_ns, c.end_ns AS launch_end_ns
+    FROM unlinked u LEFT JOIN calls c ON c.trace_id = u.trace_id AND c.kernel_id = u.kernel_id);
 
 -- table attributions: the traces whose kernel attribution the store keeps (`traceq attribute`; `traceq load` for traces of up to 1M kernels), and what it was made with: analyses read it only when their iteration regex and the fingerprint in force are these.
 CREATE TABLE attributions (

@@ -19,7 +19,7 @@ import duckdb
 
 from traceq.errors import NotFoundError, StoreError, TraceqError
 
-SCHEMA_VERSION = "9"
+SCHEMA_VERSION = "10"
 DEFAULT_STORE = "traceq.duckdb"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 

@@ -22,7 +22,8 @@ import polars as pl
 from traceq.analysis.attribution import ITERATION_REGEX
 from traceq.analysis.gaps import gap_frame
 from traceq.analysis.idle import IdleTotals, idle_causes
-from traceq.analysis.operations import api_calls
+from traceq.analysis.launches import launch_table
+from traceq.analysis.operations import gpu_work
 from traceq.errors import TraceqError
 
 MIN_SHARE = 0.01
@@ -60,7 +61,6 @@ class _Facts:
     idle: pl.DataFrame
     totals: IdleTotals
     launches: tuple[pl.DataFrame, dict[str, float]] | None  # launches.launch_table, if the caller had it
-    calls: pl.DataFrame | None  # `operations.api_calls`, when read for the idle rules: the launch rule reuses them
 
     @cached_property
     def classified(self) -> pl.DataFrame:
@@ -78,12 +78,15 @@ def advise(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str =
     RULES). `idle`, `launches`: the trace's `idle.idle_causes` and `launches.launch_table`, when
     the caller has them already.
     """
-    calls = None
-    if idle is None:  # the API calls read once, for the gaps and the launch table
-        calls = api_calls(con, trace_id)
-        idle = idle_causes(con, trace_id, iteration_regex, gap_frame(con, trace_id, iteration_regex, calls))
+    if idle is None and launches is None:  # the GPU work read once, for the gaps and the launch table
+        work = gpu_work(con, trace_id)
+        idle = idle_causes(con, trace_id, iteration_regex, gap_frame(con, trace_id, iteration_regex, work))
+        launches = launch_table(con, trace_id, work[0])
+        del work
+    elif idle is None:
+        idle = idle_causes(con, trace_id, iteration_regex)
     table, totals = idle
-    facts = _Facts(con, trace_id, iteration_regex, table, totals, launches, calls)
+    facts = _Facts(con, trace_id, iteration_regex, table, totals, launches)
     found = [f for rule in RULES.values() for f in rule(facts)
              if f.time_ns >= MIN_SHARE * max(totals.span_ns, 1)]
     found.sort(key=lambda f: (-f.time_ns, f.rule))
@@ -153,9 +156,7 @@ def _pageable(facts: _Facts) -> list[Finding]:
 
 def _tiny_kernels(facts: _Facts) -> list[Finding]:
     """A storm of tiny kernels: the launch-call time the tiny launches cost beyond their kernels."""
-    from traceq.analysis.launches import launch_table
-
-    table, totals = facts.launches or launch_table(facts.con, facts.trace_id, facts.calls)
+    table, totals = facts.launches or launch_table(facts.con, facts.trace_id)
     if not totals["launches"] or totals["tiny_pct"] < 100 * TINY_SHARE:
         return []
     tiny = table.filter(pl.col("tiny") > 0).join(facts.classified.select("name", "label"), on="name", how="left")

@@ -26,9 +26,8 @@ that holds:
 4. `launch_bound`: none of the above: the host issued work slower than the GPU ran it.
 
 An operation's iteration is the iteration range (`iteration_regex`, on any thread of its
-process) open when its issuing call began, as in `analysis.attribution`. Calls are numbered
-(correlation ids) in the order they begin within a process, so that range is found from the
-correlation id alone: the iteration's first and last ids are looked up once per range.
+process) open when its issuing call began, as in `analysis.attribution` (the load stores each
+kernel's call with it: `operations.gpu_work` reads no call for a kernel).
 
 Everything is interval arithmetic over sorted columns (a running maximum of end times, binary
 searches, as-of joins): no loop over operations. Times are integer ns.
@@ -43,7 +42,7 @@ import polars as pl
 
 from traceq.analysis.attribution import ITERATION_REGEX
 from traceq.analysis.intervals import last_at_or_before
-from traceq.analysis.operations import KINDS, api_calls, calls_of, gpu_work, issuing_calls
+from traceq.analysis.operations import KINDS, api_calls, gpu_work
 
 CAUSES = ("sync", "h2d_pageable", "h2d_pinned", "iteration_start", "launch_bound", "other")
 """Gap causes (the host-caused ones in the order they are tested)."""
@@ -56,6 +55,9 @@ SYNC_CALL = re.compile(r"^(cuda|cu)(Device|Stream|Event|Thread|Ctx)Synchronize|^
 
 COPY_CALL = re.compile(r"^(cuda|cu)Memcpy")
 """API calls that copy memory; those without `Async` block the host."""
+
+WAITING_CALL = re.compile(f"{SYNC_CALL.pattern}|{COPY_CALL.pattern}")
+"""The calls the host can wait in (`_waiting_calls` reads only these)."""
 
 
 def idle_gaps(
@@ -77,21 +79,20 @@ def idle_gaps(
 
 def gap_frame(
     con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX,
-    calls: pl.DataFrame | None = None,
+    work: tuple[pl.DataFrame, pl.DataFrame] | None = None,
 ) -> tuple[pl.DataFrame, dict[str, pl.Series]]:
     """`idle_gaps` with its strings as codes: (gaps, names). gaps has device_id, start_ns, end_ns,
     dur_ns, cause (UInt8 into CAUSES), iteration (UInt32 into names['iteration']), stream_id,
     pid, tid, call_start_ns (when the next operation's issuing call began), next_kind (UInt8 into
     KINDS), next_item (kernel name id or memop row), graph_node_id (of a kernel replayed from a
     CUDA graph), call (api name id); in the next operations' start order. names: 'iteration', 'api' (by api name id), 'kernel' and
-    'kernel_short' (by name id), 'memop' (by memop row): the strings. `calls`: the trace's
-    `operations.api_calls`, when the caller has them already."""
+    'kernel_short' (by name id), 'memop' (by memop row): the strings. `work`: the trace's
+    `operations.gpu_work`, when the caller has it already."""
     t = int(trace_id)
-    ops, memops = gpu_work(con, t)
-    calls = api_calls(con, t) if calls is None else calls
+    ops, memops = gpu_work(con, t) if work is None else work
     api_names = _api_names(con, t)
-    iterations, iteration = _iterations(con, t, ops, calls, iteration_regex)
-    blocking, h2d = _waiting_calls(calls, ops, memops, api_names)
+    iterations, iteration = _iterations(con, t, ops, iteration_regex)
+    blocking, h2d = _waiting_calls(api_calls(con, t, WAITING_CALL), ops, memops, api_names)
     # the gaps: a running maximum of end times over each device's work in start order
     timeline = ops.select("device_id", "start_ns", "end_ns").with_row_index("op_row").sort("start_ns")
     reach = pl.col("end_ns").cum_max().shift(1)
@@ -105,15 +106,11 @@ def gap_frame(
     gaps = timeline.filter(pl.col("start_ns") > pl.col("gap_start")).drop("end_ns")
     del timeline
     rows = gaps["op_row"]
-    gaps = pl.concat([gaps.drop("op_row"), ops.select("kind", "item", "stream_id", "pid", "correlation_id",
-                                                      "graph_node_id").gather(rows),
+    gaps = pl.concat([gaps.drop("op_row"), ops.select("kind", "item", "stream_id", "pid", "graph_node_id", "tid",
+                                                      "call_start_ns", "call_end_ns", "call_name_id").gather(rows),
                       iteration.gather(rows).to_frame("iteration")], how="horizontal")
     del ops, iteration, rows
-    issued = calls_of(con, t, gaps["pid"], gaps["correlation_id"], ("tid", "start_ns", "end_ns", "name_id"), calls)
-    del calls
-    gaps = pl.concat([gaps.drop("correlation_id"), issued], how="horizontal").with_columns(
-        late=(pl.col("call_end_ns") > pl.col("gap_start")).fill_null(False))
-    del issued
+    gaps = gaps.with_columns(late=(pl.col("call_end_ns") > pl.col("gap_start")).fill_null(False))
     # only where the host was late: what it was doing
     late = gaps.filter("late")
     sync_call, h2d_call, h2d_pageable = _host_waits(late, blocking, h2d)
@@ -166,7 +163,7 @@ def _api_names(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.Series:
 
 
 def _iterations(
-    con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFrame, calls: pl.DataFrame, iteration_regex: str
+    con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFrame, iteration_regex: str
 ) -> tuple[pl.Series, pl.Series]:
     """The iteration of each operation of `ops` (see the module docstring): (names, codes), the
     codes (UInt32, null outside every iteration) index `names`, one per iteration range name."""
@@ -177,49 +174,18 @@ def _iterations(
         ORDER BY pid, start_ns""", params=[iteration_regex]).pl()
     # a range that never ended lasts to the trace's end (not to the end of time: times are packed
     # into keys with the process, so they must span what the trace spans)
-    horizon = max((v for v in (ops["end_ns"].max(), calls["end_ns"].max() if calls.height else None,
-                               ranges["start_ns"].max()) if v is not None), default=0)
+    horizon = max((v for v in (ops["end_ns"].max(), ops["call_end_ns"].max(), ranges["start_ns"].max())
+                   if v is not None), default=0)
     ranges = ranges.with_columns(pl.col("end_ns").fill_null(horizon + 1))
     names = ranges["name"].unique().sort()
     ranges = ranges.with_columns(code=pl.col("name").replace_strict(
         names, pl.int_range(0, len(names), eager=True), return_dtype=pl.UInt32))
-    if ranges.height == 0 or calls.height == 0:
+    if ranges.height == 0:
         return names, pl.repeat(None, ops.height, dtype=pl.UInt32, eager=True)
-    by_call = calls.select("pid", "correlation_id", "start_ns")
-    if calls["pid"].min() != calls["pid"].max():
-        by_call = by_call.sort("pid", "correlation_id")
-        in_order = all(part["start_ns"].is_sorted() for part in by_call.partition_by("pid"))
-    else:
-        by_call = by_call if by_call["correlation_id"].is_sorted() else by_call.sort("correlation_id")
-        in_order = by_call["start_ns"].is_sorted()
-    if not in_order:  # ids do not follow the calls' starts: look each operation's call up
-        return names, _iterations_by_time(ops, calls, ranges)
-    # per range: the first call (in id order = start order) at or after its start and its end
-    both = last_at_or_before(by_call["pid"], by_call["start_ns"], pl.concat([ranges["pid"], ranges["pid"]]),
-                             pl.concat([ranges["start_ns"], ranges["end_ns"]]) - 1)
-    first, past = both.head(ranges.height), both.tail(ranges.height)
-
-    def next_id(row: pl.Series) -> pl.Series:  # the id after call `row` of the range's process
-        following = pl.select(pl.when(row.is_null()).then(0).otherwise(row + 1)).to_series()
-        same = by_call["pid"].gather(following.clip(upper_bound=by_call.height - 1)) == ranges["pid"]
-        return pl.select(pl.when((following < by_call.height) & same)
-                         .then(by_call["correlation_id"].gather(following.clip(upper_bound=by_call.height - 1)))
-                         ).to_series()
-
-    # a range's operations have ids in [lo, hi): lo its first call's, hi the first after it
-    bounds = ranges.select("pid", "code", lo=next_id(first), hi=next_id(past).fill_null(9223372036854775807))
-    bounds = bounds.filter(pl.col("lo").is_not_null() & (pl.col("lo") < pl.col("hi")))
-    row = last_at_or_before(bounds["pid"], bounds["lo"], ops["pid"], ops["correlation_id"])
-    inside = pl.select(pl.when(ops["correlation_id"] < bounds["hi"].gather(row)).then(row)).to_series()
-    return names, bounds["code"].gather(inside)
-
-
-def _iterations_by_time(ops: pl.DataFrame, calls: pl.DataFrame, ranges: pl.DataFrame) -> pl.Series:
-    """`_iterations`' codes from each operation's issuing call (slower: a lookup per operation)."""
-    start = issuing_calls(calls, ops["pid"], ops["correlation_id"])["call_start_ns"]
+    start = ops["call_start_ns"]
     row = last_at_or_before(ranges["pid"], ranges["start_ns"], ops["pid"], start)
     inside = pl.select(pl.when(start < ranges["end_ns"].gather(row)).then(row)).to_series()
-    return ranges["code"].gather(inside)
+    return names, ranges["code"].gather(inside)
 
 
 def _waiting_calls(calls: pl.DataFrame, ops: pl.DataFrame, memops: pl.DataFrame,

@@ -15,21 +15,34 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from traceq.analysis.operations import calls_of
+from traceq.analysis.operations import BATCH_ROWS, with_calls
+from traceq.store import first_row
+from traceq.ingest.launches import LAUNCH_COLUMNS
 
 
-def _launched(con: duckdb.DuckDBPyConnection, trace_id: int, calls: pl.DataFrame | None = None
+def _launched(con: duckdb.DuckDBPyConnection, trace_id: int, work: pl.DataFrame | None = None
               ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(kernels, api_names): every kernel that has its launch call in the trace with pid, tid,
     device_id, name_id, graph (launched from a graph), api_ns, queue_ns (null unless > 0),
-    kernel_ns, total_ns, call_name_id; the API names by name_id."""
+    kernel_ns, total_ns, call_name_id; the API names by name_id. `work`: the trace's
+    `operations.gpu_work` ops, when the caller has them (its kernels are these)."""
+    from traceq.analysis.graphs import has_graph_nodes
+
     t = int(trace_id)
-    kernels = con.sql(f"""
-        SELECT q.pid, q.device_id, e.name_id, e.correlation_id, e.start_ns, e.end_ns, e.graph_node_id IS NOT NULL AS graph
-        FROM kernel_events e JOIN kernel_queues q ON q.trace_id = e.trace_id AND q.queue_id = e.queue_id
-        WHERE e.trace_id = {t}""").pl()
-    calls = calls_of(con, t, kernels["pid"], kernels["correlation_id"], calls=calls)
-    kernels = pl.concat([kernels, calls], how="horizontal").filter(pl.col("call_start_ns").is_not_null())
+    # gpu_work carries graph nodes only where the trace describes them: else ask the kernels
+    if work is not None and (has_graph_nodes(con, t) or not first_row(
+            con, f"SELECT 1 FROM kernel_events WHERE trace_id = {t} AND graph_node_id IS NOT NULL LIMIT 1")):
+        kernels = work.filter(pl.col("kind") == 0).select(
+            "pid", "device_id", name_id=pl.col("item").cast(pl.Int32), graph=pl.col("graph_node_id").is_not_null(),
+            tid="tid", call_start_ns="call_start_ns", call_end_ns="call_end_ns", call_name_id="call_name_id",
+            start_ns="start_ns", end_ns="end_ns").filter(pl.col("call_start_ns").is_not_null())
+    else:
+        kernels = con.sql(f"""
+            SELECT q.pid, q.device_id, e.name_id, e.correlation_id, e.start_ns, e.end_ns,
+                   e.graph_node_id IS NOT NULL AS graph, {', '.join('e.' + c for c in LAUNCH_COLUMNS)}
+            FROM kernel_events e JOIN kernel_queues q ON q.trace_id = e.trace_id AND q.queue_id = e.queue_id
+            WHERE e.trace_id = {t}""").pl(BATCH_ROWS)
+        kernels = with_calls(con, t, kernels).filter(pl.col("call_start_ns").is_not_null())
     queue = pl.col("start_ns") - pl.col("call_end_ns")
     kernels = kernels.select(
         "pid", "tid", "device_id", "name_id", "graph", "call_name_id",
@@ -73,7 +86,7 @@ def kern_exec_sum(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame
     return table.sort(["total_avg_ns", "kernel_name"], descending=[True, False]).drop("call_name_id", "name_id")
 
 
-def launch_table(con: duckdb.DuckDBPyConnection, trace_id: int, calls: pl.DataFrame | None = None
+def launch_table(con: duckdb.DuckDBPyConnection, trace_id: int, work: pl.DataFrame | None = None
                  ) -> tuple[pl.DataFrame, dict[str, float]]:
     """Launch cost per kernel name, most API time first, and the trace's totals.
 
@@ -81,10 +94,10 @@ def launch_table(con: duckdb.DuckDBPyConnection, trace_id: int, calls: pl.DataFr
     launches that queued), kernel_ns (total kernel time), kernel_avg_ns, tiny (launches whose
     kernel ran shorter than its launch call), tiny_pct (% of the name's launches), name.
     Totals: launches, api_ns, kernel_ns, tiny (tiny launches), tiny_pct (% of launches),
-    tiny_kernel_ns (their kernel time), graph (kernels replayed from CUDA graphs). `calls`: the
-    trace's `operations.api_calls`, when the caller has them already.
+    tiny_kernel_ns (their kernel time), graph (kernels replayed from CUDA graphs). `work`: the
+    trace's `operations.gpu_work` ops, when the caller has them already.
     """
-    kernels, _ = _launched(con, trace_id, calls)
+    kernels, _ = _launched(con, trace_id, work)
     kernels = kernels.with_columns(tiny=~pl.col("graph") & (pl.col("kernel_ns") < pl.col("api_ns")))
     table = (kernels.group_by("name_id")
              .agg(pl.len().cast(pl.Int64).alias("launches"), pl.col("api_ns").sum().alias("api_ns"),

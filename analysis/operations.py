@@ -1,11 +1,14 @@
 """GPU work and the host calls that issued it: every kernel, memcpy and memset of a trace with
 its device, stream and times, and the CUDA API call (thread, start, end, name) that launched it.
 
-A GPU operation names its call by correlation id, unique within a process. Ten million kernels
-joined to fifteen million calls by hash cost seconds; CUPTI numbers calls in the order they are
-made, so the calls are (nearly always) stored in key order already, and each operation finds
-its call by one binary search over the calls' (process, correlation id) keys instead
-(`issuing_calls`). Times are integer ns on the trace's timeline.
+A GPU operation names its call by correlation id, unique within a process. The load stores each
+kernel's call with the kernel (`kernel_events.launch_*`, `ingest.launches`), so ten million
+kernels need no lookup at all; the rest (copies and sets, and kernels the load found no call for,
+or whose reader does not look) are looked up among the calls of their correlation ids only
+(`with_calls`). CUPTI numbers calls in the order they are made, so the calls are (nearly always)
+stored in key order already, and each operation finds its call by one binary search over the
+calls' (process, correlation id) keys (`issuing_calls`). Times are integer ns on the trace's
+timeline.
 """
 
 from __future__ import annotations
@@ -15,20 +18,33 @@ import re
 import duckdb
 import polars as pl
 
+from traceq.ingest.launches import LAUNCH_COLUMNS
+
 KINDS = ("kernel", "memcpy", "memset")
 """`kind` codes of `gpu_work`: 0 kernel, 1 memcpy, 2 memset."""
+
+BATCH_ROWS = 1 << 26
+"""Rows per Arrow batch when reading every kernel: DuckDB's default (131,072) made reading ten
+million kernels take half as long again."""
+
+SEMI_JOIN_MAX = 1_000_000
+"""Up to this many operations, `calls_of` reads only the calls with their ids (the copies of a
+trace whose kernels have their calls stored: thousands); past it, every call (a Kineto or nvprof
+trace's kernels: restricting the read would cost more than it saves)."""
 
 _KEY_BITS = 32  # CUPTI correlation ids are 32-bit: (process number << 32) | correlation id is unique
 
 
 def gpu_work(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Every kernel, memcpy and memset of the trace, and the copies' details apart.
+    """Every kernel, memcpy and memset of the trace with the call that issued it, and the copies'
+    details apart.
 
     Returns (ops, memops). ops, in no particular order: kind (UInt8, index into KINDS), item
     (kernel_events.name_id for a kernel, the row of `memops` for a copy or set), device_id,
     stream_id, pid, correlation_id, start_ns, end_ns, graph_node_id (a kernel's CUDA graph node;
-    null for the rest, and for every row of a trace without graph nodes). memops: op, copy_kind, src_kind,
-    dst_kind, bytes (one row per memcpy/memset, `item` of ops points here).
+    null for the rest, and for every row of a trace without graph nodes), then the issuing call's
+    tid, call_start_ns, call_end_ns and call_name_id (`with_calls`). memops: op, copy_kind,
+    src_kind, dst_kind, bytes (one row per memcpy/memset, `item` of ops points here).
     """
     from traceq.analysis.graphs import has_graph_nodes
 
@@ -38,23 +54,53 @@ def gpu_work(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFram
     queues = con.sql(f"SELECT queue_id, device_id, stream_id, pid FROM kernel_queues WHERE trace_id = {t} "
                      f"ORDER BY queue_id").pl()
     kernels = con.sql(f"""
-        SELECT 0::UTINYINT AS kind, name_id::UINTEGER AS item, queue_id, correlation_id, start_ns, end_ns,
-               {node.removeprefix("e.")} AS graph_node_id
-        FROM kernel_events WHERE trace_id = {t}""").pl()
-    at = kernels["queue_id"]
-    if not queues["queue_id"].equals(pl.int_range(0, queues.height, dtype=queues["queue_id"].dtype, eager=True)):
-        at = at.replace_strict(queues["queue_id"], pl.int_range(0, queues.height, dtype=pl.UInt32, eager=True))
-    kernels = kernels.select("kind", "item", device_id=queues["device_id"].gather(at),
-                             stream_id=queues["stream_id"].gather(at), pid=queues["pid"].gather(at),
-                             correlation_id="correlation_id", start_ns="start_ns", end_ns="end_ns",
-                             graph_node_id="graph_node_id")
+        SELECT name_id::UINTEGER AS item, queue_id, correlation_id, start_ns, end_ns,
+               {node.removeprefix("e.")} AS graph_node_id, {', '.join(LAUNCH_COLUMNS)}
+        FROM kernel_events WHERE trace_id = {t}""").pl(BATCH_ROWS)
+    device_id, stream_id, pid = by_row(queues, "queue_id", kernels["queue_id"], ("device_id", "stream_id", "pid"))
+    kernels = kernels.select(pl.lit(0, pl.UInt8).alias("kind"), "item", device_id, stream_id, pid,
+                             *kernels.columns[2:])
     memops = con.sql(f"""
         SELECT CASE op WHEN 'memcpy' THEN 1 ELSE 2 END::UTINYINT AS kind, device_id, stream_id, pid,
                correlation_id, start_ns, end_ns, NULL::BIGINT AS graph_node_id, op, copy_kind, src_kind, dst_kind,
                bytes
         FROM memops WHERE trace_id = {t}""").pl().with_row_index("item")
-    ops = pl.concat([kernels, memops.select(kernels.columns).cast(kernels.schema)])
+    copies = (memops.with_columns(pl.lit(None).alias(c) for c in LAUNCH_COLUMNS).select(kernels.columns)
+              .cast(kernels.schema))  # kept apart until their calls are found: a lookup each
+    # one chunk: the analyses gather from it at millions of rows, several times faster than from many
+    ops = pl.concat([with_calls(con, t, kernels), with_calls(con, t, copies)], rechunk=True)
     return ops, memops.select("op", "copy_kind", "src_kind", "dst_kind", "bytes")
+
+
+def by_row(table: pl.DataFrame, key: str, ids: pl.Series, columns: tuple[str, ...]) -> list[pl.Series]:
+    """`columns` of the rows of `table` whose `key` column holds `ids`: a gather by row number
+    when the keys are 0, 1, ... (the store numbers queues, threads and names so), else a lookup."""
+    at = ids
+    if not table[key].equals(pl.int_range(0, table.height, dtype=table[key].dtype, eager=True)):
+        at = at.replace_strict(table[key], pl.int_range(0, table.height, dtype=pl.UInt32, eager=True))
+    return [table[c].gather(at) for c in columns]
+
+
+def with_calls(con: duckdb.DuckDBPyConnection, trace_id: int, work: pl.DataFrame) -> pl.DataFrame:
+    """`work` (pid, correlation_id and the LAUNCH_COLUMNS, null where the load stored no call) with
+    its issuing calls' tid, call_start_ns, call_end_ns and call_name_id in place of LAUNCH_COLUMNS:
+    the stored call, else the one `calls_of` finds among the calls with the missing ids."""
+    t = int(trace_id)
+    threads = con.sql(f"SELECT thread_id, tid FROM api_threads WHERE trace_id = {t} ORDER BY thread_id").pl()
+    stored = work.select(
+        tid=by_row(threads, "thread_id", work["launch_thread_id"], ("tid",))[0] if threads.height
+        else pl.lit(None, pl.Int64),
+        call_start_ns="launch_start_ns", call_end_ns="launch_end_ns",
+        call_name_id=pl.col("launch_name_id").cast(pl.Int32))
+    work = work.drop(LAUNCH_COLUMNS)
+    lacking = stored["call_start_ns"].is_null() & work["correlation_id"].is_not_null()
+    missing = lacking.arg_true()
+    if missing.len():
+        found = calls_of(con, t, work["pid"].gather(missing), work["correlation_id"].gather(missing))
+        at = lacking.cast(pl.Int64).cum_sum() - 1  # each row's place among the missing ones
+        stored = stored.select(pl.when(lacking).then(found[c].cast(stored[c].dtype).gather(at)).otherwise(pl.col(c))
+                               .alias(c) for c in stored.columns)
+    return pl.concat([work, stored], how="horizontal")
 
 
 ISSUING_CALLS = re.compile(r"(?i)launch|memcpy|memset|prefetch|synchroni|free")
@@ -62,35 +108,40 @@ ISSUING_CALLS = re.compile(r"(?i)launch|memcpy|memset|prefetch|synchroni|free")
 does): `api_calls` reads only these unless asked for all."""
 
 
-def api_calls(con: duckdb.DuckDBPyConnection, trace_id: int, pattern: re.Pattern[str] | None = ISSUING_CALLS
-              ) -> pl.DataFrame:
-    """The trace's runtime and driver API calls whose names match `pattern` (None: all): pid,
-    tid, correlation_id, start_ns, end_ns, name_id; in table order."""
+def api_calls(con: duckdb.DuckDBPyConnection, trace_id: int, pattern: re.Pattern[str] | None = ISSUING_CALLS,
+              among: pl.Series | None = None) -> pl.DataFrame:
+    """The trace's runtime and driver API calls whose names match `pattern` (None: all), and whose
+    correlation ids are `among` these (None: any): pid, tid, correlation_id, start_ns, end_ns,
+    name_id; in table order."""
     t = int(trace_id)
     wanted = [i for i, name in con.execute(
         "SELECT name_id, name FROM api_names WHERE trace_id = ? AND api IN ('runtime', 'driver')", [t]).fetchall()
         if pattern is None or pattern.search(name or "")]
     threads = con.sql(f"SELECT thread_id, pid, tid FROM api_threads WHERE trace_id = {t} ORDER BY thread_id").pl()
-    calls = con.sql(f"""
+    query = f"""
         SELECT thread_id, correlation_id, start_ns, end_ns, name_id FROM api_events
-        WHERE trace_id = {t} AND name_id IN ({', '.join(str(int(n)) for n in wanted) or 'NULL'})""").pl()
-    if not threads["thread_id"].equals(pl.int_range(0, threads.height, dtype=threads["thread_id"].dtype, eager=True)):
-        rows = pl.int_range(0, threads.height, dtype=pl.UInt32, eager=True)
-        calls = calls.with_columns(pl.col("thread_id").replace_strict(threads["thread_id"], rows))
-    at = calls["thread_id"]
-    return calls.select(pid=threads["pid"].gather(at), tid=threads["tid"].gather(at), correlation_id="correlation_id",
-                        start_ns="start_ns", end_ns="end_ns", name_id="name_id")
+        WHERE trace_id = {t} AND name_id IN ({', '.join(str(int(n)) for n in wanted) or 'NULL'})"""
+    if among is None:
+        calls = con.sql(query).pl()
+    else:  # a semi-join: DuckDB reads only the calls with these ids
+        con.register("_traceq_among", among.drop_nulls().unique().to_frame("correlation_id").to_arrow())
+        try:
+            calls = con.sql(f"{query} AND correlation_id IN (SELECT correlation_id FROM _traceq_among)").pl()
+        finally:
+            con.unregister("_traceq_among")
+    return calls.select(*by_row(threads, "thread_id", calls["thread_id"], ("pid", "tid")), "correlation_id",
+                        "start_ns", "end_ns", "name_id")
 
 
 def calls_of(con: duckdb.DuckDBPyConnection, trace_id: int, pid: pl.Series, correlation_id: pl.Series,
-             columns: tuple[str, ...] = ("tid", "start_ns", "end_ns", "name_id"),
-             calls: pl.DataFrame | None = None) -> pl.DataFrame:
-    """`issuing_calls` of the work (pid, correlation_id) among `calls` (default: the trace's
-    ISSUING_CALLS), or among all its calls should some work's call be named otherwise."""
-    found = issuing_calls(api_calls(con, trace_id) if calls is None else calls, pid, correlation_id, columns)
+             columns: tuple[str, ...] = ("tid", "start_ns", "end_ns", "name_id")) -> pl.DataFrame:
+    """`issuing_calls` of the work (pid, correlation_id) among the trace's ISSUING_CALLS with
+    those ids, or among all its calls with them should some work's call be named otherwise."""
+    among = correlation_id if len(correlation_id) <= SEMI_JOIN_MAX else None
+    found = issuing_calls(api_calls(con, trace_id, among=among), pid, correlation_id, columns)
     key = found.columns[-1]
     if found[key].null_count() > correlation_id.null_count():
-        everything = issuing_calls(api_calls(con, trace_id, None), pid, correlation_id, columns)
+        everything = issuing_calls(api_calls(con, trace_id, None, among), pid, correlation_id, columns)
         if everything[key].null_count() < found[key].null_count():
             return everything
     return found

@@ -22,7 +22,7 @@ import duckdb
 import polars as pl
 
 from traceq.analysis.nesting import range_tree
-from traceq.analysis.operations import calls_of, gpu_work
+from traceq.analysis.operations import gpu_work
 
 
 def projected_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
@@ -39,9 +39,7 @@ def projected_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFr
         FROM nvtx WHERE trace_id = {t} AND kind IN ('pushpop', 'startend') AND end_ns IS NOT NULL
           AND (end_tid IS NULL OR end_tid = tid)""").pl()
     ops, _ = gpu_work(con, t)
-    calls = calls_of(con, t, ops["pid"], ops["correlation_id"], ("tid", "start_ns"))
-    work = (pl.concat([ops.select("pid", "correlation_id", "start_ns", "end_ns"), calls], how="horizontal")
-            .drop_nulls("call_start_ns"))
+    work = ops.select("pid", "correlation_id", "start_ns", "end_ns", "tid", "call_start_ns").drop_nulls("call_start_ns")
     parts = []
     for (pid, tid), mine in ranges.partition_by("pid", "tid", as_dict=True, maintain_order=True).items():
         theirs = work.filter(pl.col("pid").eq_missing(pid) & pl.col("tid").eq_missing(tid))

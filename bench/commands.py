@@ -13,6 +13,8 @@ STORE`), --repeat times; the figures are the median wall and CPU times and the l
 `--against DIR` compares with another revision in the same run: DIR holds that revision as a
 folder named `traceq` (`mkdir -p DIR/traceq && git archive main | tar -x -C DIR/traceq`); each
 repeat runs both, one after the other, and the table gains its column and the CPU ratio.
+`--against-store` gives that revision a store of its own, loaded by it, where the two revisions'
+store schemas differ.
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ DEFAULT = ["idle", "idle --by iteration", "idle --by stream", "launches", "advis
            *[f"stats --report {r}" for r in REPORTS]]
 
 
-def interleaved(n: int, argv: list[str], env: dict[str, str]) -> tuple[Run | str, Run | str]:
-    """`repeat` of argv with env and without it, the two alternating (a busy machine slows both alike)."""
+def interleaved(n: int, argv: list[str], env: dict[str, str], other_argv: list[str] | None = None
+                ) -> tuple[Run | str, Run | str]:
+    """`repeat` of argv with env (other_argv, if given) and of argv without it, the two alternating
+    (a busy machine slows both alike)."""
     other: list[Run | str] = []
     this: list[Run | str] = []
     for _ in range(n):
-        other.append(run(argv, env))
+        other.append(run(other_argv or argv, env))
         this.append(run(argv))
     return median(other), median(this)
 
@@ -47,6 +51,8 @@ def main() -> None:
     parser.add_argument("commands", nargs="*", default=DEFAULT, help="traceq commands, quoted [default: %(default)s]")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--against", type=Path, help="a folder holding another revision as `traceq`, run alongside")
+    parser.add_argument("--against-store", type=Path,
+                        help="the store that revision reads (default: STORE; needed when their schemas differ)")
     args = parser.parse_intermixed_args()
     lines = [f"Store: {args.store}, median of {args.repeat} runs", *machine(), ""]
     if args.against is None:
@@ -58,7 +64,8 @@ def main() -> None:
         if args.against is None:
             lines.append(f"| `traceq {command}` | {fmt(repeat(args.repeat, argv))} |")
         else:
-            other, this = interleaved(args.repeat, argv, {"PYTHONPATH": str(args.against.resolve())})
+            other_argv = argv[:-1] + [str(args.against_store)] if args.against_store else None
+            other, this = interleaved(args.repeat, argv, {"PYTHONPATH": str(args.against.resolve())}, other_argv)
             ratio = f"{this.cpu / other.cpu:.2f}" if isinstance(this, Run) and isinstance(other, Run) else ""
             lines.append(f"| `traceq {command}` | {fmt(other)} | {fmt(this)} | {ratio} |")
         print(lines[-1], file=sys.stderr, flush=True)

@@ -440,11 +440,15 @@ opt-in flag and the launch type as the source's codes: a reader numbers them wit
 def kernel_batch(batch: pa.Table, *, name_id: pa.Array, config_id: pa.Array, queue_id: pa.Array) -> pa.Table:
     """The `kernel_events` columns but kernel_id for one batch of a reader's kernel rows.
 
-    `batch` carries KERNEL_EVENT_COLUMNS under their store names; the reader supplies the name,
+    `batch` carries KERNEL_EVENT_COLUMNS under their store names, and the launching calls'
+    `launches.LAUNCH_COLUMNS` where the reader found them; the reader supplies the name,
     configuration and queue ids (`Names`). `numbered` adds the kernel ids; `kernel_names`,
     `kernel_configs` and `kernel_queues` make the rows the ids stand for.
     """
+    from traceq.ingest.launches import LAUNCH_COLUMNS
+
     return pa.table({**{c: batch[c] for c in KERNEL_EVENT_COLUMNS},
+                     **{c: batch[c] for c in LAUNCH_COLUMNS if c in batch.column_names},
                      "name_id": name_id, "config_id": config_id, "queue_id": queue_id})
 
 

@@ -46,6 +46,7 @@ from traceq.ingest.base import (
     select_list,
     table_names,
 )
+from traceq.ingest.launches import LAUNCHING, CallIndex, call_keys
 from traceq.ingest.validate import check_columns, scaled, valid_times
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -95,24 +96,26 @@ class NsysReader(SqliteReader):
         strings = Strings.from_query(src, "SELECT id, value FROM StringIds", "StringIds")
         _read_gpus(src, tables, sink)
         _read_processes(src, tables, strings, sink)
+        calls = CallIndex()  # the calls first, so that each kernel stores the one that launched it
+        if RUNTIME in tables:
+            names, threads, texts = Names(), Names(), []
+            sink.append_all("api_events", _api_calls(src, names, threads, sink, strings, texts, calls))
+            calls.finish()
+            sink.append("api_names", api_names([API_KIND.get(c, "other") for c, _ in names.keys], texts),
+                        source_rows=0)
+            global_tids = pa.array([key[0] for key in threads.keys], I64)
+            sink.append("api_threads", api_threads(_pid(global_tids).to_pylist(), _tid(global_tids).to_pylist(),
+                                                   global_tids.to_pylist()), source_rows=0)
         if KERNEL in tables:
             names, configs, queues = Names(), Names(), Names()
-            sink.append_all("kernel_events", _kernels(src, names, configs, queues, sink))
+            sink.append_all("kernel_events", _kernels(src, names, configs, queues, sink, calls))
+            calls.close()
             demangled, short, mangled = list(zip(*names.keys)) or [(), (), ()]
             sink.append("kernel_names", kernel_names(_texts(strings, demangled), _texts(strings, short),
                                                      _texts(strings, mangled)), source_rows=0)
             sink.append("kernel_configs", kernel_configs(configs.keys, optin_code=cupti.SHMEM_LIMIT_OPTIN,
                                                          launch_types=cupti.LAUNCH_TYPE), source_rows=0)
             sink.append("kernel_queues", kernel_queues(queues.keys), source_rows=0)
-        if RUNTIME in tables:
-            names, threads = Names(), Names()
-            sink.append_all("api_events", _api_calls(src, names, threads, sink))
-            classes, ids = list(zip(*names.keys)) or [(), ()]
-            sink.append("api_names", api_names([API_KIND.get(c, "other") for c in classes],
-                                               _texts(strings, ids)), source_rows=0)
-            global_tids = pa.array([key[0] for key in threads.keys], I64)
-            sink.append("api_threads", api_threads(_pid(global_tids).to_pylist(), _tid(global_tids).to_pylist(),
-                                                   global_tids.to_pylist()), source_rows=0)
         if MEMCPY in tables:
             sink.append_all("memops", _memcpy(src, sink))
         if MEMSET in tables:
@@ -133,10 +136,11 @@ def _texts(strings: Strings, ids: Sequence[int | None]) -> list[str | None]:
     return strings.lookup(pa.array(ids, I64)).to_pylist()
 
 
-def _kernels(src: sqlite3.Connection, names: Names, configs: Names, queues: Names, sink: Sink) -> Iterator[pa.Table]:
+def _kernels(src: sqlite3.Connection, names: Names, configs: Names, queues: Names, sink: Sink,
+             calls: CallIndex) -> Iterator[pa.Table]:
     """kernel_events rows; `names` numbers the (demangled, short, mangled) StringIds ids of each,
-    `configs` its launch configuration (KERNEL_CONFIG_COLUMNS), `queues` its KERNEL_QUEUE_COLUMNS;
-    rows with unusable times are dropped (into `sink.damage`)."""
+    `configs` its launch configuration (KERNEL_CONFIG_COLUMNS), `queues` its KERNEL_QUEUE_COLUMNS,
+    `calls` gives its launching call; rows with unusable times are dropped (into `sink.damage`)."""
     have = column_names(src, KERNEL)
     wanted = [
         ("start_ns", "start", ["start"]),
@@ -171,6 +175,8 @@ def _kernels(src: sqlite3.Connection, names: Names, configs: Names, queues: Name
                  .set_column(batch.schema.get_field_index("pid"), "pid", _pid(batch["pid"]))
                  .set_column(batch.schema.get_field_index("graph_node_id"), "graph_node_id",
                              pc.if_else(pc.equal(node, 0), pa.scalar(None, I64), node)))
+        for column, values in calls.launches(call_keys(batch["pid"], batch["correlation_id"])).items():
+            batch = batch.append_column(column, values)
         return (batch  # the keys of the decoded columns
                 .append_column("name_key", key_rows(batch["demangled_id"], batch["short_id"], batch["mangled_id"]))
                 .append_column("config_key", key_rows(*[batch[c] for c in KERNEL_CONFIG_COLUMNS]))
@@ -184,9 +190,12 @@ def _kernels(src: sqlite3.Connection, names: Names, configs: Names, queues: Name
         offset += batch.num_rows
 
 
-def _api_calls(src: sqlite3.Connection, names: Names, threads: Names, sink: Sink) -> Iterator[pa.Table]:
-    """api_events rows; `names` numbers the (event class, StringIds id) of each call, `threads`
-    its globalTid (the decoded pid and tid go once per thread into api_threads)."""
+def _api_calls(src: sqlite3.Connection, names: Names, threads: Names, sink: Sink, strings: Strings,
+               texts: list[str | None], calls: CallIndex) -> Iterator[pa.Table]:
+    """api_events rows; `names` numbers the (event class, StringIds id) of each call, and `texts`
+    gets each name's text as it is numbered; `threads` numbers its globalTid (the decoded pid and
+    tid go once per thread into api_threads); `calls` keeps the runtime and driver calls that
+    launch kernels."""
     have = column_names(src, RUNTIME)
     wanted = [
         ("start_ns", "start", ["start"]),
@@ -202,17 +211,28 @@ def _api_calls(src: sqlite3.Connection, names: Names, threads: Names, sink: Sink
     def columns(batch: pa.Table) -> pa.Table:  # on the reading threads
         batch = valid_times(batch, "api_events", sink.damage)
         return (batch.append_column("name_key", key_rows(batch["event_class"], batch["name_id"]))
-                .append_column("thread_key", key_rows(batch["global_tid"])))
+                .append_column("thread_key", key_rows(batch["global_tid"]))
+                .append_column("launch_key", call_keys(_pid(batch["global_tid"]), batch["correlation_id"])))
 
+    launching: list[bool] = []  # per name id: a runtime or driver call that launches kernels
     for batch in scan_table(src, RUNTIME, select_columns(have, wanted), schema, transform=columns):
-        yield pa.table({
+        name_id = names.number_keys(batch["name_key"])
+        if len(texts) < len(names.keys):
+            new = names.keys[len(texts):]
+            texts += _texts(strings, [sid for _, sid in new])
+            launching += [c in API_KIND and bool(LAUNCHING.search(t or ""))
+                          for (c, _), t in zip(new, texts[-len(new):])]
+        keys = pc.if_else(pc.take(pa.array(launching), name_id), batch["launch_key"], pa.scalar(None, I64))
+        rows = pa.table({
             "start_ns": batch["start_ns"],
             "end_ns": batch["end_ns"],
-            "name_id": names.number_keys(batch["name_key"]),
+            "name_id": name_id,
             "thread_id": threads.number_keys(batch["thread_key"]),
             "correlation_id": batch["correlation_id"],
             "return_value": batch["return_value"],
         })
+        calls.add(keys, rows["start_ns"], rows["end_ns"], name_id, rows["thread_id"])
+        yield rows
 
 
 def _memcpy(src: sqlite3.Connection, sink: Sink) -> Iterator[pa.Table]:

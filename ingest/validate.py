@@ -83,7 +83,8 @@ class Damage:
 
 def unlink_shared_correlations(con, trace_id: int, damage: Damage) -> None:
     """Unlink API calls whose correlation id more than one other call of their process has (the
-    id is set to NULL on those calls, counted in `damage`).
+    id is set to NULL on those calls, counted in `damage`), and the kernels the load linked to
+    one of them (`kernel_events.launch_*`).
 
     A correlation id names one call: a kernel or copy finds the call that launched it by (process,
     id), and a CUDA graph's kernels share their launch's id. Real exports have at most pairs of
@@ -108,6 +109,12 @@ def unlink_shared_correlations(con, trace_id: int, damage: Damage) -> None:
         GROUP BY ALL HAVING count(*) > 2"""
     if con.execute(f"SELECT count(*) FROM ({shared})").fetchone()[0] == 0:
         return
+    con.execute(f"""
+        UPDATE kernel_events SET launch_start_ns = NULL, launch_end_ns = NULL, launch_name_id = NULL,
+                                 launch_thread_id = NULL
+        FROM kernel_queues q, ({shared}) d
+        WHERE kernel_events.trace_id = {t} AND q.trace_id = {t} AND q.queue_id = kernel_events.queue_id
+          AND q.pid IS NOT DISTINCT FROM d.pid AND kernel_events.correlation_id = d.correlation_id""")
     n = con.execute(f"""
         UPDATE api_events SET correlation_id = NULL
         FROM api_threads t, ({shared}) d
