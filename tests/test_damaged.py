@@ -201,7 +201,7 @@ REPRODUCERS = shared_files("fuzz-repro", "sig*")
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory) -> fuzz.Harness:
-    return fuzz.Harness([], "repro", tmp_path_factory.mktemp("repro"))
+    return fuzz.Harness([], "repro", tmp_path_factory.mktemp("repro"), commands=fuzz.FIRST_COMMANDS)
 
 
 @pytest.mark.parametrize("path", REPRODUCERS or [pytest.param(None, marks=pytest.mark.skip(
@@ -254,7 +254,8 @@ is not an integer (gaps)."""
 @pytest.mark.skipif(not shared_files("realtraces", "*"), reason="../shared/realtraces is absent")
 def test_the_large_runs_failures() -> None:
     with fuzz.scratch() as work:
-        outcomes = fuzz.run(fuzz.Harness(fuzz.corpus(), "device10k", work), DEVICE_RUN_FAILURES)
+        outcomes = fuzz.run(fuzz.Harness(fuzz.corpus(), "device10k", work, commands=fuzz.FIRST_COMMANDS),
+                            DEVICE_RUN_FAILURES)
     assert [(o.index, o.problems) for o in outcomes if o.problems] == []
 
 

@@ -73,8 +73,9 @@ REALTRACES = (
 BASE_TRACE = ROOT / "sample_traces" / "lenet_b256_cudnn.sqlite"
 """The good trace every mutant's store already holds."""
 
-COMMANDS = (("traces",), ("top",), ("layers",), ("libs",), ("stages",), ("ru",), ("memory",), ("report",),
-            ("idle", "--by", "iteration"), ("launches",), ("stats", "-r", "nvtx_gpu_proj_sum"),
+FIRST_COMMANDS = (("traces",), ("top",), ("layers",), ("libs",), ("stages",), ("ru",), ("memory",), ("report",))
+"""The commands of the first campaigns: the replays of their failing mutants (tests) run these."""
+COMMANDS = (*FIRST_COMMANDS, ("idle", "--by", "iteration"), ("launches",), ("stats", "-r", "nvtx_gpu_proj_sum"),
             ("stats", "-r", "cuda_kern_exec_sum"), ("comm",), ("overlap",), ("ranks",))
 """Commands that must work (or refuse in one line) on an accepted mutant, the mutant's trace being
 the latest loaded, so each runs on it by default."""
@@ -668,7 +669,7 @@ class Harness:
     None: no store, for making mutants only)."""
 
     def __init__(self, files: Sequence[Path], seed: str, workdir: Path, mutations: Sequence[Mutation] = MUTATIONS,
-                 base: Path | None = BASE_TRACE):
+                 base: Path | None = BASE_TRACE, commands: Sequence[tuple[str, ...]] = COMMANDS):
         from typer.testing import CliRunner
 
         from traceq.cli import app
@@ -678,6 +679,7 @@ class Harness:
         self.formats = {p: trace_format(p) for p in self.files}
         self.seed = seed
         self.mutations = list(mutations)
+        self.commands = list(commands)
         self.work = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.base = workdir / "base.duckdb"
@@ -730,7 +732,7 @@ class Harness:
             outcome.result, outcome.message = "loaded", load.stdout.strip()
             if _fingerprint(db, 1) != self.base_rows:
                 outcome.problems.append("the earlier trace changed")
-            for command in COMMANDS:
+            for command in self.commands:
                 extra = ["-o", str(self.work / "report.html")] if command == ("report",) else []
                 self._invoke([*command, "--db", str(db), *extra], " ".join(command), outcome)
         outcome.seconds = round(time.perf_counter() - started, 3)
