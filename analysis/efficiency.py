@@ -415,7 +415,8 @@ def kernel_precisions(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl
     from traceq.analysis.classify import classify_names
     from traceq.analysis.flops import kernel_op_rows
 
-    names = classify_names(kernels["name"].unique()).select("name", "tensor_cores", name_precision="precision")
+    names = (classify_names(kernels["name"].unique().cast(pl.String))  # names may come categorical
+             .select(pl.col("name").cast(kernels.schema["name"]), "tensor_cores", name_precision="precision"))
     dtypes = kernel_op_rows(con, trace_id).select("kernel_id", "dtype")
     k = kernels.select("kernel_id", "name").join(names, on="name", how="left").join(dtypes, on="kernel_id", how="left")
     return _with_precision(k, None).select("kernel_id", "tensor_cores", "precision", "precision_from")

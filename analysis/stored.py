@@ -119,7 +119,9 @@ def attribute_trace(con: duckdb.DuckDBPyConnection, trace_id: int) -> float:
                           "run `traceq attribute` without --rules (and without $TRACEQ_RULES)")
     t = int(trace_id)
     kernels, names, contexts = kernel_contexts(con, t, ("dur_ns",), ordered=False, stored=False)
-    precisions = kernel_precisions(con, t, kernels.select(kernel_id="id", name=names["name"].gather(kernels["name_row"])))
+    # the names as categories: a million launches' names gathered as text took 300 MB
+    precisions = kernel_precisions(con, t, kernels.select(
+        kernel_id="id", name=names["name"].cast(pl.Categorical).gather(kernels["name_row"])))
     # a kept context is a computed one with the kernel's precision: still a few thousand
     per_kernel = (kernels.select("id", "context").sort("id")  # context ids numbered in kernel order: the same every load
                   .join(precisions.rename({"kernel_id": "id"}), on="id", how="left", maintain_order="left")
