@@ -8,10 +8,12 @@ caller commits: loads run in one transaction (see traceq.ingest).
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
@@ -210,6 +212,23 @@ def first_row(con: duckdb.DuckDBPyConnection, sql: str, params: object = None) -
     """The first row of a query, or None; fetches everything so the connection is free again."""
     rows = con.execute(sql, params).fetchall() if params is not None else con.execute(sql).fetchall()
     return rows[0] if rows else None
+
+
+_unique = itertools.count()
+
+
+@contextmanager
+def registered(con: duckdb.DuckDBPyConnection, **frames: object) -> Iterator[dict[str, str]]:
+    """Polars frames or Arrow tables as DuckDB views for the queries of a `with` block, under
+    names no one else uses (key -> view name); unregistered when it ends, whatever happens."""
+    names = {key: f"_traceq_{key}_{next(_unique)}" for key in frames}
+    for key, frame in frames.items():
+        con.register(names[key], frame)
+    try:
+        yield names
+    finally:
+        for name in names.values():
+            con.unregister(name)
 
 
 def _by_name_or_id(con: duckdb.DuckDBPyConnection, table: str, key: str, ref: str | None, empty: str) -> tuple | None:

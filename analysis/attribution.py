@@ -46,7 +46,6 @@ and checks the two agree on random traces. The SQL pieces below are shared with 
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -56,6 +55,7 @@ import polars as pl
 from traceq.analysis.graphs import kernel_points_sql, replay_iterations
 from traceq.analysis.inference import infer_layers
 from traceq.analysis.nesting import in_start_order, null_if_negative, thread_chains
+from traceq.store import registered
 
 ITERATION_REGEX = r"(?i)^\s*(iteration|iter|step|ProfilerStep)[\s_#]*\d+\s*$"
 """Range names that mark one training step: 'iteration 0', 'step 12', Kineto's 'ProfilerStep#3'."""
@@ -401,7 +401,7 @@ def _by_time(
     with the segment's start as the point, numbered by value. Returns (by_time: context,
     iteration, stage, startend_layer, time_innermost, prefix, one row per distinct context; the
     context of each segment, by segment id)."""
-    with _registered(con, segments=segments, by_time_ranges=by_time_ranges) as rel, _real_asof_joins(con):
+    with registered(con, segments=segments, by_time_ranges=by_time_ranges) as rel, _real_asof_joins(con):
         by_time = con.sql(f"""
             WITH pts AS (SELECT * FROM {rel['segments']}),
             by_time_ranges AS (SELECT * FROM {rel['by_time_ranges']}),
@@ -419,7 +419,7 @@ def _contexts(
 ) -> pl.DataFrame:
     """The result columns for each (chain, by-time context) pair of `combos`, in combo order:
     the all-SQL form's rules, applied to chains (as ranges) instead of ranges."""
-    with _registered(con, names=names, chains=chains, by_time=by_time, combos=combos,
+    with registered(con, names=names, chains=chains, by_time=by_time, combos=combos,
                      forward_names=forward_names) as rel:
         return con.sql(f"""
             WITH RECURSIVE
@@ -442,22 +442,6 @@ def _contexts(
             {_result_sql(paths)}
             ORDER BY id
         """).pl().drop("id")
-
-
-_unique = itertools.count()
-
-
-@contextmanager
-def _registered(con: duckdb.DuckDBPyConnection, **frames: pl.DataFrame) -> Iterator[dict[str, str]]:
-    """Polars frames as DuckDB views for one query, under names no one else uses."""
-    names = {key: f"_traceq_{key}_{next(_unique)}" for key in frames}
-    for key, frame in frames.items():
-        con.register(names[key], frame)
-    try:
-        yield names
-    finally:
-        for name in names.values():
-            con.unregister(name)
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ from functools import lru_cache
 import duckdb
 import polars as pl
 
+from traceq.store import registered
+
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "send_recv")
 """The collectives traceq names, as `traceq comm` lists them."""
 
@@ -179,13 +181,12 @@ def comm_kernels(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
              "group": pl.String, "launch_tid": pl.Int64, "launch_ns": pl.Int64}
     if names.is_empty():
         return pl.DataFrame(schema=empty)
-    con.register("_traceq_comm_names", names.to_arrow())
-    try:
+    with registered(con, comm_names=names) as rel:
         frame = con.sql(f"""
             WITH k AS (
                 SELECT k.kernel_id, k.pid, k.device_id, k.stream_id, k.start_ns, k.end_ns, n.collective AS by_name,
                        k.launch_tid, k.launch_start_ns
-                FROM kernel_launches k JOIN _traceq_comm_names n USING (name)
+                FROM kernel_launches k JOIN {rel['comm_names']} n USING (name)
                 WHERE k.trace_id = {t}
             ),
             around AS (  -- the innermost collective op or annotation around the launching call
@@ -207,8 +208,6 @@ def comm_kernels(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
             LEFT JOIN around a ON a.kernel_id = k.kernel_id AND a.inner_first = 1
             ORDER BY k.start_ns, k.kernel_id
         """).pl()
-    finally:
-        con.unregister("_traceq_comm_names")
     sizes = frame["dtype"].map_elements(dtype_bytes, return_dtype=pl.Int64)
     # without a process group, a communicator is told by its stream: the k-th stream a rank's
     # communication kernels used, in order of first use (NCCL gives each communicator its own)

@@ -26,7 +26,7 @@ from traceq.analysis.attribution import kernel_attribution
 from traceq.analysis.classify import classify_names
 from traceq.analysis.modelspec import load_spec, spec_layer_flops
 from traceq.errors import MissingDataError
-from traceq.store import first_row
+from traceq.store import first_row, registered
 
 __all__ = ["FLOP_OPS", "kernel_flops", "kernel_op_rows", "layer_flops", "load_spec", "op_flops", "op_shapes",
            "spec_layer_flops"]
@@ -315,8 +315,6 @@ def _kineto_op_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFr
     The operators' text columns stay in DuckDB: Python counts the FLOPs of each distinct
     (op, Input Dims, Concrete Inputs) and the dtype of each distinct Input type, a few thousand
     where a trace has hundreds of thousands of operators."""
-    from traceq.analysis.attribution import _registered
-
     flop_ops = ", ".join(f"'{op}'" for op in FLOP_OPS)
     t = int(trace_id)
     ops_cte = f"""
@@ -335,7 +333,7 @@ def _kineto_op_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFr
                                                  dtype=pl.Int64)).filter(pl.col("flops").is_not_null())
     types = con.sql(f"{ops_cte} SELECT DISTINCT input_types FROM outermost").pl()
     types = types.with_columns(dtype=pl.Series([_operator_dtype(t) for t in types["input_types"]], dtype=pl.String))
-    with _registered(con, shapes=shapes, types=types) as rel:
+    with registered(con, shapes=shapes, types=types) as rel:
         return con.sql(f"""{ops_cte},
             counted AS (
                 SELECT o.pid, o.tid, o.start_ns, o.end_ns, o.op, s.flops, ty.dtype

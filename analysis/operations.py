@@ -19,6 +19,7 @@ import duckdb
 import polars as pl
 
 from traceq.ingest.launches import LAUNCH_COLUMNS
+from traceq.store import registered
 
 KINDS = ("kernel", "memcpy", "memset")
 """`kind` codes of `gpu_work`: 0 kernel, 1 memcpy, 2 memset."""
@@ -124,11 +125,8 @@ def api_calls(con: duckdb.DuckDBPyConnection, trace_id: int, pattern: re.Pattern
     if among is None:
         calls = con.sql(query).pl()
     else:  # a semi-join: DuckDB reads only the calls with these ids
-        con.register("_traceq_among", among.drop_nulls().unique().to_frame("correlation_id").to_arrow())
-        try:
-            calls = con.sql(f"{query} AND correlation_id IN (SELECT correlation_id FROM _traceq_among)").pl()
-        finally:
-            con.unregister("_traceq_among")
+        with registered(con, among=among.drop_nulls().unique().to_frame("correlation_id")) as rel:
+            calls = con.sql(f"{query} AND correlation_id IN (SELECT correlation_id FROM {rel['among']})").pl()
     return calls.select(*by_row(threads, "thread_id", calls["thread_id"], ("pid", "tid")), "correlation_id",
                         "start_ns", "end_ns", "name_id")
 

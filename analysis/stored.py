@@ -28,6 +28,7 @@ import polars as pl
 
 from traceq.analysis.attribution import ITERATION_REGEX
 from traceq.analysis.classify import RULES_ENV, default_rules
+from traceq.store import registered
 
 LOAD_MAX_KERNELS = 1_000_000
 """`traceq load` keeps the attribution of traces up to this many kernels (about a second per
@@ -135,20 +136,13 @@ def attribute_trace(con: duckdb.DuckDBPyConnection, trace_id: int) -> float:
     classes = names.unique("name", keep="first", maintain_order=True).select("name", "library", "operation")
     for name in KEPT_TABLES:
         con.execute(f"DELETE FROM {name} WHERE trace_id = ?", [t])
-    con.register("_traceq_kept_ids", ids)
-    con.register("_traceq_kept_contexts", table)
-    con.register("_traceq_kept_classes", classes)
-    try:
-        con.execute(f"INSERT INTO kernel_classes SELECT {t}, name, library, operation FROM _traceq_kept_classes "
+    with registered(con, ids=ids, contexts=table, classes=classes) as rel:
+        con.execute(f"INSERT INTO kernel_classes SELECT {t}, name, library, operation FROM {rel['classes']} "
                     "ORDER BY name")
-        con.execute(f"INSERT INTO kernel_attribution SELECT {t}, kernel_id, context_id FROM _traceq_kept_ids "
+        con.execute(f"INSERT INTO kernel_attribution SELECT {t}, kernel_id, context_id FROM {rel['ids']} "
                     "ORDER BY kernel_id")
         con.execute(f"INSERT INTO kernel_contexts SELECT {t}, context_id, layer, pass, iteration, stage, library, "
-                    "precision, precision_from, attribution FROM _traceq_kept_contexts ORDER BY context_id")
-    finally:
-        con.unregister("_traceq_kept_ids")
-        con.unregister("_traceq_kept_contexts")
-        con.unregister("_traceq_kept_classes")
+                    f"precision, precision_from, attribution FROM {rel['contexts']} ORDER BY context_id")
     seconds = time.perf_counter() - started
     con.execute("INSERT INTO attributions VALUES (?, ?, ?, ?, ?)", [t, ITERATION_REGEX, wanted, seconds, len(ids)])
     return seconds
