@@ -326,12 +326,13 @@ def _kineto_op_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFr
                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
         ),
         outermost AS (SELECT * EXCLUDE (cover) FROM o WHERE cover IS NULL OR cover < end_ns)"""
-    shapes = con.sql(f"{ops_cte} SELECT DISTINCT op, input_dims, concrete_inputs FROM outermost").pl()
-    if shapes.is_empty():
+    distinct = con.sql(f"{ops_cte} SELECT DISTINCT op, input_dims, concrete_inputs, input_types FROM outermost").pl()
+    if distinct.is_empty():
         return _empty_op_flops()
+    shapes = distinct.select("op", "input_dims", "concrete_inputs").unique()
     shapes = shapes.with_columns(flops=pl.Series([_operator_flops(*row) for row in shapes.iter_rows()],
                                                  dtype=pl.Int64)).filter(pl.col("flops").is_not_null())
-    types = con.sql(f"{ops_cte} SELECT DISTINCT input_types FROM outermost").pl()
+    types = distinct.select("input_types").unique()
     types = types.with_columns(dtype=pl.Series([_operator_dtype(t) for t in types["input_types"]], dtype=pl.String))
     with registered(con, shapes=shapes, types=types) as rel:
         return con.sql(f"""{ops_cte},
