@@ -336,12 +336,26 @@ def test_ctrl_c_inside_a_query_is_one_line_and_the_store_as_it_was(
     assert _invoke("load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db)).exit_code == 0
     before = _digest(db)
 
+    done = threading.Event()
+
+    def interrupt() -> None:  # Ctrl-C every 0.3 s until the query stops (one could land before it runs)
+        while not done.wait(0.3):
+            os.kill(os.getpid(), signal.SIGINT)
+
     def slow_summary(con, trace_id: int) -> None:  # a query long enough to be interrupted inside
-        threading.Timer(0.3, os.kill, [os.getpid(), signal.SIGINT]).start()
-        con.execute("SELECT count(*) FROM range(100000000000)").fetchall()
+        threading.Thread(target=interrupt, daemon=True).start()
+        try:
+            con.execute("SELECT count(*) FROM range(100000000000)").fetchall()
+        finally:
+            done.set()
 
     monkeypatch.setattr(traceq.ingest, "build_kernel_summary", slow_summary)
-    result = _invoke("load", str(sample("alexnet_b128_cudnn.sqlite")), "--db", str(db))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in a shell
+    try:
+        result = _invoke("load", str(sample("alexnet_b128_cudnn.sqlite")), "--db", str(db))
+    finally:
+        done.set()
+        signal.signal(signal.SIGINT, previous)
     assert (result.exit_code, result.stderr) == (130, "traceq: interrupted\n"), result.output
     assert _digest(db) == before
 
