@@ -18,6 +18,8 @@ import traceq
 from traceq.analysis.choices import StatsReport
 from traceq.cli import app
 
+pytestmark = pytest.mark.xdist_group("api")  # one worker builds its module fixtures once (--dist loadgroup)
+
 runner = CliRunner()
 SAMPLE_FILES = sorted([*SAMPLES.glob("*.sqlite"), *SAMPLES.glob("*.json"), *SAMPLES.glob("*_kineto.json.gz")])
 SPEC = str(SAMPLES / "alexnet.model.toml")

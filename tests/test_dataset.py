@@ -25,6 +25,8 @@ from typer.testing import CliRunner
 
 from traceq.cli import app
 
+pytestmark = pytest.mark.xdist_group("dataset")  # one worker builds its module fixtures once (--dist loadgroup)
+
 pytest.importorskip("distributed")  # the test extra installs it; CI runs these
 
 runner = CliRunner()

@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 from traceq.cli import app
 from traceq.store import schema_markdown
 
+pytestmark = pytest.mark.xdist_group("docs")  # one worker builds its module fixtures once (--dist loadgroup)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -10,6 +10,8 @@ from conftest import SAMPLES, shared_files, source_count
 from traceq.ingest import load_trace
 from traceq.store import open_store
 
+pytestmark = pytest.mark.xdist_group("ingest_nsys")  # one worker builds its module fixtures once (--dist loadgroup)
+
 NSYS_FILES = (
     sorted(SAMPLES.glob("*.sqlite"))
     + shared_files("reference", "*.sqlite")

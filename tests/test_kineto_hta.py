@@ -16,6 +16,8 @@ from conftest import shared
 from traceq.ingest import load_trace
 from traceq.store import open_store
 
+pytestmark = pytest.mark.xdist_group("kineto_hta")  # one worker builds its module fixtures once (--dist loadgroup)
+
 NS_RESOLUTION = "facebookresearch__HolisticTraceAnalysis__ns_resolution_trace__rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
 TRITON = "facebookresearch__HolisticTraceAnalysis__triton_example.json.gz"
 NCCL = "facebookresearch__HolisticTraceAnalysis__nccl_parser_config__nccl_data.json.gz"

@@ -18,6 +18,8 @@ from traceq.analysis.layers import layer_times, stage_times
 from traceq.cli import app
 from traceq.store import open_store
 
+pytestmark = pytest.mark.xdist_group("kineto_layers")  # one worker builds its module fixtures once (--dist loadgroup)
+
 KINETO = ("alexnet_b256_fp32_layers_kineto", "alexnet_b256_amp_layers_kineto", "resnet50_b32_amp_layers_kineto")
 
 

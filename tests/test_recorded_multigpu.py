@@ -28,6 +28,8 @@ from traceq.analysis.links import run_link
 from traceq.cli import app
 from traceq.store import open_store, resolve_run
 
+pytestmark = pytest.mark.xdist_group("recorded_multigpu")  # one worker builds its module fixtures once (--dist loadgroup)
+
 RECORDINGS = {"ddp": "ddp_resnet50_2gpu", "fsdp": "fsdp_transformer_2gpu"}
 RUNS = {f"{model}_{profiler}": (model, profiler) for model in RECORDINGS for profiler in ("nsys", "kineto")}
 

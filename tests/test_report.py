@@ -18,6 +18,8 @@ from traceq.cli import app
 from traceq.render import figures
 from traceq.render.report import FIGURE_KEYS, RUN_FIGURE_KEYS, build_report
 
+pytestmark = pytest.mark.xdist_group("report")  # one worker builds its module fixtures once (--dist loadgroup)
+
 runner = CliRunner()
 SPEC = sample("alexnet.model.toml")
 PAIR = ["alexnet_b256_cudnn", "alexnet_b256_nocudnn"]

@@ -19,6 +19,8 @@ from conftest import SAMPLES, ncu_layer, ncu_rows, shared_files
 from traceq.analysis.classify import classify
 from traceq.analysis.tiles import DEFAULT_TILE, kernel_tile
 
+pytestmark = pytest.mark.xdist_group("tiles")  # one worker builds its module fixtures once (--dist loadgroup)
+
 # Name families whose names carry no tile: they get the default and the flag. A new family here
 # needs a reason; a name with a tile in it that the rules miss fails below instead.
 NO_TILE_IN_NAME = re.compile(

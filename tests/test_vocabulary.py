@@ -16,6 +16,8 @@ from typer.testing import CliRunner
 from traceq.cli import app
 from traceq.render.columns import COLUMNS, SIDES
 
+pytestmark = pytest.mark.xdist_group("vocabulary")  # one worker builds its module fixtures once (--dist loadgroup)
+
 runner = CliRunner()
 STAGES = ("data copy", "forward", "backward", "weight update")
 """The training stages, as the paper names them and every table and figure writes them."""
