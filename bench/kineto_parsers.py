@@ -19,11 +19,20 @@ are printed. On a shared machine compare CPU seconds. The ways:
 - `pyarrow-insert`: the same with every staged key that has one JSON type in HTA's traces
   (pid and tid do not: `"Spans"`, `"PyTorch Profiler"`; `Input Dims` nests to any depth),
   inserted into a DuckDB table with times as integer ns: a lower bound for a pyarrow path.
+- `polars`: `polars.read_ndjson` with a schema of the top-level keys (times as strings, which
+  Polars writes from the numbers' text) and an `args` struct of the keys the GPU events and
+  operators need (`Input Dims`/`Input type` as strings), on the same one-event-per-line chunks:
+  the parse alone, nothing stored.
+- `msgspec`: `msgspec.json.Decoder(list[Event])` with typed structs of the same keys (times and
+  arrays kept as raw JSON text, `msgspec.Raw`, so not parsed twice) on the JSON array chunks,
+  then one Python list per column: the parse alone, nothing stored. msgspec is not a traceq
+  dependency; the way is skipped where it is not installed (`pip install msgspec`, bench only).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import shutil
 import statistics
@@ -40,7 +49,7 @@ from traceq.ingest import json_events, kineto
 from traceq.ingest.base import LoadOptions
 from traceq.store import connect
 
-WAYS = ("duckdb", "duckdb-ndjson", "duckdb-batch256", "pyarrow", "pyarrow-insert")
+WAYS = ("duckdb", "duckdb-ndjson", "duckdb-batch256", "pyarrow", "pyarrow-insert", "polars", "msgspec")
 
 
 def parse(path: Path, way: str, folder: Path) -> str:
@@ -74,6 +83,18 @@ def parse(path: Path, way: str, folder: Path) -> str:
                 file.write_bytes(text)
             sql = kineto._stage_sql(files, batch.number << kineto._ROW_BITS, False)
             scratch.execute("INSERT INTO ev " + sql.replace("format = 'array'", "format = 'newline_delimited'"))
+    elif way == "polars":
+        import polars as pl
+
+        for batch in events:
+            for text in ndjson(batch):
+                pl.read_ndjson(io.BytesIO(text), schema=_polars_schema())
+    elif way == "msgspec":
+        decode = _msgspec_decoder()
+        for batch in events:
+            for chunk in batch.chunks:
+                rows = decode(b"[" + b"".join(chunk) + b"]")
+                columns = {key: [getattr(row, key) for row in rows] for key in rows[0].__struct_fields__}  # noqa: F841
     else:
         schema = _ARROW_FULL if way == "pyarrow-insert" else _ARROW_SMALL
         for batch in events:
@@ -83,7 +104,7 @@ def parse(path: Path, way: str, folder: Path) -> str:
                     scratch.execute("CREATE TABLE IF NOT EXISTS ev AS " + _ARROW_ROWS + " LIMIT 0")
                     scratch.execute("INSERT INTO ev " + _ARROW_ROWS)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    rows = scratch.execute("SELECT count(*) FROM ev").fetchone()[0] if way != "pyarrow" else 0
+    rows = scratch.execute("SELECT count(*) FROM ev").fetchone()[0] if way not in ("pyarrow", "polars", "msgspec") else 0
     return f"{way} {cpu:.2f} {wall:.2f} {rows}"
 
 
@@ -104,6 +125,37 @@ def _arrow_schemas() -> tuple[pa.Schema, pa.Schema]:
             pa.schema(top + [("args", pa.struct(every + lists))]))
 
 
+_ARGS = {"correlation": int, "External id": int, "device": int, "stream": int, "registers per thread": int,
+         "shared memory": int, "est. achieved occupancy %": float, "bytes": int, "flops": int,
+         "Sequence number": int}
+_ARG_ARRAYS = ("grid", "block", "Input Dims", "Input type")
+
+
+def _polars_schema() -> dict:
+    import polars as pl
+
+    kinds = {int: pl.Int64, float: pl.Float64}
+    args = {key: kinds[kind] for key, kind in _ARGS.items()} | {"grid": pl.List(pl.Int64), "block": pl.List(pl.Int64),
+                                                             "Input Dims": pl.String, "Input type": pl.String}
+    return {key: pl.String for key in ("ph", "cat", "name", "pid", "tid", "ts", "dur")} | {"args": pl.Struct(args)}
+
+
+def _msgspec_decoder():
+    import msgspec
+
+    def attribute(key: str) -> str:
+        return "a_" + "".join(c if c.isalnum() else "_" for c in key)
+
+    raw = msgspec.Raw()
+    args = msgspec.defstruct("Args", [(attribute(k), kind | None, msgspec.field(default=None, name=k))
+                                      for k, kind in _ARGS.items()]
+                             + [(attribute(k), msgspec.Raw, msgspec.field(default=raw, name=k)) for k in _ARG_ARRAYS])
+    event = msgspec.defstruct("Event", [(k, str | None, None) for k in ("ph", "cat", "name")]
+                              + [(k, msgspec.Raw, raw) for k in ("pid", "tid", "ts", "dur")]
+                              + [("args", args | None, None)])
+    return msgspec.json.Decoder(list[event]).decode
+
+
 _ARROW_ROWS = ("SELECT ph, cat, name, CAST(ts * 1000 AS BIGINT) AS ts_ns, CAST(dur * 1000 AS BIGINT) AS dur_ns, "
                "args.* FROM \"table\"")
 
@@ -122,6 +174,9 @@ def main() -> None:
         finally:
             shutil.rmtree(folder)
         return
+    if "msgspec" in args.ways and importlib.util.find_spec("msgspec") is None:
+        print("msgspec is not installed: that way is skipped", flush=True)
+        args.ways.remove("msgspec")
     results: dict[str, list[tuple[float, float]]] = {way: [] for way in args.ways}
     for _ in range(args.reps):
         for way in args.ways:
