@@ -225,10 +225,22 @@ def _launch_groups(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | N
     """`launch_ru`'s columns (but layer, pass) for groups of launches with one name, shape and grid:
     instances, dur_ns (their total), longest_ns and first_kernel (the first of the longest)."""
     limits = device_limits(con, trace_id, cc, sms)
+    t = int(trace_id)
+    # by the launches' ids first (name, configuration, queue: ten million rows, no join), then the
+    # few groups named and merged by what the columns say
     groups = con.sql(f"""
-        SELECT name, grid_blocks, {', '.join(_SHAPE)}, kineto_occupancy_pct, count(*) AS instances, sum(dur_ns) AS dur_ns,
-               max(dur_ns) AS longest_ns, arg_min(kernel_id, (-dur_ns, kernel_id)) AS first_kernel
-        FROM kernels WHERE trace_id = {int(trace_id)}
+        SELECT n.name, c.grid_x::BIGINT * c.grid_y * c.grid_z AS grid_blocks, q.device_id,
+               c.block_x * c.block_y * c.block_z AS block_threads, c.registers_per_thread, c.smem_static_bytes,
+               c.smem_dynamic_bytes, c.smem_carveout_bytes, c.kineto_occupancy_pct, sum(g.instances)::BIGINT AS instances,
+               sum(g.dur_ns) AS dur_ns, max(g.longest_ns) AS longest_ns,
+               arg_min(g.first_kernel, (-g.longest_ns, g.first_kernel)) AS first_kernel
+        FROM (SELECT name_id, config_id, queue_id, count(*) AS instances, sum(end_ns - start_ns) AS dur_ns,
+                     max(end_ns - start_ns) AS longest_ns,
+                     arg_min(kernel_id, (start_ns - end_ns, kernel_id)) AS first_kernel
+              FROM kernel_events WHERE trace_id = {t} GROUP BY ALL) g
+        JOIN kernel_names n ON n.trace_id = {t} AND n.name_id = g.name_id
+        JOIN kernel_configs c ON c.trace_id = {t} AND c.config_id = g.config_id
+        JOIN kernel_queues q ON q.trace_id = {t} AND q.queue_id = g.queue_id
         GROUP BY ALL""").pl()
     if library:
         from traceq.analysis.classify import classify_names
