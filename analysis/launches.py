@@ -15,7 +15,7 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from traceq.analysis.operations import BATCH_ROWS, with_calls
+from traceq.analysis.operations import BATCH_ROWS, gpu_work_sql, with_calls
 from traceq.store import first_row
 from traceq.ingest.launches import LAUNCH_COLUMNS
 
@@ -54,13 +54,6 @@ def _launched(con: duckdb.DuckDBPyConnection, trace_id: int, work: pl.DataFrame 
     return kernels, names
 
 
-def _stats(column: str, prefix: str) -> list[pl.Expr]:
-    c = pl.col(column)
-    return [c.mean().alias(f"{prefix}_avg_ns"), c.median().alias(f"{prefix}_median_ns"),
-            c.min().alias(f"{prefix}_min_ns"), c.max().alias(f"{prefix}_max_ns"),
-            c.std().fill_null(0.0).alias(f"{prefix}_stddev_ns")]  # 0 for none, as nsys
-
-
 def kern_exec_sum(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
     """`nsys stats --report cuda_kern_exec_sum`: one row per launching process and thread,
     device, API and kernel name, by mean total time.
@@ -68,22 +61,28 @@ def kern_exec_sum(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame
     Columns: pid, tid, device_id, count, queued (launches with a positive queue time, those the
     queue statistics cover), then avg, median, min, max and stddev (sample) of total, API, queue
     and kernel time (`total_avg_ns` ... `kernel_stddev_ns`), api_name (nsys's spelling, see
-    `stats.api_name`), kernel_name.
+    `stats.api_name`), kernel_name. Aggregated in DuckDB where the kernels lie
+    (`operations.gpu_work_sql`): ten million launches never reach Polars.
     """
-    from traceq.analysis.stats import api_name
+    from traceq.analysis.stats import api_name, statistics
 
-    kernels, names = _launched(con, trace_id)
-    keys = ["pid", "tid", "device_id", "call_name_id", "name_id"]
-    table = kernels.group_by(keys).agg(
-        pl.len().cast(pl.Int64).alias("count"), pl.col("queue_ns").count().cast(pl.Int64).alias("queued"),
-        *_stats("total_ns", "total"), *_stats("api_ns", "api"), *_stats("queue_ns", "queue"),
-        *_stats("kernel_ns", "kernel"))
     t = int(trace_id)
-    api = con.sql(f"SELECT name_id AS call_name_id, {api_name('name')} AS api_name FROM api_names "
-                  f"WHERE trace_id = {t}").pl()
-    kernel = con.sql(f"SELECT name_id, name AS kernel_name FROM kernel_names WHERE trace_id = {t}").pl()
-    table = table.join(api, on="call_name_id", how="left").join(kernel, on="name_id", how="left")
-    return table.sort(["total_avg_ns", "kernel_name"], descending=[True, False]).drop("call_name_id", "name_id")
+    with gpu_work_sql(con, t) as work:
+        return con.sql(f"""
+            SELECT s.* EXCLUDE (call_name_id, name_id), {api_name('a.name')} AS api_name, k.name AS kernel_name
+            FROM (SELECT pid, tid, device_id, call_name_id, name_id, count(*) AS count, count(queue_ns) AS queued,
+                         {statistics('total_ns', 'ns', 'total_')}, {statistics('api_ns', 'ns', 'api_')},
+                         {statistics('queue_ns', 'ns', 'queue_')}, {statistics('kernel_ns', 'ns', 'kernel_')}
+                  FROM (SELECT pid, tid, device_id, call_name_id, item AS name_id,
+                               call_end_ns - call_start_ns AS api_ns,
+                               CASE WHEN start_ns >= call_end_ns THEN start_ns - call_end_ns END AS queue_ns,
+                               end_ns - start_ns AS kernel_ns,
+                               greatest(call_end_ns, end_ns) - call_start_ns AS total_ns
+                        FROM {work} WHERE kind = 0 AND call_start_ns IS NOT NULL)
+                  GROUP BY pid, tid, device_id, call_name_id, name_id) s
+            LEFT JOIN api_names a ON a.trace_id = {t} AND a.name_id = s.call_name_id
+            LEFT JOIN kernel_names k ON k.trace_id = {t} AND k.name_id = s.name_id
+            ORDER BY total_avg_ns DESC, kernel_name""").pl()
 
 
 def launch_table(con: duckdb.DuckDBPyConnection, trace_id: int, work: pl.DataFrame | None = None

@@ -14,6 +14,8 @@ timeline.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import duckdb
 import polars as pl
@@ -47,30 +49,72 @@ def gpu_work(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFram
     tid, call_start_ns, call_end_ns and call_name_id (`with_calls`). memops: op, copy_kind,
     src_kind, dst_kind, bytes (one row per memcpy/memset, `item` of ops points here).
     """
+    t = int(trace_id)
+    kernels = _kernels(con, t, "TRUE")
+    copies, memops = _copies(con, t, kernels.schema)
+    # one chunk: the analyses gather from it at millions of rows, several times faster than from many
+    ops = pl.concat([with_calls(con, t, kernels), with_calls(con, t, copies)], rechunk=True)
+    return ops, memops
+
+
+@contextmanager
+def gpu_work_sql(con: duckdb.DuckDBPyConnection, trace_id: int) -> Iterator[str]:
+    """`gpu_work`'s ops as a DuckDB relation (SQL text, for a `with` block), for queries that
+    aggregate them where they lie instead of reading millions of rows into Polars: the kernels
+    whose calls the load stored are read from the store; the rest (copies and sets, kernels
+    without a stored call) are looked up as `gpu_work` does and registered as a view."""
+    t = int(trace_id)
+    node = "e.graph_node_id" if _graph_nodes(con, t) else "NULL::BIGINT"
+    lacking = _kernels(con, t, "e.launch_start_ns IS NULL")
+    copies, _ = _copies(con, t, lacking.schema)
+    looked_up = pl.concat([with_calls(con, t, lacking), with_calls(con, t, copies)])
+    with registered(con, looked_up=looked_up) as view:
+        yield f"""(
+            SELECT 0::UTINYINT AS kind, e.name_id::UINTEGER AS item, q.device_id, q.stream_id, q.pid,
+                   e.correlation_id, e.start_ns, e.end_ns, {node} AS graph_node_id, a.tid,
+                   e.launch_start_ns AS call_start_ns, e.launch_end_ns AS call_end_ns,
+                   e.launch_name_id AS call_name_id
+            FROM kernel_events e JOIN kernel_queues q ON q.trace_id = {t} AND q.queue_id = e.queue_id
+            LEFT JOIN api_threads a ON a.trace_id = {t} AND a.thread_id = e.launch_thread_id
+            WHERE e.trace_id = {t} AND e.launch_start_ns IS NOT NULL
+            UNION ALL SELECT * FROM {view['looked_up']})"""
+
+
+def _graph_nodes(con: duckdb.DuckDBPyConnection, trace_id: int) -> bool:
     from traceq.analysis.graphs import has_graph_nodes
 
+    return has_graph_nodes(con, trace_id)
+
+
+def _kernels(con: duckdb.DuckDBPyConnection, trace_id: int, where: str) -> pl.DataFrame:
+    """The trace's kernels that meet `where` (SQL over kernel_events e), `with_calls`' input:
+    kind, item, device_id, stream_id, pid, correlation_id, start_ns, end_ns, graph_node_id (only
+    graph traces pay for it) and the LAUNCH_COLUMNS."""
     t = int(trace_id)
-    node = "e.graph_node_id" if has_graph_nodes(con, t) else "NULL::BIGINT"  # only graph traces pay for it
+    node = "graph_node_id" if _graph_nodes(con, t) else "NULL::BIGINT"
     # the queue (device, stream, process) of each kernel by row number into the few queues, not a join
     queues = con.sql(f"SELECT queue_id, device_id, stream_id, pid FROM kernel_queues WHERE trace_id = {t} "
                      f"ORDER BY queue_id").pl()
     kernels = con.sql(f"""
         SELECT name_id::UINTEGER AS item, queue_id, correlation_id, start_ns, end_ns,
-               {node.removeprefix("e.")} AS graph_node_id, {', '.join(LAUNCH_COLUMNS)}
-        FROM kernel_events WHERE trace_id = {t}""").pl(BATCH_ROWS)
+               {node} AS graph_node_id, {', '.join(LAUNCH_COLUMNS)}
+        FROM kernel_events e WHERE trace_id = {t} AND {where}""").pl(BATCH_ROWS)
     device_id, stream_id, pid = by_row(queues, "queue_id", kernels["queue_id"], ("device_id", "stream_id", "pid"))
-    kernels = kernels.select(pl.lit(0, pl.UInt8).alias("kind"), "item", device_id, stream_id, pid,
-                             *kernels.columns[2:])
+    return kernels.select(pl.lit(0, pl.UInt8).alias("kind"), "item", device_id, stream_id, pid,
+                          *kernels.columns[2:])
+
+
+def _copies(con: duckdb.DuckDBPyConnection, trace_id: int, schema: pl.Schema) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(the trace's memcpys and memsets as `_kernels` gives kernels, in `schema`, item their row
+    in table order; their details: op, copy_kind, src_kind, dst_kind, bytes)."""
     memops = con.sql(f"""
         SELECT CASE op WHEN 'memcpy' THEN 1 ELSE 2 END::UTINYINT AS kind, device_id, stream_id, pid,
                correlation_id, start_ns, end_ns, NULL::BIGINT AS graph_node_id, op, copy_kind, src_kind, dst_kind,
                bytes
-        FROM memops WHERE trace_id = {t}""").pl().with_row_index("item")
-    copies = (memops.with_columns(pl.lit(None).alias(c) for c in LAUNCH_COLUMNS).select(kernels.columns)
-              .cast(kernels.schema))  # kept apart until their calls are found: a lookup each
-    # one chunk: the analyses gather from it at millions of rows, several times faster than from many
-    ops = pl.concat([with_calls(con, t, kernels), with_calls(con, t, copies)], rechunk=True)
-    return ops, memops.select("op", "copy_kind", "src_kind", "dst_kind", "bytes")
+        FROM memops WHERE trace_id = {int(trace_id)}""").pl().with_row_index("item")
+    copies = (memops.with_columns(pl.lit(None).alias(c) for c in LAUNCH_COLUMNS).select(schema.names())
+              .cast(schema))  # kept apart until their calls are found: a lookup each
+    return copies, memops.select("op", "copy_kind", "src_kind", "dst_kind", "bytes")
 
 
 def by_row(table: pl.DataFrame, key: str, ids: pl.Series, columns: tuple[str, ...]) -> list[pl.Series]:

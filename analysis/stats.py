@@ -22,11 +22,13 @@ REPORTS = ("cuda_api_sum", "cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "cuda_g
 """The reports `stats_report` knows, by their nsys names."""
 
 
-def _statistics(value: str, suffix: str = "ns") -> str:
-    """avg, median, min, max and sample stddev of the SQL expression `value`."""
-    return (f"avg({value})::DOUBLE AS avg_{suffix}, quantile_cont({value}, 0.5)::DOUBLE AS median_{suffix}, "
-            f"min({value})::BIGINT AS min_{suffix}, max({value})::BIGINT AS max_{suffix}, "
-            f"coalesce(stddev_samp({value}), 0)::DOUBLE AS stddev_{suffix}")
+def statistics(value: str, suffix: str = "ns", prefix: str = "") -> str:
+    """avg, median, min, max and sample stddev of the SQL expression `value`, named
+    `{prefix}avg_{suffix}` and so on."""
+    return (f"avg({value})::DOUBLE AS {prefix}avg_{suffix}, "
+            f"quantile_cont({value}, 0.5)::DOUBLE AS {prefix}median_{suffix}, "
+            f"min({value})::BIGINT AS {prefix}min_{suffix}, max({value})::BIGINT AS {prefix}max_{suffix}, "
+            f"coalesce(stddev_samp({value}), 0)::DOUBLE AS {prefix}stddev_{suffix}")
 
 
 def _share(total: str = "total_ns") -> str:
@@ -48,7 +50,7 @@ def cuda_api_sum(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
         SELECT {_share()} AS pct, total_ns, calls, avg_ns, median_ns, min_ns, max_ns, stddev_ns,
                {api_name('name')} AS name
         FROM (SELECT n.name, sum(e.end_ns - e.start_ns)::BIGINT AS total_ns, count(*)::BIGINT AS calls,
-                     {_statistics('e.end_ns - e.start_ns')}
+                     {statistics('e.end_ns - e.start_ns')}
               FROM api_events e JOIN api_names n ON n.trace_id = e.trace_id AND n.name_id = e.name_id
               WHERE e.trace_id = {int(trace_id)} GROUP BY e.name_id, n.name)
         ORDER BY total_ns DESC, name""").pl()
@@ -72,7 +74,7 @@ def cuda_gpu_mem_time_sum(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.D
     return con.sql(f"""
         SELECT {_share()} AS pct, total_ns, count, avg_ns, median_ns, min_ns, max_ns, stddev_ns, operation
         FROM (SELECT {_MEMOP_NAME} AS operation, sum(dur_ns)::BIGINT AS total_ns, count(*)::BIGINT AS count,
-                     {_statistics('dur_ns')}
+                     {statistics('dur_ns')}
               FROM memops WHERE trace_id = {int(trace_id)} GROUP BY 1)
         ORDER BY total_ns DESC, operation""").pl()
 
@@ -83,7 +85,7 @@ def cuda_gpu_mem_size_sum(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.D
     return con.sql(f"""
         SELECT total_bytes, count, avg_bytes, median_bytes, min_bytes, max_bytes, stddev_bytes, operation
         FROM (SELECT {_MEMOP_NAME} AS operation, sum(bytes)::BIGINT AS total_bytes, count(*)::BIGINT AS count,
-                     {_statistics('bytes', 'bytes')}
+                     {statistics('bytes', 'bytes')}
               FROM memops WHERE trace_id = {int(trace_id)} GROUP BY 1)
         ORDER BY total_bytes DESC, operation""").pl()
 
@@ -98,7 +100,7 @@ def nvtx_sum(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
     return con.sql(f"""
         SELECT {_share()} AS pct, total_ns, instances, avg_ns, median_ns, min_ns, max_ns, stddev_ns, style, range
         FROM (SELECT {_RANGE_NAME} AS range, {_STYLE} AS style, sum(dur_ns)::BIGINT AS total_ns,
-                     count(*)::BIGINT AS instances, {_statistics('dur_ns')}
+                     count(*)::BIGINT AS instances, {statistics('dur_ns')}
               FROM nvtx WHERE trace_id = {int(trace_id)} AND kind IN ('pushpop', 'startend') AND end_ns IS NOT NULL
               GROUP BY 1, 2)
         ORDER BY total_ns DESC, range, style""").pl()
