@@ -22,7 +22,9 @@ import duckdb
 import polars as pl
 
 from traceq.analysis.nesting import range_tree
-from traceq.analysis.operations import gpu_work
+from traceq.analysis.intervals import last_at_or_before
+from traceq.analysis.operations import BATCH_ROWS, gpu_work_sql
+from traceq.store import registered
 
 
 def projected_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
@@ -38,33 +40,59 @@ def projected_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFr
                CASE kind WHEN 'pushpop' THEN 'PushPop' ELSE 'StartEnd' END AS style, pid, tid, start_ns, end_ns
         FROM nvtx WHERE trace_id = {t} AND kind IN ('pushpop', 'startend') AND end_ns IS NOT NULL
           AND (end_tid IS NULL OR end_tid = tid)""").pl()
-    ops, _ = gpu_work(con, t)
-    work = ops.select("pid", "correlation_id", "start_ns", "end_ns", "tid", "call_start_ns").drop_nulls("call_start_ns")
-    parts = []
-    for (pid, tid), mine in ranges.partition_by("pid", "tid", as_dict=True, maintain_order=True).items():
-        theirs = work.filter(pl.col("pid").eq_missing(pid) & pl.col("tid").eq_missing(tid))
-        if not theirs.is_empty():
-            parts.append(_thread_projection(mine, theirs))
-    if not parts:
+    threads, trees, segments = [], [], []
+    for mine in ranges.partition_by("pid", "tid", maintain_order=True):
+        mine = mine.sort("start_ns", "end_ns", descending=[False, True], maintain_order=True)
+        tree, segment = _thread_tree(mine, sum(len(done) for done in threads))
+        threads.append(mine)
+        trees.append(tree)
+        segments.append(segment)
+    if not threads:
         return pl.DataFrame(schema={**ranges.schema, "proj_start_ns": pl.Int64, "proj_end_ns": pl.Int64,
                                     "ops": pl.Int64, "level": pl.Int64, "children": pl.Int64})
-    return pl.concat(parts)
+    own = _own_work(con, t, pl.concat(segments))
+    return pl.concat([_thread_projection(mine, tree, own) for mine, tree in zip(threads, trees, strict=True)])
 
 
-def _thread_projection(ranges: pl.DataFrame, work: pl.DataFrame) -> pl.DataFrame:
-    """`projected_ranges` for one thread's ranges and the GPU work its calls issued."""
-    ranges = ranges.sort("start_ns", "end_ns", descending=[False, True], maintain_order=True)
-    depth, parent, innermost = range_tree(ranges["start_ns"], ranges["end_ns"], work["call_start_ns"])
-    # per range, what its own calls issued: first start, last end, calls
-    own = (work.with_columns(row=innermost).drop_nulls("row")
-           .group_by("row").agg(first=pl.col("start_ns").min(), last=pl.col("end_ns").max(),
-                                ops=pl.col("correlation_id").n_unique()))
-    n = ranges.height
-    first = pl.repeat(None, n, dtype=pl.Int64, eager=True).scatter(own["row"], own["first"])
-    last = pl.repeat(None, n, dtype=pl.Int64, eager=True).scatter(own["row"], own["last"])
-    ops = pl.repeat(0, n, dtype=pl.Int64, eager=True).scatter(own["row"], own["ops"].cast(pl.Int64))
-    tree = pl.DataFrame({"row": pl.int_range(0, n, eager=True), "parent": parent, "first": first, "last": last,
-                         "ops": ops, "depth": depth - 1})
+def _thread_tree(ranges: pl.DataFrame, offset: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """One thread's ranges (in start order) as a tree: (row, parent and depth (0 at the roots), the
+    rows numbered from `offset`; the thread's segments: pid, tid, at, row: from each time a range
+    starts or ends to the next such time, the innermost range open (`nesting.range_tree`; the
+    ranges started and ended, and so the innermost, stay the same all along a segment), null
+    where none is)."""
+    at = pl.concat([ranges["start_ns"], ranges["end_ns"]]).unique().sort()
+    depth, parent, innermost = range_tree(ranges["start_ns"], ranges["end_ns"], at)
+    tree = pl.DataFrame({"row": pl.int_range(offset, offset + ranges.height, eager=True),
+                         "parent": parent + offset, "depth": depth - 1})
+    thread = ranges.select("pid", "tid").head(1)
+    segments = thread.select(pl.all().repeat_by(len(at)).explode()).with_columns(at=at, row=innermost + offset)
+    return tree, segments
+
+
+def _own_work(con: duckdb.DuckDBPyConnection, trace_id: int, segments: pl.DataFrame) -> pl.DataFrame:
+    """Per range (a row of `segments`), the work of the calls made in it and in no range inside
+    it: row, first (start), last (end), ops (calls). Each operation finds its segment by its
+    call's thread and start (one binary search); only the columns needed are read, from where
+    the operations lie (`operations.gpu_work_sql`), of the threads that have ranges."""
+    threads = segments.select("pid", "tid").unique(maintain_order=True).with_row_index("thread")
+    with gpu_work_sql(con, trace_id) as work, registered(con, threads=threads) as view:
+        ops = con.sql(f"""
+            SELECT t.thread, w.correlation_id, w.start_ns, w.end_ns, w.call_start_ns
+            FROM {work} w JOIN {view['threads']} t ON w.pid IS NOT DISTINCT FROM t.pid AND w.tid IS NOT DISTINCT FROM t.tid
+            WHERE w.call_start_ns IS NOT NULL""").pl(BATCH_ROWS)
+    thread = segments.join(threads, on=["pid", "tid"], how="left", nulls_equal=True, maintain_order="left")["thread"]
+    at = last_at_or_before(thread, segments["at"], ops["thread"], ops["call_start_ns"])
+    return (ops.with_columns(row=segments["row"].gather(at)).drop_nulls("row")
+            .group_by("row").agg(first=pl.col("start_ns").min(), last=pl.col("end_ns").max(),
+                                 ops=pl.col("correlation_id").n_unique()))
+
+
+def _thread_projection(ranges: pl.DataFrame, tree: pl.DataFrame, own: pl.DataFrame) -> pl.DataFrame:
+    """`projected_ranges` for one thread's ranges, their tree (`_thread_tree`) and the work of
+    every range's own calls (`_own_work`): the sums passed up the tree."""
+    offset = tree["row"][0]
+    tree = (tree.join(own, on="row", how="left", maintain_order="left")
+            .with_columns(pl.col("row", "parent") - offset, ops=pl.col("ops").fill_null(0).cast(pl.Int64)))
     for depth in range(int(tree["depth"].max() or 0), 0, -1):  # pass each depth's sums up to its parents
         up = (tree.filter(pl.col("depth") == depth).group_by("parent")
               .agg(pl.col("first").min().alias("f"), pl.col("last").max().alias("l"), pl.col("ops").sum().alias("o")))
