@@ -663,20 +663,18 @@ class Trace:
                                iteration_regex=_regex(iteration_regex),
                                stages=(self._stages(iteration_regex), b._stages(iteration_regex)))
 
-    def _gaps(self, iteration_regex: str | None, work: tuple[pl.DataFrame, pl.DataFrame] | None = None
-              ) -> tuple[pl.DataFrame, dict[str, pl.Series]]:
+    def _gaps(self, iteration_regex: str | None) -> tuple[pl.DataFrame, dict[str, pl.Series]]:
         from traceq.analysis.gaps import gap_frame
 
         regex = _regex(iteration_regex)
-        return self._keep("gaps", (regex,), lambda: gap_frame(self.con, self.id, regex, work))
+        return self._keep("gaps", (regex,), lambda: gap_frame(self.con, self.id, regex))
 
-    def _idle(self, iteration_regex: str | None, work: tuple[pl.DataFrame, pl.DataFrame] | None = None
-              ) -> tuple[pl.DataFrame, IdleTotals]:
+    def _idle(self, iteration_regex: str | None) -> tuple[pl.DataFrame, IdleTotals]:
         from traceq.analysis.idle import idle_causes
 
         regex = _regex(iteration_regex)
         return self._keep("idle", (regex,), lambda: idle_causes(self.con, self.id, regex,
-                                                                 self._gaps(iteration_regex, work)))
+                                                                 self._gaps(iteration_regex)))
 
     def idle(self, by: IdleBy | str | None = None, *, iteration_regex: str | None = None) -> pl.DataFrame:
         """`traceq idle`: GPU idle time per cause (cause, gaps, total_ns, pct, span_pct,
@@ -693,10 +691,10 @@ class Trace:
         and `traceq advise`)."""
         return self._idle(iteration_regex)[1]
 
-    def _launches(self, work: tuple[pl.DataFrame, pl.DataFrame] | None = None) -> tuple[pl.DataFrame, dict[str, float]]:
+    def _launches(self) -> tuple[pl.DataFrame, dict[str, float]]:
         from traceq.analysis.launches import launch_table
 
-        return self._keep("launches", (), lambda: launch_table(self.con, self.id, None if work is None else work[0]))
+        return self._keep("launches", (), lambda: launch_table(self.con, self.id))
 
     def launches(self, *, k: int | None = None) -> pl.DataFrame:
         """`traceq launches`: launch cost per kernel name, most launch-call time first (launches,
@@ -719,12 +717,9 @@ class Trace:
         """`traceq advise`: findings, most GPU time at stake first (rank, title, time_ns, pct,
         evidence, fix, rule); `idle_totals()` gives the span they are measured against."""
         from traceq.analysis.advise import advise
-        from traceq.analysis.operations import gpu_work
 
-        # neither the gaps nor the launch table kept yet: the GPU work read once for both
-        work = None if {"gaps", "launches"} & self._kept.keys() else gpu_work(self.con, self.id)
-        return advise(self.con, self.id, _regex(iteration_regex), idle=self._idle(iteration_regex, work),
-                      launches=self._launches(work))[0]
+        return advise(self.con, self.id, _regex(iteration_regex), idle=self._idle(iteration_regex),
+                      launches=self._launches())[0]
 
     def export(self, path: str | Path, *, format: str = "perfetto",  # noqa: A002 (the CLI's --format)
                progress: Callable[[int, int], None] | None = None) -> dict[str, int]:

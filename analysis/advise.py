@@ -20,10 +20,8 @@ import duckdb
 import polars as pl
 
 from traceq.analysis.attribution import ITERATION_REGEX
-from traceq.analysis.gaps import gap_frame
 from traceq.analysis.idle import IdleTotals, idle_causes
 from traceq.analysis.launches import launch_table
-from traceq.analysis.operations import gpu_work
 from traceq.errors import TraceqError
 
 MIN_SHARE = 0.01
@@ -78,12 +76,7 @@ def advise(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str =
     RULES). `idle`, `launches`: the trace's `idle.idle_causes` and `launches.launch_table`, when
     the caller has them already.
     """
-    if idle is None and launches is None:  # the GPU work read once, for the gaps and the launch table
-        work = gpu_work(con, trace_id)
-        idle = idle_causes(con, trace_id, iteration_regex, gap_frame(con, trace_id, iteration_regex, work))
-        launches = launch_table(con, trace_id, work[0])
-        del work
-    elif idle is None:
+    if idle is None:
         idle = idle_causes(con, trace_id, iteration_regex)
     table, totals = idle
     facts = _Facts(con, trace_id, iteration_regex, table, totals, launches)

@@ -78,18 +78,16 @@ def idle_gaps(
 
 
 def gap_frame(
-    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX,
-    work: tuple[pl.DataFrame, pl.DataFrame] | None = None,
+    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
 ) -> tuple[pl.DataFrame, dict[str, pl.Series]]:
     """`idle_gaps` with its strings as codes: (gaps, names). gaps has device_id, start_ns, end_ns,
     dur_ns, cause (UInt8 into CAUSES), iteration (UInt32 into names['iteration']), stream_id,
     pid, tid, call_start_ns (when the next operation's issuing call began), next_kind (UInt8 into
     KINDS), next_item (kernel name id or memop row), graph_node_id (of a kernel replayed from a
     CUDA graph), call (api name id); in the next operations' start order. names: 'iteration', 'api' (by api name id), 'kernel' and
-    'kernel_short' (by name id), 'memop' (by memop row): the strings. `work`: the trace's
-    `operations.gpu_work`, when the caller has it already."""
+    'kernel_short' (by name id), 'memop' (by memop row): the strings."""
     t = int(trace_id)
-    ops, memops = gpu_work(con, t) if work is None else work
+    ops, memops = gpu_work(con, t)
     api_names = _api_names(con, t)
     iterations, iteration = _iterations(con, t, ops, iteration_regex)
     blocking, h2d = _waiting_calls(api_calls(con, t, WAITING_CALL), ops, memops, api_names)

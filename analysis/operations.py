@@ -50,48 +50,50 @@ def gpu_work(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFram
     src_kind, dst_kind, bytes (one row per memcpy/memset, `item` of ops points here).
     """
     t = int(trace_id)
-    kernels = _kernels(con, t, "TRUE")
-    copies, memops = _copies(con, t, kernels.schema)
-    # one chunk: the analyses gather from it at millions of rows, several times faster than from many
-    ops = pl.concat([with_calls(con, t, kernels), with_calls(con, t, copies)], rechunk=True)
+    with _work(con, t, graph=False) as (work, memops):
+        ops = con.sql(f"SELECT * FROM {work}").pl(BATCH_ROWS)  # a few chunks: the analyses gather from it as fast
     return ops, memops
 
 
 @contextmanager
 def gpu_work_sql(con: duckdb.DuckDBPyConnection, trace_id: int) -> Iterator[str]:
     """`gpu_work`'s ops as a DuckDB relation (SQL text, for a `with` block), for queries that
-    aggregate them where they lie instead of reading millions of rows into Polars: the kernels
-    whose calls the load stored are read from the store; the rest (copies and sets, kernels
-    without a stored call) are looked up as `gpu_work` does and registered as a view."""
+    aggregate them where they lie instead of reading millions of rows into Polars. Its columns
+    are `gpu_work`'s ops', but graph_node_id is as stored, graph nodes described or not."""
+    with _work(con, trace_id, graph=True) as (work, _):
+        yield work
+
+
+@contextmanager
+def _work(con: duckdb.DuckDBPyConnection, trace_id: int, graph: bool) -> Iterator[tuple[str, pl.DataFrame]]:
+    """(`gpu_work`'s ops as SQL, its memops): the kernels whose calls the load stored are read
+    from the store; the rest (copies and sets, kernels without a stored call) are looked up by
+    `with_calls` and registered as a view. graph_node_id as `_kernels` gives it."""
+    from traceq.analysis.graphs import has_graph_nodes
+
     t = int(trace_id)
-    node = "e.graph_node_id" if _graph_nodes(con, t) else "NULL::BIGINT"
-    lacking = _kernels(con, t, "e.launch_start_ns IS NULL")
-    copies, _ = _copies(con, t, lacking.schema)
+    graph = graph or has_graph_nodes(con, t)
+    lacking = _kernels(con, t, "e.launch_start_ns IS NULL", graph)
+    copies, memops = _copies(con, t, lacking.schema)
     looked_up = pl.concat([with_calls(con, t, lacking), with_calls(con, t, copies)])
     with registered(con, looked_up=looked_up) as view:
         yield f"""(
             SELECT 0::UTINYINT AS kind, e.name_id::UINTEGER AS item, q.device_id, q.stream_id, q.pid,
-                   e.correlation_id, e.start_ns, e.end_ns, {node} AS graph_node_id, a.tid,
-                   e.launch_start_ns AS call_start_ns, e.launch_end_ns AS call_end_ns,
+                   e.correlation_id, e.start_ns, e.end_ns, {'e.graph_node_id' if graph else 'NULL::BIGINT'} AS graph_node_id,
+                   a.tid, e.launch_start_ns AS call_start_ns, e.launch_end_ns AS call_end_ns,
                    e.launch_name_id AS call_name_id
             FROM kernel_events e JOIN kernel_queues q ON q.trace_id = {t} AND q.queue_id = e.queue_id
             LEFT JOIN api_threads a ON a.trace_id = {t} AND a.thread_id = e.launch_thread_id
             WHERE e.trace_id = {t} AND e.launch_start_ns IS NOT NULL
-            UNION ALL SELECT * FROM {view['looked_up']})"""
+            UNION ALL SELECT * FROM {view['looked_up']})""", memops
 
 
-def _graph_nodes(con: duckdb.DuckDBPyConnection, trace_id: int) -> bool:
-    from traceq.analysis.graphs import has_graph_nodes
-
-    return has_graph_nodes(con, trace_id)
-
-
-def _kernels(con: duckdb.DuckDBPyConnection, trace_id: int, where: str) -> pl.DataFrame:
+def _kernels(con: duckdb.DuckDBPyConnection, trace_id: int, where: str, graph: bool) -> pl.DataFrame:
     """The trace's kernels that meet `where` (SQL over kernel_events e), `with_calls`' input:
-    kind, item, device_id, stream_id, pid, correlation_id, start_ns, end_ns, graph_node_id (only
-    graph traces pay for it) and the LAUNCH_COLUMNS."""
+    kind, item, device_id, stream_id, pid, correlation_id, start_ns, end_ns, graph_node_id (null
+    unless `graph`) and the LAUNCH_COLUMNS."""
     t = int(trace_id)
-    node = "graph_node_id" if _graph_nodes(con, t) else "NULL::BIGINT"
+    node = "graph_node_id" if graph else "NULL::BIGINT"
     # the queue (device, stream, process) of each kernel by row number into the few queues, not a join
     queues = con.sql(f"SELECT queue_id, device_id, stream_id, pid FROM kernel_queues WHERE trace_id = {t} "
                      f"ORDER BY queue_id").pl()
