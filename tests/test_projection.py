@@ -1,0 +1,52 @@
+"""`nvtx_gpu_proj_sum`'s innermost ranges: each call finds the innermost range open at its start
+through its thread's segments (`projection._thread_tree`); checked against that range found by
+brute force over random nested ranges. (The report itself is compared with `nsys stats` in
+test_stats.py.)"""
+
+from __future__ import annotations
+
+import random
+
+import polars as pl
+import pytest
+
+from traceq.analysis.intervals import last_at_or_before
+from traceq.analysis.projection import _thread_tree
+
+
+def _nested(rng: random.Random, start: int, end: int, depth: int) -> list[tuple[int, int]]:
+    """Ranges inside [start, end): siblings one after another, each with its own children;
+    some start or end where a sibling or the parent does."""
+    ranges: list[tuple[int, int]] = []
+    at = start
+    while depth and at < end and (rng.random() < 0.8 or not ranges):
+        lo = at + rng.choice([0, 0, rng.randrange(1, 5)])
+        hi = min(end, lo + rng.randrange(1, 40))
+        if lo >= hi:
+            break
+        ranges.append((lo, hi))
+        ranges += _nested(rng, lo, hi, depth - 1)
+        at = hi
+    return ranges
+
+
+def _innermost(ranges: list[tuple[int, int]], t: int) -> int | None:
+    """The row of the innermost range open at t (start <= t < end): the latest started; of
+    ranges starting together, the last in start order (the shortest)."""
+    open_rows = [row for row, (start, end) in enumerate(ranges) if start <= t < end]
+    return max(open_rows, key=lambda row: (ranges[row][0], row)) if open_rows else None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_segments_give_the_innermost_range(seed: int) -> None:
+    rng = random.Random(seed)
+    ranges = sorted(_nested(rng, 0, 400, 4), key=lambda r: (r[0], -r[1]))
+    frame = pl.DataFrame({"pid": [1] * len(ranges), "tid": [7] * len(ranges),
+                          "start_ns": [s for s, _ in ranges], "end_ns": [e for _, e in ranges]})
+    offset = 5
+    _, segments = _thread_tree(frame, offset)
+    times = pl.Series(list(range(-2, 405)))
+    at = last_at_or_before(pl.repeat(0, len(segments), eager=True), segments["at"],
+                           pl.repeat(0, len(times), eager=True), times)
+    found = (segments["row"].gather(at) - offset).to_list()
+    assert found == [_innermost(ranges, t) for t in times.to_list()]
