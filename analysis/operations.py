@@ -7,8 +7,10 @@ kernels need no lookup at all; the rest (copies and sets, and kernels the load f
 or whose reader does not look) are looked up among the calls of their correlation ids only
 (`with_calls`). CUPTI numbers calls in the order they are made, so the calls are (nearly always)
 stored in key order already, and each operation finds its call by one binary search over the
-calls' (process, correlation id) keys (`issuing_calls`). Times are integer ns on the trace's
-timeline.
+calls' (process, correlation id) keys (`issuing_calls`). Both kinds are one DuckDB relation
+(`gpu_work_sql`): reports that aggregate the work (launch times per name, `nsys stats`'
+cuda_kern_exec_sum) do so where the kernels lie; `gpu_work` reads it into Polars. Times are
+integer ns on the trace's timeline.
 """
 
 from __future__ import annotations
