@@ -4,7 +4,9 @@ group (process, thread) at or before each point, without sorting the points.
 Polars' `join_asof` wants both sides sorted; the points here are millions of gaps or
 operations and the events a few thousand calls or ranges, so sorting the events and searching
 each point costs a fraction of sorting the points. Group and time are packed into one int64 key:
-group number x 2^b + (time - the earliest time), b the bits the times' span needs.
+group number x 2^b + (time - the earliest time + 1), b the bits the times' span needs; each group
+begins with a sentinel event at key group number x 2^b, so that a point never finds another
+group's event.
 """
 
 from __future__ import annotations
@@ -24,21 +26,25 @@ def last_at_or_before(
         return pl.repeat(None, len(time), dtype=pl.Int64, eager=True)
     bounds = [v for v in (event_group.min(), event_group.max(), group.min(), group.max()) if v is not None]
     if len(set(bounds)) <= 1:  # one group: search the times themselves
-        event_keys, point_keys, scale = event_time, time, 0
+        events = pl.DataFrame({"key": event_time}).with_row_index("row")
+        point_keys = time
     else:
         groups = pl.concat([event_group.unique(), group.unique()]).drop_nulls().unique().sort()
         origin = min(v for v in (event_time.min(), time.min()) if v is not None)  # type: ignore[type-var]
         top = max(v for v in (event_time.max(), time.max()) if v is not None)  # type: ignore[type-var]
-        bits = max(int(top - origin).bit_length(), 1)
+        bits = max(int(top - origin + 1).bit_length(), 1)
         if bits + len(groups).bit_length() > 62:
             raise ValueError("times span too long or too many groups to pack into one key")
         scale = 1 << bits
 
-        def keys(g: pl.Series, t: pl.Series) -> pl.Series:
-            return groups.search_sorted(g.fill_null(groups[0])).cast(pl.Int64) * scale + (t - origin)
+        def keys(g: pl.Series, t: pl.Series) -> pl.Series:  # times from 1: 0 is each group's sentinel
+            return groups.search_sorted(g.fill_null(groups[0])).cast(pl.Int64) * scale + (t - origin + 1)
 
-        event_keys, point_keys = keys(event_group, event_time), keys(group, time)
-    events = pl.DataFrame({"key": event_keys}).with_row_index("row")
+        # a sentinel event (no row) first in each group: a point finds its own group's events or it
+        events = pl.concat([pl.DataFrame({"key": keys(event_group, event_time)}).with_row_index("row"),
+                            pl.DataFrame({"key": pl.int_range(0, len(groups), eager=True) * scale})
+                            .select(pl.lit(None, pl.UInt32).alias("row"), "key")])
+        point_keys = keys(group, time)
     if not events["key"].is_sorted():
         events = events.sort("key", maintain_order=True)
     order, event_keys = events["row"], events["key"]
@@ -46,8 +52,4 @@ def last_at_or_before(
     valid = at >= 0
     if point_keys.null_count() or group.null_count():
         valid = valid & point_keys.is_not_null() & group.is_not_null()
-    hit = pl.select(pl.when(valid).then(at)).to_series()
-    if scale:
-        same = (event_keys.gather(hit) // scale) == (point_keys // scale)
-        hit = pl.select(pl.when(same).then(hit)).to_series()
-    return order.cast(pl.Int64).gather(hit)
+    return order.cast(pl.Int64).gather(pl.select(pl.when(valid).then(at)).to_series())

@@ -1,7 +1,7 @@
 """`nvtx_gpu_proj_sum`'s innermost ranges: each call finds the innermost range open at its start
 through its thread's segments (`projection._thread_tree`); checked against that range found by
-brute force over random nested ranges. (The report itself is compared with `nsys stats` in
-test_stats.py.)"""
+brute force over random nested ranges, and the as-of lookup it uses against brute force. (The
+report itself is compared with `nsys stats` in test_stats.py.)"""
 
 from __future__ import annotations
 
@@ -50,3 +50,24 @@ def test_segments_give_the_innermost_range(seed: int) -> None:
                            pl.repeat(0, len(times), eager=True), times)
     found = (segments["row"].gather(at) - offset).to_list()
     assert found == [_innermost(ranges, t) for t in times.to_list()]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_last_at_or_before_is_the_brute_force_answer(seed: int) -> None:
+    """The as-of lookup the projection and the gaps use: several groups (each begins with a
+    sentinel event, so a point before its group's first event finds none), ties, nulls."""
+    rng = random.Random(seed)
+    groups = rng.choice([[4], [4, 9], [0, 3, 8, 20]])
+    events = [(rng.choice(groups), rng.randrange(-5, 60)) for _ in range(rng.randrange(0, 30))]
+    points = [(rng.choice(groups + [None]), rng.choice([rng.randrange(-10, 70), None])) for _ in range(50)]
+    found = last_at_or_before(pl.Series([g for g, _ in events], dtype=pl.Int64),
+                              pl.Series([t for _, t in events], dtype=pl.Int64),
+                              pl.Series([g for g, _ in points], dtype=pl.Int64),
+                              pl.Series([t for _, t in points], dtype=pl.Int64))
+
+    def brute(group: int | None, time: int | None) -> int | None:
+        rows = [row for row, (g, t) in enumerate(events) if group is not None and time is not None
+                and g == group and t <= time]
+        return max(rows, key=lambda row: (events[row][1], row)) if rows else None
+
+    assert found.to_list() == [brute(g, t) for g, t in points]
