@@ -231,8 +231,8 @@ def _launch_groups(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | N
     groups = con.sql(f"""
         SELECT n.name, c.grid_x::BIGINT * c.grid_y * c.grid_z AS grid_blocks, q.device_id,
                c.block_x * c.block_y * c.block_z AS block_threads, c.registers_per_thread, c.smem_static_bytes,
-               c.smem_dynamic_bytes, c.smem_carveout_bytes, c.kineto_occupancy_pct, sum(g.instances)::BIGINT AS instances,
-               sum(g.dur_ns) AS dur_ns, max(g.longest_ns) AS longest_ns,
+               c.smem_dynamic_bytes, c.smem_carveout_bytes, c.kineto_occupancy_pct,
+               sum(g.instances)::BIGINT AS instances, sum(g.dur_ns) AS dur_ns, max(g.longest_ns) AS longest_ns,
                arg_min(g.first_kernel, (-g.longest_ns, g.first_kernel)) AS first_kernel
         FROM (SELECT name_id, config_id, queue_id, count(*) AS instances, sum(end_ns - start_ns) AS dur_ns,
                      max(end_ns - start_ns) AS longest_ns,

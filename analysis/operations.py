@@ -81,9 +81,9 @@ def _work(con: duckdb.DuckDBPyConnection, trace_id: int, graph: bool) -> Iterato
     with registered(con, looked_up=looked_up) as view:
         yield f"""(
             SELECT 0::UTINYINT AS kind, e.name_id::UINTEGER AS item, q.device_id, q.stream_id, q.pid,
-                   e.correlation_id, e.start_ns, e.end_ns, {'e.graph_node_id' if graph else 'NULL::BIGINT'} AS graph_node_id,
-                   a.tid, e.launch_start_ns AS call_start_ns, e.launch_end_ns AS call_end_ns,
-                   e.launch_name_id AS call_name_id
+                   e.correlation_id, e.start_ns, e.end_ns,
+                   {'e.graph_node_id' if graph else 'NULL::BIGINT'} AS graph_node_id, a.tid,
+                   e.launch_start_ns AS call_start_ns, e.launch_end_ns AS call_end_ns, e.launch_name_id AS call_name_id
             FROM kernel_events e JOIN kernel_queues q ON q.trace_id = {t} AND q.queue_id = e.queue_id
             LEFT JOIN api_threads a ON a.trace_id = {t} AND a.thread_id = e.launch_thread_id
             WHERE e.trace_id = {t} AND e.launch_start_ns IS NOT NULL

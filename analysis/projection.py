@@ -80,7 +80,8 @@ def _own_work(con: duckdb.DuckDBPyConnection, trace_id: int, segments: pl.DataFr
     with gpu_work_sql(con, trace_id) as work, registered(con, threads=threads) as view:
         ops = con.sql(f"""
             SELECT t.thread, w.correlation_id, w.start_ns, w.end_ns, w.call_start_ns
-            FROM {work} w JOIN {view['threads']} t ON w.pid IS NOT DISTINCT FROM t.pid AND w.tid IS NOT DISTINCT FROM t.tid
+            FROM {work} w JOIN {view['threads']} t
+              ON w.pid IS NOT DISTINCT FROM t.pid AND w.tid IS NOT DISTINCT FROM t.tid
             WHERE w.call_start_ns IS NOT NULL""").pl(BATCH_ROWS)
     thread = segments.join(threads, on=["pid", "tid"], how="left", nulls_equal=True, maintain_order="left")["thread"]
     at = last_at_or_before(thread, segments["at"], ops["thread"], ops["call_start_ns"])
