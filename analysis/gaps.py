@@ -90,7 +90,7 @@ def gap_frame(
     ops, memops = gpu_work(con, t)
     api_names = _api_names(con, t)
     iterations, iteration = _iterations(con, t, ops, iteration_regex)
-    blocking, h2d = _waiting_calls(api_calls(con, t, WAITING_CALL), ops, memops, api_names)
+    blocking, h2d = _waiting_calls(api_calls(con, t, WAITING_CALL), memops, api_names)
     # the gaps: a running maximum of end times over each device's work in start order
     timeline = ops.select("device_id", "start_ns", "end_ns").with_row_index("op_row").sort("start_ns")
     reach = pl.col("end_ns").cum_max().shift(1)
@@ -186,16 +186,16 @@ def _iterations(
     return names, ranges["code"].gather(inside)
 
 
-def _waiting_calls(calls: pl.DataFrame, ops: pl.DataFrame, memops: pl.DataFrame,
-                   api_names: pl.Series) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _waiting_calls(calls: pl.DataFrame, memops: pl.DataFrame, api_names: pl.Series
+                   ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The calls the host can wait in (`calls`' columns): (blocking: synchronizes, frees and
     host-blocking copies other than to the device, with copy_name, the name id of the
     pageable host-to-device copy a synchronize directly follows; h2d: host-to-device copy calls,
     with h2d_pageable)."""
     wanted = [i for i, n in enumerate(api_names.to_list()) if n and (SYNC_CALL.match(n) or COPY_CALL.match(n))]
     candidates = calls.filter(pl.col("name_id").is_in(wanted))
-    copies = ops.filter(pl.col("kind") == 1).select("pid", "correlation_id", "item").unique(["pid", "correlation_id"])
-    copies = pl.concat([copies, memops.select("copy_kind", "src_kind", "dst_kind")[copies["item"]]], how="horizontal")
+    copies = (memops.filter(pl.col("op") == "memcpy").select("pid", "correlation_id", "copy_kind", "src_kind", "dst_kind")
+              .unique(["pid", "correlation_id"]))
     candidates = candidates.join(copies, on=["pid", "correlation_id"], how="left", maintain_order="left")
     name = api_names.gather(candidates["name_id"])
     copying = name.str.contains(COPY_CALL.pattern)

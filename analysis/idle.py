@@ -55,14 +55,14 @@ def idle_causes(
     gaps, names = gap_frame(con, trace_id, iteration_regex) if gaps is None else gaps
     totals = _totals(con, trace_id, gaps)
     grand = max(totals.idle_ns, 1)
-    # the gaps grouped by their codes first (millions of gaps, a few hundred groups), named after
-    groups = gaps.group_by("cause", "call", "next_kind", "next_item").agg(pl.col("dur_ns").sum())
+    # the gaps grouped by their codes first (millions of gaps, a few thousand groups), named after
+    groups = _code_groups(gaps)
     by_call = groups.group_by("cause", "call").agg(pl.col("dur_ns").sum())
     by_work = groups.group_by("cause", "next_kind", "next_item").agg(pl.col("dur_ns").sum())
     detail_calls = by_call.with_columns(call=names["api"].gather(by_call["call"]))
     detail_work = by_work.select("cause", "dur_ns", waiting=work_names(by_work, names, "kernel_short"))
-    per_cause = (gaps.group_by("cause").agg(gaps=pl.len().cast(pl.Int64), total_ns=pl.col("dur_ns").sum(),
-                                            longest_ns=pl.col("dur_ns").max()))
+    per_cause = (groups.group_by("cause").agg(gaps=pl.col("gaps").sum().cast(pl.Int64), total_ns=pl.col("dur_ns").sum(),
+                                              longest_ns=pl.col("longest_ns").max()))
     frame = (pl.DataFrame({"cause": pl.int_range(0, len(CAUSES), dtype=pl.UInt8, eager=True)})
              .join(per_cause, on="cause", how="left")
              .join(_shares(detail_calls, ["cause"], "call", "call_shares"), on="cause", how="left")
@@ -75,6 +75,24 @@ def idle_causes(
              .sort("cause"))
     return (frame.select(pl.Series(CAUSES).gather(frame["cause"]).alias("cause"), "gaps", "total_ns", "pct",
                          "span_pct", "per_iteration_ns", "longest_ns", "call_shares", "work_shares"), totals)
+
+
+def _code_groups(gaps: pl.DataFrame) -> pl.DataFrame:
+    """The gaps per cause, call, next_kind and next_item (`gaps.gap_frame`'s codes): those four,
+    dur_ns (their time), gaps and longest_ns. Grouped by one key packing the four (a third of the
+    time of grouping by four columns at ten million gaps), or by the four where a call id is too
+    large to pack."""
+    if (gaps["call"].max() or 0) >= 1 << 22:  # type: ignore[operator]
+        return gaps.group_by("cause", "call", "next_kind", "next_item").agg(
+            pl.col("dur_ns").sum(), gaps=pl.len(), longest_ns=pl.col("dur_ns").max())
+    key = ((pl.col("call").fill_null(-1) + 1) * (1 << 40) + pl.col("next_item").cast(pl.Int64) * 32
+           + pl.col("next_kind").cast(pl.Int64) * 8 + pl.col("cause").cast(pl.Int64))
+    groups = gaps.group_by(key.alias("key")).agg(pl.col("dur_ns").sum(), gaps=pl.len(),
+                                                 longest_ns=pl.col("dur_ns").max())
+    key = pl.col("key")
+    return groups.select(cause=(key % 8).cast(pl.UInt8), call=pl.when(key >= 1 << 40).then(key // (1 << 40) - 1),
+                         next_kind=(key // 8 % 4).cast(pl.UInt8), next_item=(key // 32 % (1 << 35)).cast(pl.UInt32),
+                         dur_ns="dur_ns", gaps="gaps", longest_ns="longest_ns")
 
 
 def _totals(con: duckdb.DuckDBPyConnection, trace_id: int, gaps: pl.DataFrame) -> IdleTotals:

@@ -46,14 +46,15 @@ def gpu_work(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFram
 
     Returns (ops, memops). ops, in no particular order: kind (UInt8, index into KINDS), item
     (kernel_events.name_id for a kernel, the row of `memops` for a copy or set), device_id,
-    stream_id, pid, correlation_id, start_ns, end_ns, graph_node_id (a kernel's CUDA graph node;
-    null for the rest, and for every row of a trace without graph nodes), then the issuing call's
-    tid, call_start_ns, call_end_ns and call_name_id (`with_calls`). memops: op, copy_kind,
-    src_kind, dst_kind, bytes (one row per memcpy/memset, `item` of ops points here).
+    stream_id, pid, start_ns, end_ns, graph_node_id (a kernel's CUDA graph node; null for the
+    rest, and for every row of a trace without graph nodes), then the issuing call's tid,
+    call_start_ns, call_end_ns and call_name_id (`with_calls`). memops: op, copy_kind, src_kind,
+    dst_kind, bytes, pid, correlation_id (one row per memcpy/memset, `item` of ops points here).
     """
     t = int(trace_id)
     with _work(con, t, graph=False) as (work, memops):
-        ops = con.sql(f"SELECT * FROM {work}").pl(BATCH_ROWS)  # a few chunks: the analyses gather from it as fast
+        # a few chunks: the analyses gather from it as fast; the copies' correlation ids are in memops
+        ops = con.sql(f"SELECT * EXCLUDE (correlation_id) FROM {work}").pl(BATCH_ROWS)
     return ops, memops
 
 
@@ -61,7 +62,8 @@ def gpu_work(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFram
 def gpu_work_sql(con: duckdb.DuckDBPyConnection, trace_id: int) -> Iterator[str]:
     """`gpu_work`'s ops as a DuckDB relation (SQL text, for a `with` block), for queries that
     aggregate them where they lie instead of reading millions of rows into Polars. Its columns
-    are `gpu_work`'s ops', but graph_node_id is as stored, graph nodes described or not."""
+    are `gpu_work`'s ops' with correlation_id after pid, graph_node_id as stored, graph nodes
+    described or not."""
     with _work(con, trace_id, graph=True) as (work, _):
         yield work
 
@@ -110,7 +112,7 @@ def _kernels(con: duckdb.DuckDBPyConnection, trace_id: int, where: str, graph: b
 
 def _copies(con: duckdb.DuckDBPyConnection, trace_id: int, schema: pl.Schema) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(the trace's memcpys and memsets as `_kernels` gives kernels, in `schema`, item their row
-    in table order; their details: op, copy_kind, src_kind, dst_kind, bytes)."""
+    in table order; their details: op, copy_kind, src_kind, dst_kind, bytes, pid, correlation_id)."""
     memops = con.sql(f"""
         SELECT CASE op WHEN 'memcpy' THEN 1 ELSE 2 END::UTINYINT AS kind, device_id, stream_id, pid,
                correlation_id, start_ns, end_ns, NULL::BIGINT AS graph_node_id, op, copy_kind, src_kind, dst_kind,
@@ -118,7 +120,7 @@ def _copies(con: duckdb.DuckDBPyConnection, trace_id: int, schema: pl.Schema) ->
         FROM memops WHERE trace_id = {int(trace_id)}""").pl().with_row_index("item")
     copies = (memops.with_columns(pl.lit(None).alias(c) for c in LAUNCH_COLUMNS).select(schema.names())
               .cast(schema))  # kept apart until their calls are found: a lookup each
-    return copies, memops.select("op", "copy_kind", "src_kind", "dst_kind", "bytes")
+    return copies, memops.select("op", "copy_kind", "src_kind", "dst_kind", "bytes", "pid", "correlation_id")
 
 
 def by_row(table: pl.DataFrame, key: str, ids: pl.Series, columns: tuple[str, ...]) -> list[pl.Series]:
