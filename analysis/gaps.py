@@ -92,25 +92,29 @@ def gap_frame(
     iterations, iteration = _iterations(con, t, ops, iteration_regex)
     blocking, h2d = _waiting_calls(api_calls(con, t, WAITING_CALL), memops, api_names)
     # the gaps: a running maximum of end times over each device's work in start order
-    timeline = ops.select("device_id", "start_ns", "end_ns").with_row_index("op_row").sort("start_ns")
+    devices = ops["device_id"].n_unique() > 1
+    timeline = (ops.select(*(["device_id"] if devices else []), "start_ns", "end_ns").with_row_index("op_row")
+                .sort("start_ns"))
     reach = pl.col("end_ns").cum_max().shift(1)
-    timeline = timeline.with_columns(gap_start=reach.over("device_id") if ops["device_id"].n_unique() > 1 else reach)
+    timeline = timeline.select("op_row", "start_ns", gap_start=reach.over("device_id") if devices else reach)
     if iterations.len():  # whether each operation is its device's first of its iteration
-        device = ops["device_id"].cast(pl.Int64) - (ops["device_id"].min() or 0)
-        timeline = timeline.with_columns(first=_firsts((device * (len(iterations) + 1) + iteration)
-                                                       .gather(timeline["op_row"])))
+        code = iteration
+        if devices:
+            code = (ops["device_id"].cast(pl.Int64) - (ops["device_id"].min() or 0)) * (len(iterations) + 1) + code
+        timeline = timeline.with_columns(first=_firsts(code.gather(timeline["op_row"])))
+        del code
     else:
         timeline = timeline.with_columns(first=pl.lit(False))
-    gaps = timeline.filter(pl.col("start_ns") > pl.col("gap_start")).drop("end_ns")
+    gaps = timeline.filter(pl.col("start_ns") > pl.col("gap_start"))
     del timeline
-    rows = gaps["op_row"]
-    gaps = pl.concat([gaps.drop("op_row"), ops.select("kind", "item", "stream_id", "pid", "graph_node_id", "tid",
-                                                      "call_start_ns", "call_end_ns", "call_name_id").gather(rows),
+    rows = gaps.drop_in_place("op_row")
+    gaps = pl.concat([gaps, ops.select("device_id", "kind", "item", "stream_id", "pid", "graph_node_id", "tid",
+                                       "call_start_ns", "call_end_ns", "call_name_id").gather(rows),
                       iteration.gather(rows).to_frame("iteration")], how="horizontal")
     del ops, iteration, rows
     gaps = gaps.with_columns(late=(pl.col("call_end_ns") > pl.col("gap_start")).fill_null(False))
-    # only where the host was late: what it was doing
-    late = gaps.filter("late")
+    # only where the host was late (only the columns that tell): what it was doing
+    late = gaps.select("pid", "tid", "start_ns", "gap_start", "first", "call_name_id").filter(gaps["late"])
     sync_call, h2d_call, h2d_pageable = _host_waits(late, blocking, h2d)
     cause = (pl.when(sync_call.is_not_null()).then(0)
              .when(h2d_call.is_not_null() & h2d_pageable).then(1)
@@ -119,12 +123,16 @@ def gap_frame(
              .otherwise(4))
     late_cause = late.select(cause=cause.cast(pl.UInt8), call=pl.coalesce(sync_call, h2d_call, late["call_name_id"]))
     del late
-    at = pl.select(pl.when(gaps["late"]).then(gaps["late"].cast(pl.Int64).cum_sum() - 1)).to_series()
+    # late gaps get their cause and call in place; the rest are `other`, their call the issuing one
+    late_rows = gaps["late"].arg_true()
+    cause = pl.repeat(5, gaps.height, dtype=pl.UInt8, eager=True).scatter(late_rows, late_cause["cause"])
+    call = gaps["call_name_id"].cast(pl.Int64).scatter(late_rows, late_cause["call"])
+    del late_cause, late_rows
     frame = gaps.select(
         "device_id", start_ns="gap_start", end_ns="start_ns", dur_ns=pl.col("start_ns") - pl.col("gap_start"),
-        cause=late_cause["cause"].gather(at).fill_null(5), iteration="iteration", stream_id="stream_id",
+        cause=cause, iteration="iteration", stream_id="stream_id",
         pid="pid", tid="tid", call_start_ns="call_start_ns", next_kind="kind", next_item="item",
-        graph_node_id="graph_node_id", call=pl.coalesce(late_cause["call"].gather(at), pl.col("call_name_id")).cast(pl.Int64))
+        graph_node_id="graph_node_id", call=call)
     del gaps
     kernel_names = con.sql(f"SELECT name_id, name, short_name FROM kernel_names WHERE trace_id = {t}").pl()
     names = {
