@@ -126,17 +126,20 @@ def idle_split(
     by = IdleBy(by)
     gaps, names = gap_frame(con, trace_id, iteration_regex) if gaps is None else gaps
     if by is IdleBy.iteration:
-        keys = ["iteration", "device_id"]
-        frame = gaps.with_columns(iteration=names["iteration"].gather(gaps["iteration"]))
+        keys, frame = ["iteration", "device_id"], gaps  # grouped by the iterations' codes, named after
     elif by is IdleBy.stream:
         keys, frame = ["device_id", "stream_id"], gaps
     else:
         keys, frame = ["layer", "pass"], _with_layers(con, trace_id, gaps, iteration_regex)
-    sums = [pl.col("dur_ns").filter(pl.col("cause") == i).sum().alias(f"{c}_ns") for i, c in enumerate(CAUSES)]
-    table = frame.group_by(keys).agg(gaps=pl.len().cast(pl.Int64), idle_ns=pl.col("dur_ns").sum(),
-                                     first_ns=pl.col("start_ns").min(), *sums)
+    # per key and cause first (millions of gaps, a few groups), then the causes side by side
+    per_cause = frame.group_by([*keys, "cause"]).agg(gaps=pl.len(), idle_ns=pl.col("dur_ns").sum(),
+                                                     first_ns=pl.col("start_ns").min())
+    sums = [pl.col("idle_ns").filter(pl.col("cause") == i).sum().alias(f"{c}_ns") for i, c in enumerate(CAUSES)]
+    table = per_cause.group_by(keys).agg(gaps=pl.col("gaps").sum().cast(pl.Int64), idle_ns=pl.col("idle_ns").sum(),
+                                         first_ns=pl.col("first_ns").min(), *sums)
     if by is IdleBy.iteration:
-        table = (table.with_columns(order=pl.col("first_ns").min().over("iteration"))
+        table = (table.with_columns(iteration=names["iteration"].gather(table["iteration"]))
+                 .with_columns(order=pl.col("first_ns").min().over("iteration"))
                  .sort(pl.col("iteration").is_null(), "order", "device_id"))
     elif by is IdleBy.stream:
         table = table.sort(keys)
