@@ -65,6 +65,28 @@ def test_causes_sum_to_the_idle_time(sample_store) -> None:
     assert by_iteration["idle_ns"].sum() == totals.idle_ns
 
 
+@pytest.mark.parametrize("by, keys", [("iteration", ("iteration", "device_id")), ("stream", ("device_id", "stream_id"))])
+def test_split_equals_the_gaps_summed_one_by_one(sample_store, by: str, keys: tuple[str, str]) -> None:
+    """Each row of `idle --by` (grouped by codes, named after) holds its key's gaps, summed here
+    by a loop over the named gap list; iterations in the order their first gap began."""
+    tid = trace_id(sample_store, "ddp_resnet18_2gpu")
+    want: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, *[0] * len(CAUSES)])
+    first: dict[object, int] = {}
+    for gap in idle_gaps(sample_store, tid).iter_rows(named=True):
+        sums = want[tuple(gap[k] for k in keys)]
+        sums[0] += 1
+        sums[1] += gap["dur_ns"]
+        sums[2 + CAUSES.index(gap["cause"])] += gap["dur_ns"]
+        first[gap[keys[0]]] = min(first.get(gap[keys[0]], gap["start_ns"]), gap["start_ns"])
+    split = idle_split(sample_store, tid, by)
+    columns = ["gaps", "idle_ns", *[f"{c}_ns" for c in CAUSES]]
+    got = {tuple(r[k] for k in keys): [r[c] for c in columns] for r in split.iter_rows(named=True)}
+    assert got == dict(want) and len(want) > 2
+    if by == "iteration":
+        named = sorted((k for k in first if k is not None), key=first.__getitem__) + [None] * (None in first)
+        assert list(dict.fromkeys(split["iteration"])) == named
+
+
 def test_queued_work_is_not_the_host(sample_store) -> None:
     """AlexNet with cuDNN is GPU-bound: the host ran ahead, every launch was queued before the GPU
     reached it, so no gap is the host's doing (not even under the capture's final
