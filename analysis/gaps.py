@@ -196,15 +196,13 @@ def _iterations(
 
 def _waiting_calls(calls: pl.DataFrame, memops: pl.DataFrame, api_names: pl.Series
                    ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The calls the host can wait in (`calls`' columns): (blocking: synchronizes, frees and
-    host-blocking copies other than to the device, with copy_name, the name id of the
-    pageable host-to-device copy a synchronize directly follows; h2d: host-to-device copy calls,
-    with h2d_pageable)."""
-    wanted = [i for i, n in enumerate(api_names.to_list()) if n and (SYNC_CALL.match(n) or COPY_CALL.match(n))]
-    candidates = calls.filter(pl.col("name_id").is_in(wanted))
+    """The calls the host can wait in, `calls` (`operations.api_calls` of WAITING_CALL), split:
+    (blocking: synchronizes, frees and host-blocking copies other than to the device, with
+    copy_name, the name id of the pageable host-to-device copy a synchronize directly follows;
+    h2d: host-to-device copy calls, with h2d_pageable), in `calls`' columns."""
     copies = (memops.filter(pl.col("op") == "memcpy").select("pid", "correlation_id", "copy_kind", "src_kind", "dst_kind")
               .unique(["pid", "correlation_id"]))
-    candidates = candidates.join(copies, on=["pid", "correlation_id"], how="left", maintain_order="left")
+    candidates = calls.join(copies, on=["pid", "correlation_id"], how="left", maintain_order="left")
     name = api_names.gather(candidates["name_id"])
     copying = name.str.contains(COPY_CALL.pattern)
     candidates = candidates.with_columns(

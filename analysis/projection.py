@@ -42,10 +42,11 @@ def projected_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFr
                CASE kind WHEN 'pushpop' THEN 'PushPop' ELSE 'StartEnd' END AS style, pid, tid, start_ns, end_ns
         FROM nvtx WHERE trace_id = {t} AND kind IN ('pushpop', 'startend') AND end_ns IS NOT NULL
           AND (end_tid IS NULL OR end_tid = tid)""").pl()
-    threads, trees, segments = [], [], []
+    threads, trees, segments, offset = [], [], [], 0
     for mine in ranges.partition_by("pid", "tid", maintain_order=True):
         mine = mine.sort("start_ns", "end_ns", descending=[False, True], maintain_order=True)
-        tree, segment = _thread_tree(mine, sum(len(done) for done in threads))
+        tree, segment = _thread_tree(mine, offset)
+        offset += mine.height
         threads.append(mine)
         trees.append(tree)
         segments.append(segment)
