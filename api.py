@@ -689,7 +689,14 @@ class Trace:
     def idle_totals(self, *, iteration_regex: str | None = None) -> IdleTotals:
         """The devices' span, all idle time, iterations and devices (the title of `traceq idle`
         and `traceq advise`)."""
-        return self._idle(iteration_regex)[1]
+        regex = _regex(iteration_regex)
+        kept = self._kept.get("idle")
+        if kept is not None and kept[0] == (regex,):  # idle() or advise() had them
+            return kept[1][1]
+        from traceq.analysis.idle import idle_totals
+
+        return self._keep("idle_totals", (regex,), lambda: idle_totals(self.con, self.id, regex,
+                                                                        self._gaps(iteration_regex)))
 
     def _launches(self) -> tuple[pl.DataFrame, dict[str, float]]:
         from traceq.analysis.launches import launch_table

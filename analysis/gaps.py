@@ -4,7 +4,8 @@
 A device is busy while any kernel, memcpy or memset runs on it, on any stream; a gap is an
 interval between two busy islands (from the end of the last work to the start of the next).
 Each gap belongs to the work that ends it (the *next* operation: its iteration, stream and
-layer) and gets one cause. When the call that issued the next operation had ended before the
+layer; of operations starting at the same time, the first in the order `operations.gpu_work`
+reads them: kernels, then copies and sets, each in the store's order) and gets one cause. When the call that issued the next operation had ended before the
 device went idle, the work was queued and the GPU waited on something else (another stream, an
 event, its own launch latency), not on the host: `other`, as is a gap whose next operation has
 no issuing call in the trace. Otherwise the host was late, and the cause is the first of these
@@ -74,47 +75,50 @@ def idle_gaps(
     version suffix).
     """
     gaps, names = gap_frame(con, trace_id, iteration_regex)
-    return _named(gaps, names)
+    return _named(gaps.collect(), names)
 
 
 def gap_frame(
     con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
-) -> tuple[pl.DataFrame, dict[str, pl.Series]]:
-    """`idle_gaps` with its strings as codes: (gaps, names). gaps has device_id, start_ns, end_ns,
-    dur_ns, cause (UInt8 into CAUSES), iteration (UInt32 into names['iteration']), stream_id,
-    pid, tid, call_start_ns (when the next operation's issuing call began), next_kind (UInt8 into
-    KINDS), next_item (kernel name id or memop row), graph_node_id (of a kernel replayed from a
-    CUDA graph), call (api name id); in the next operations' start order. names: 'iteration', 'api' (by api name id), 'kernel' and
+) -> tuple[pl.LazyFrame, dict[str, pl.Series]]:
+    """`idle_gaps` with its strings as codes: (gaps, names). gaps, a LazyFrame (collect the
+    columns you need: the next operation's are gathered only when asked for), has device_id,
+    start_ns, end_ns, dur_ns, cause (UInt8 into CAUSES), iteration (UInt32 into
+    names['iteration']), stream_id, pid, tid, call_start_ns (when the next operation's issuing
+    call began), next_kind (UInt8 into KINDS), next_item (kernel name id or memop row),
+    graph_node_id (of a kernel replayed from a CUDA graph), call (api name id); in the next
+    operations' start order. names: 'iteration', 'api' (by api name id), 'kernel' and
     'kernel_short' (by name id), 'memop' (by memop row): the strings."""
     t = int(trace_id)
-    ops, memops = gpu_work(con, t)
+    work = gpu_work(con, t)
+    ops, memops = work.ops, work.memops
     api_names = _api_names(con, t)
-    iterations, iteration = _iterations(con, t, ops, iteration_regex)
+    iterations, iteration = _iterations(con, t, ops, work.of("pid"), iteration_regex)
     blocking, h2d = _waiting_calls(api_calls(con, t, WAITING_CALL), memops, api_names)
     # the gaps: a running maximum of end times over each device's work in start order
-    devices = ops["device_id"].n_unique() > 1
-    timeline = (ops.select(*(["device_id"] if devices else []), "start_ns", "end_ns").with_row_index("op_row")
-                .sort("start_ns"))
+    device = work.of("device_id")
+    devices = device.n_unique() > 1
+    timeline = (ops.select(*([device] if devices else []), "start_ns", "end_ns").with_row_index("op_row")
+                .sort("start_ns", maintain_order=True))  # ties: the first in the trace's order
     reach = pl.col("end_ns").cum_max().shift(1)
     timeline = timeline.select("op_row", "start_ns", gap_start=reach.over("device_id") if devices else reach)
     if iterations.len():  # whether each operation is its device's first of its iteration
         code = iteration
         if devices:
-            code = (ops["device_id"].cast(pl.Int64) - (ops["device_id"].min() or 0)) * (len(iterations) + 1) + code
+            code = (device.cast(pl.Int64) - (device.min() or 0)) * (len(iterations) + 1) + code
         timeline = timeline.with_columns(first=_firsts(code.gather(timeline["op_row"])))
         del code
     else:
         timeline = timeline.with_columns(first=pl.lit(False))
     gaps = timeline.filter(pl.col("start_ns") > pl.col("gap_start"))
-    del timeline
-    rows = gaps.drop_in_place("op_row")
-    gaps = pl.concat([gaps, ops.select("device_id", "kind", "item", "stream_id", "pid", "graph_node_id", "tid",
-                                       "call_start_ns", "call_end_ns", "call_name_id").gather(rows),
-                      iteration.gather(rows).to_frame("iteration")], how="horizontal")
-    del ops, iteration, rows
-    gaps = gaps.with_columns(late=(pl.col("call_end_ns") > pl.col("gap_start")).fill_null(False))
+    del timeline, device
+    rows = gaps["op_row"]
     # only where the host was late (only the columns that tell): what it was doing
-    late = gaps.select("pid", "tid", "start_ns", "gap_start", "first", "call_name_id").filter(gaps["late"])
+    late_rows = (ops["call_end_ns"].gather(rows) > gaps["gap_start"]).fill_null(False).arg_true()
+    late_ops = rows.gather(late_rows)
+    late = pl.DataFrame([work.of("pid", late_ops), work.of("tid", late_ops),
+                         *gaps.select("start_ns", "gap_start", "first").gather(late_rows),
+                         ops["call_name_id"].gather(late_ops)])
     sync_call, h2d_call, h2d_pageable = _host_waits(late, blocking, h2d)
     cause = (pl.when(sync_call.is_not_null()).then(0)
              .when(h2d_call.is_not_null() & h2d_pageable).then(1)
@@ -124,16 +128,25 @@ def gap_frame(
     late_cause = late.select(cause=cause.cast(pl.UInt8), call=pl.coalesce(sync_call, h2d_call, late["call_name_id"]))
     del late
     # late gaps get their cause and call in place; the rest are `other`, their call the issuing one
-    late_rows = gaps["late"].arg_true()
-    cause = pl.repeat(5, gaps.height, dtype=pl.UInt8, eager=True).scatter(late_rows, late_cause["cause"])
-    call = gaps["call_name_id"].cast(pl.Int64).scatter(late_rows, late_cause["call"])
-    del late_cause, late_rows
-    frame = gaps.select(
-        "device_id", start_ns="gap_start", end_ns="start_ns", dur_ns=pl.col("start_ns") - pl.col("gap_start"),
-        cause=cause, iteration="iteration", stream_id="stream_id",
-        pid="pid", tid="tid", call_start_ns="call_start_ns", next_kind="kind", next_item="item",
-        graph_node_id="graph_node_id", call=call)
-    del gaps
+    own = gaps.select("op_row", start_ns="gap_start", end_ns="start_ns").with_columns(
+        cause=pl.repeat(5, gaps.height, dtype=pl.UInt8, eager=True).scatter(late_rows, late_cause["cause"]),
+        call=ops["call_name_id"].gather(rows).cast(pl.Int64).scatter(late_rows, late_cause["call"]))
+    del gaps, late_cause, late_rows
+
+    def of_next(values: pl.Series, codes: pl.Series | None = None) -> pl.Expr:
+        """The next operation's value (by its code, if given), gathered when collected."""
+        at = pl.col("op_row") if codes is None else pl.lit(codes).gather(pl.col("op_row"))
+        return pl.lit(values).gather(at)
+
+    queue = ops["queue"]
+    frame = own.lazy().select(
+        device_id=of_next(work.queues["device_id"], queue), start_ns="start_ns", end_ns="end_ns",
+        dur_ns=pl.col("end_ns") - pl.col("start_ns"),
+        cause="cause", iteration=of_next(iteration), stream_id=of_next(work.queues["stream_id"], queue),
+        pid=of_next(work.queues["pid"], queue), tid=of_next(work.threads, ops["thread"]),
+        call_start_ns=of_next(ops["call_start_ns"]), next_kind=of_next(ops["kind"]), next_item=of_next(ops["item"]),
+        graph_node_id=of_next(ops["graph_node_id"]) if "graph_node_id" in ops.columns else pl.lit(None, pl.Int64),
+        call="call")
     kernel_names = con.sql(f"SELECT name_id, name, short_name FROM kernel_names WHERE trace_id = {t}").pl()
     names = {
         "iteration": iterations,
@@ -169,10 +182,11 @@ def _api_names(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.Series:
 
 
 def _iterations(
-    con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFrame, iteration_regex: str
+    con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFrame, pid: pl.Series, iteration_regex: str
 ) -> tuple[pl.Series, pl.Series]:
-    """The iteration of each operation of `ops` (see the module docstring): (names, codes), the
-    codes (UInt32, null outside every iteration) index `names`, one per iteration range name."""
+    """The iteration of each operation of `ops` (`operations.Work.ops`; `pid`, their processes;
+    see the module docstring): (names, codes), the codes (UInt32, null outside every iteration)
+    index `names`, one per iteration range name."""
     ranges = con.sql(f"""
         SELECT pid, name, start_ns, end_ns FROM nvtx
         WHERE trace_id = {int(trace_id)} AND kind IN ('pushpop', 'startend')
@@ -189,7 +203,7 @@ def _iterations(
     if ranges.height == 0:
         return names, pl.repeat(None, ops.height, dtype=pl.UInt32, eager=True)
     start = ops["call_start_ns"]
-    row = last_at_or_before(ranges["pid"], ranges["start_ns"], ops["pid"], start)
+    row = last_at_or_before(ranges["pid"], ranges["start_ns"], pid, start)
     inside = pl.select(pl.when(start < ranges["end_ns"].gather(row)).then(row)).to_series()
     return names, ranges["code"].gather(inside)
 

@@ -15,6 +15,7 @@ import polars as pl
 from traceq.analysis.attribution import ITERATION_REGEX
 from traceq.analysis.choices import IdleBy
 from traceq.analysis.gaps import CAUSES, gap_frame, work_names
+from traceq.store import registered
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ def _shares(frame: pl.DataFrame, keys: list[str], column: str, label: str) -> pl
 
 def idle_causes(
     con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX,
-    gaps: tuple[pl.DataFrame, dict[str, pl.Series]] | None = None,
+    gaps: tuple[pl.LazyFrame, dict[str, pl.Series]] | None = None,
 ) -> tuple[pl.DataFrame, IdleTotals]:
     """GPU idle time per cause (`gaps.CAUSES`, every one, in that order), and the totals.
 
@@ -53,10 +54,10 @@ def idle_causes(
     the trace's `gaps.gap_frame`, when the caller has it already.
     """
     gaps, names = gap_frame(con, trace_id, iteration_regex) if gaps is None else gaps
-    totals = _totals(con, trace_id, gaps)
+    totals = idle_totals(con, trace_id, gaps=(gaps, names))
     grand = max(totals.idle_ns, 1)
     # the gaps grouped by their codes first (millions of gaps, a few thousand groups), named after
-    groups = _code_groups(gaps)
+    groups = _code_groups(con, gaps)
     by_call = groups.group_by("cause", "call").agg(pl.col("dur_ns").sum())
     by_work = groups.group_by("cause", "next_kind", "next_item").agg(pl.col("dur_ns").sum())
     detail_calls = by_call.with_columns(call=names["api"].gather(by_call["call"]))
@@ -77,25 +78,28 @@ def idle_causes(
                          "span_pct", "per_iteration_ns", "longest_ns", "call_shares", "work_shares"), totals)
 
 
-def _code_groups(gaps: pl.DataFrame) -> pl.DataFrame:
+def _code_groups(con: duckdb.DuckDBPyConnection, gaps: pl.LazyFrame) -> pl.DataFrame:
     """The gaps per cause, call, next_kind and next_item (`gaps.gap_frame`'s codes): those four,
-    dur_ns (their time), gaps and longest_ns. Grouped by one key packing the four (a third of the
-    time of grouping by four columns at ten million gaps), or by the four where a call id is too
-    large to pack."""
-    if (gaps["call"].max() or 0) >= 1 << 22:  # type: ignore[operator]
-        return gaps.group_by("cause", "call", "next_kind", "next_item").agg(
-            pl.col("dur_ns").sum(), gaps=pl.len(), longest_ns=pl.col("dur_ns").max())
-    key = ((pl.col("call").fill_null(-1) + 1) * (1 << 40) + pl.col("next_item").cast(pl.Int64) * 32
-           + pl.col("next_kind").cast(pl.Int64) * 8 + pl.col("cause").cast(pl.Int64))
-    groups = gaps.group_by(key.alias("key")).agg(pl.col("dur_ns").sum(), gaps=pl.len(),
-                                                 longest_ns=pl.col("dur_ns").max())
-    key = pl.col("key")
-    return groups.select(cause=(key % 8).cast(pl.UInt8), call=pl.when(key >= 1 << 40).then(key // (1 << 40) - 1),
-                         next_kind=(key // 8 % 4).cast(pl.UInt8), next_item=(key // 32 % (1 << 35)).cast(pl.UInt32),
-                         dur_ns="dur_ns", gaps="gaps", longest_ns="longest_ns")
+    dur_ns (their time), gaps and longest_ns (`_summed`)."""
+    frame = gaps.select("cause", "call", "next_kind", "next_item", "dur_ns").collect()
+    return _summed(con, frame, ["cause", "call", "next_kind", "next_item"],
+                   "sum(dur_ns)::BIGINT AS dur_ns, count(*) AS gaps, max(dur_ns) AS longest_ns")
 
 
-def _totals(con: duckdb.DuckDBPyConnection, trace_id: int, gaps: pl.DataFrame) -> IdleTotals:
+def _summed(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, keys: list[str], sums: str) -> pl.DataFrame:
+    """`frame` grouped by `keys` with the SQL aggregates `sums`, in DuckDB: millions of gaps into
+    a few thousand groups in a third of the time and memory Polars' group_by takes."""
+    with registered(con, gaps=frame) as view:
+        return con.sql(f"SELECT {', '.join(keys)}, {sums} FROM {view['gaps']} GROUP BY ALL").pl()
+
+
+def idle_totals(
+    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX,
+    gaps: tuple[pl.LazyFrame, dict[str, pl.Series]] | None = None,
+) -> IdleTotals:
+    """The totals of `idle_causes` alone (what `traceq idle --by` states in its title). `gaps` as
+    for `idle_causes`."""
+    frame = (gap_frame(con, trace_id, iteration_regex) if gaps is None else gaps)[0]
     t = int(trace_id)
     span = con.execute(f"""
         SELECT coalesce(sum(hi - lo), 0), count(*) FROM (
@@ -106,13 +110,13 @@ def _totals(con: duckdb.DuckDBPyConnection, trace_id: int, gaps: pl.DataFrame) -
                 JOIN kernel_queues q ON q.trace_id = {t} AND q.queue_id = e.queue_id
                 UNION ALL SELECT device_id, start_ns, end_ns FROM memops WHERE trace_id = {t})
             GROUP BY device_id)""").fetchall()[0]
-    return IdleTotals(span_ns=int(span[0]), idle_ns=int(gaps["dur_ns"].sum()),
-                      iterations=gaps["iteration"].drop_nulls().n_unique(), devices=int(span[1]))
+    idle_ns, iterations = frame.select(pl.col("dur_ns").sum(), pl.col("iteration").drop_nulls().n_unique()).collect().row(0)
+    return IdleTotals(span_ns=int(span[0]), idle_ns=int(idle_ns), iterations=iterations, devices=int(span[1]))
 
 
 def idle_split(
     con: duckdb.DuckDBPyConnection, trace_id: int, by: IdleBy | str, iteration_regex: str = ITERATION_REGEX,
-    gaps: tuple[pl.DataFrame, dict[str, pl.Series]] | None = None,
+    gaps: tuple[pl.LazyFrame, dict[str, pl.Series]] | None = None,
 ) -> pl.DataFrame:
     """GPU idle time per cause, split by iteration (and device), stream or layer.
 
@@ -126,14 +130,16 @@ def idle_split(
     by = IdleBy(by)
     gaps, names = gap_frame(con, trace_id, iteration_regex) if gaps is None else gaps
     if by is IdleBy.iteration:
-        keys, frame = ["iteration", "device_id"], gaps  # grouped by the iterations' codes, named after
+        keys = ["iteration", "device_id"]  # grouped by the iterations' codes, named after
+        frame = gaps.select(*keys, "cause", "dur_ns", "start_ns").collect()
     elif by is IdleBy.stream:
-        keys, frame = ["device_id", "stream_id"], gaps
+        keys = ["device_id", "stream_id"]
+        frame = gaps.select(*keys, "cause", "dur_ns", "start_ns").collect()
     else:
         keys, frame = ["layer", "pass"], _with_layers(con, trace_id, gaps, iteration_regex)
     # per key and cause first (millions of gaps, a few groups), then the causes side by side
-    per_cause = frame.group_by([*keys, "cause"]).agg(gaps=pl.len(), idle_ns=pl.col("dur_ns").sum(),
-                                                     first_ns=pl.col("start_ns").min())
+    per_cause = _summed(con, frame, [*keys, "cause"],
+                        "count(*) AS gaps, sum(dur_ns)::BIGINT AS idle_ns, min(start_ns) AS first_ns")
     sums = [pl.col("idle_ns").filter(pl.col("cause") == i).sum().alias(f"{c}_ns") for i, c in enumerate(CAUSES)]
     table = per_cause.group_by(keys).agg(gaps=pl.col("gaps").sum().cast(pl.Int64), idle_ns=pl.col("idle_ns").sum(),
                                          first_ns=pl.col("first_ns").min(), *sums)
@@ -148,13 +154,15 @@ def idle_split(
     return table.select(*keys, "gaps", "idle_ns", *[f"{c}_ns" for c in CAUSES])
 
 
-def _with_layers(con: duckdb.DuckDBPyConnection, trace_id: int, gaps: pl.DataFrame,
+def _with_layers(con: duckdb.DuckDBPyConnection, trace_id: int, gaps: pl.LazyFrame,
                  iteration_regex: str) -> pl.DataFrame:
-    """gaps with layer and pass: the NVTX context of the call that issued each gap's work (for a
-    kernel replayed from a CUDA graph, of its capture: `analysis.graphs`)."""
+    """gaps' cause, dur_ns and start_ns with layer and pass: the NVTX context of the call that
+    issued each gap's work (for a kernel replayed from a CUDA graph, of its capture:
+    `analysis.graphs`)."""
     from traceq.analysis.attribution import point_contexts
     from traceq.analysis.graphs import node_origins_sql
 
+    gaps = gaps.select("pid", "tid", "call_start_ns", "graph_node_id", "cause", "dur_ns", "start_ns").collect()
     points = gaps.select("pid", "tid", t="call_start_ns", time="call_start_ns")
     if gaps["graph_node_id"].null_count() < gaps.height:
         origins = con.sql(node_origins_sql(trace_id)).pl()
@@ -163,4 +171,4 @@ def _with_layers(con: duckdb.DuckDBPyConnection, trace_id: int, gaps: pl.DataFra
         points = points.with_columns(tid=points["tid"].scatter(found["row"], found["origin_tid"]),
                                      t=points["t"].scatter(found["row"], found["origin_ns"]))
     index, contexts = point_contexts(con, trace_id, points, iteration_regex, paths=False)
-    return gaps.with_columns(contexts["layer"].gather(index), contexts["pass"].gather(index))
+    return gaps.select("cause", "dur_ns", "start_ns", contexts["layer"].gather(index), contexts["pass"].gather(index))

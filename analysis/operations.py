@@ -9,8 +9,10 @@ or whose reader does not look) are looked up among the calls of their correlatio
 stored in key order already, and each operation finds its call by one binary search over the
 calls' (process, correlation id) keys (`issuing_calls`). Both kinds are one DuckDB relation
 (`gpu_work_sql`): reports that aggregate the work (launch times per name, `nsys stats`'
-cuda_kern_exec_sum) do so where the kernels lie; `gpu_work` reads it into Polars. Times are
-integer ns on the trace's timeline.
+cuda_kern_exec_sum) do so where the kernels lie. `gpu_work` reads the work into Polars for the
+gaps, the stored kernels without a join: each operation's queue (device, stream, process) and
+calling thread are row numbers into two small tables (`Work`). Times are integer ns on the
+trace's timeline.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import duckdb
 import polars as pl
@@ -40,22 +43,72 @@ trace's kernels: restricting the read would cost more than it saves)."""
 _KEY_BITS = 32  # CUPTI correlation ids are 32-bit: (process number << 32) | correlation id is unique
 
 
-def gpu_work(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Every kernel, memcpy and memset of the trace with the call that issued it, and the copies'
-    details apart.
+@dataclass(frozen=True)
+class Work:
+    """A trace's GPU work as `gpu_work` reads it: each operation's queue (device, stream, process)
+    and calling thread as row numbers into two small tables, not as four 64-bit columns."""
 
-    Returns (ops, memops). ops, in no particular order: kind (UInt8, index into KINDS), item
-    (kernel_events.name_id for a kernel, the row of `memops` for a copy or set), device_id,
-    stream_id, pid, start_ns, end_ns, graph_node_id (a kernel's CUDA graph node; null for the
-    rest, and for every row of a trace without graph nodes), then the issuing call's tid,
-    call_start_ns, call_end_ns and call_name_id (`with_calls`). memops: op, copy_kind, src_kind,
-    dst_kind, bytes, pid, correlation_id (one row per memcpy/memset, `item` of ops points here).
-    """
+    ops: pl.DataFrame
+    """kind (UInt8, index into KINDS), item (kernel_events.name_id for a kernel, the row of
+    `memops` for a copy or set), queue (UInt32, row of `queues`), start_ns, end_ns,
+    graph_node_id (a kernel's CUDA graph node; only in a trace with graph nodes), thread
+    (UInt32, row of `threads`; null without an issuing call), call_start_ns, call_end_ns,
+    call_name_id (of the issuing call, `with_calls`); in no particular order."""
+    queues: pl.DataFrame
+    """device_id, stream_id, pid, by `ops.queue`."""
+    threads: pl.Series
+    """tid (of the issuing call), by `ops.thread`."""
+    memops: pl.DataFrame
+    """op, copy_kind, src_kind, dst_kind, bytes, pid, correlation_id: one row per memcpy/memset."""
+
+    def of(self, column: str, rows: pl.Series | None = None) -> pl.Series:
+        """device_id, stream_id, pid or tid of each operation (of `rows` of ops, if given)."""
+        codes = self.ops["thread" if column == "tid" else "queue"]
+        codes = codes if rows is None else codes.gather(rows)
+        return (self.threads if column == "tid" else self.queues[column]).gather(codes)
+
+
+def gpu_work(con: duckdb.DuckDBPyConnection, trace_id: int) -> Work:
+    """Every kernel, memcpy and memset of the trace with the call that issued it, and the copies'
+    details apart (`Work`). The kernels whose calls the load stored are read as they lie (no
+    join); the rest are looked up by `with_calls` and given a row each in `queues` and
+    `threads`."""
+    from traceq.analysis.graphs import has_graph_nodes
+
     t = int(trace_id)
-    with _work(con, t, graph=False) as (work, memops):
-        # a few chunks: the analyses gather from it as fast; the copies' correlation ids are in memops
-        ops = con.sql(f"SELECT * EXCLUDE (correlation_id) FROM {work}").pl(BATCH_ROWS)
-    return ops, memops
+    graph = has_graph_nodes(con, t)
+    lacking = _kernels(con, t, "e.launch_start_ns IS NULL", graph)
+    copies, memops = _copies(con, t, lacking.schema)
+    looked_up = pl.concat([with_calls(con, t, lacking), with_calls(con, t, copies)])
+    queues = con.sql(f"SELECT queue_id, device_id, stream_id, pid FROM kernel_queues WHERE trace_id = {t} "
+                     f"ORDER BY queue_id").pl()
+    threads = con.sql(f"SELECT thread_id, tid FROM api_threads WHERE trace_id = {t} ORDER BY thread_id").pl()
+    stored = con.sql(f"""
+        SELECT 0::UTINYINT AS kind, name_id::UINTEGER AS item, queue_id, start_ns, end_ns,
+               {'graph_node_id, ' if graph else ''}launch_thread_id,
+               launch_start_ns AS call_start_ns, launch_end_ns AS call_end_ns, launch_name_id AS call_name_id
+        FROM kernel_events WHERE trace_id = {t} AND launch_start_ns IS NOT NULL""").pl(BATCH_ROWS)
+    queue_rows = pl.int_range(queues.height, queues.height + looked_up.height, dtype=pl.UInt32, eager=True)
+    thread_rows = pl.int_range(threads.height, threads.height + looked_up.height, dtype=pl.UInt32, eager=True)
+    ops = pl.concat([
+        stored.select("kind", "item", queue=_row_of(queues, "queue_id", stored["queue_id"]), start_ns="start_ns",
+                      end_ns="end_ns", *(["graph_node_id"] if graph else []),
+                      thread=_row_of(threads, "thread_id", stored["launch_thread_id"]),
+                      call_start_ns="call_start_ns", call_end_ns="call_end_ns", call_name_id="call_name_id"),
+        looked_up.select("kind", "item", queue=queue_rows, start_ns="start_ns", end_ns="end_ns",
+                         *(["graph_node_id"] if graph else []), thread=thread_rows, call_start_ns="call_start_ns",
+                         call_end_ns="call_end_ns", call_name_id="call_name_id")], rechunk=False)
+    queues = queues.drop("queue_id")
+    queues = pl.concat([queues, looked_up.select(queues.columns).cast(queues.schema)])
+    return Work(ops, queues, pl.concat([threads["tid"], looked_up["tid"].cast(threads["tid"].dtype)]), memops)
+
+
+def _row_of(table: pl.DataFrame, key: str, ids: pl.Series) -> pl.Series:
+    """The rows of `table` whose `key` column holds `ids` (UInt32; null for null ids): the ids
+    themselves when the keys are 0, 1, ... (the store numbers queues, threads and names so)."""
+    if table[key].equals(pl.int_range(0, table.height, dtype=table[key].dtype, eager=True)):
+        return ids.cast(pl.UInt32)
+    return ids.replace_strict(table[key], pl.int_range(0, table.height, dtype=pl.UInt32, eager=True), default=None)
 
 
 @contextmanager
@@ -126,9 +179,7 @@ def _copies(con: duckdb.DuckDBPyConnection, trace_id: int, schema: pl.Schema) ->
 def by_row(table: pl.DataFrame, key: str, ids: pl.Series, columns: tuple[str, ...]) -> list[pl.Series]:
     """`columns` of the rows of `table` whose `key` column holds `ids`: a gather by row number
     when the keys are 0, 1, ... (the store numbers queues, threads and names so), else a lookup."""
-    at = ids
-    if not table[key].equals(pl.int_range(0, table.height, dtype=table[key].dtype, eager=True)):
-        at = at.replace_strict(table[key], pl.int_range(0, table.height, dtype=pl.UInt32, eager=True))
+    at = _row_of(table, key, ids)
     return [table[c].gather(at) for c in columns]
 
 

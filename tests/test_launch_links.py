@@ -156,6 +156,7 @@ def test_gaps_take_the_iteration_their_call_began_in(sample_store) -> None:
 
     t = trace_id(sample_store, "ddp_resnet18_2gpu")
     gaps, names = gap_frame(sample_store, t)
+    gaps = gaps.select("pid", "call_start_ns", "iteration").collect()
     frame = gaps.select("pid", "call_start_ns", iteration=names["iteration"].gather(gaps["iteration"]))
     sample_store.register("_gaps", frame.to_arrow())
     try:
