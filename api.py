@@ -725,8 +725,9 @@ class Trace:
         evidence, fix, rule); `idle_totals()` gives the span they are measured against."""
         from traceq.analysis.advise import advise
 
-        return advise(self.con, self.id, _regex(iteration_regex), idle=self._idle(iteration_regex),
-                      launches=self._launches())[0]
+        kept = self._kept.get("launches")  # else read beside the idle analysis (`advise`)
+        return advise(self.con, self.id, _regex(iteration_regex), idle=lambda: self._idle(iteration_regex),
+                      launches=None if kept is None else kept[1])[0]
 
     def export(self, path: str | Path, *, format: str = "perfetto",  # noqa: A002 (the CLI's --format)
                progress: Callable[[int, int], None] | None = None) -> dict[str, int]:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import duckdb
@@ -51,37 +52,81 @@ class Finding:
 
 @dataclass
 class _Facts:
-    """What several rules read, computed once."""
+    """What several rules read, computed once. The idle analysis is set when it is done; the
+    rest `prefetch` reads beside it, on this object's own connection."""
 
     con: duckdb.DuckDBPyConnection
     trace_id: int
     iteration_regex: str
-    idle: pl.DataFrame
-    totals: IdleTotals
     launches: tuple[pl.DataFrame, dict[str, float]] | None  # launches.launch_table, if the caller had it
+    idle: pl.DataFrame = field(default_factory=pl.DataFrame)
+    totals: IdleTotals = IdleTotals(0, 0, 0, 0)
+
+    @cached_property
+    def launch_table(self) -> tuple[pl.DataFrame, dict[str, float]]:
+        return self.launches or launch_table(self.con, self.trace_id)
 
     @cached_property
     def classified(self) -> pl.DataFrame:
         """`_classified`, which four rules read: computed once."""
         return _classified(self)
 
+    @cached_property
+    def peaks(self) -> pl.DataFrame:
+        from traceq.analysis.peaks import trace_peaks
+
+        return trace_peaks(self.con, self.trace_id)
+
+    @cached_property
+    def ru(self) -> pl.DataFrame:
+        from traceq.analysis.efficiency import ru_table
+
+        return ru_table(self.con, self.trace_id, "kernel", iteration_regex=self.iteration_regex)
+
+    @cached_property
+    def gemm_layers(self) -> tuple[pl.DataFrame, int]:
+        return _gemm_layers(self)
+
+    def prefetch(self) -> None:
+        """Read what the rules other than the idle ones need. A failure is left for the rule
+        that reads the fact to meet again, on the calling thread."""
+        for fact in ("launch_table", "classified", "peaks", "ru", "gemm_layers"):
+            try:
+                getattr(self, fact)
+            except Exception:  # noqa: BLE001 (raised again where the rule reads it)
+                pass
+
 
 def advise(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX,
-           idle: tuple[pl.DataFrame, IdleTotals] | None = None,
+           idle: tuple[pl.DataFrame, IdleTotals] | Callable[[], tuple[pl.DataFrame, IdleTotals]] | None = None,
            launches: tuple[pl.DataFrame, dict[str, float]] | None = None) -> tuple[pl.DataFrame, IdleTotals]:
     """The trace's findings, most time at stake first, and its idle totals.
 
     Columns: rank, title, time_ns (GPU time at stake: what the fix could save at most), pct
     (time_ns as a share of the devices' span, %), evidence, fix, rule (the rule's id, one of
     RULES). `idle`, `launches`: the trace's `idle.idle_causes` and `launches.launch_table`, when
-    the caller has them already.
+    the caller has them already; `idle` may be a function that gives them. The idle analysis
+    runs on this thread and `con` while another thread reads the other rules' facts through a
+    second connection to the same database (`_Facts.prefetch`): at ten million kernels the two
+    take about as long, mostly inside Polars and DuckDB, which release the GIL.
     """
-    if idle is None:
-        idle = idle_causes(con, trace_id, iteration_regex)
-    table, totals = idle
-    facts = _Facts(con, trace_id, iteration_regex, table, totals, launches)
-    found = [f for rule in RULES.values() for f in rule(facts)
-             if f.time_ns >= MIN_SHARE * max(totals.span_ns, 1)]
+    facts = _Facts(con.cursor(), trace_id, iteration_regex, launches)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            ahead = pool.submit(facts.prefetch)
+            try:
+                if idle is None:
+                    idle = idle_causes(con, trace_id, iteration_regex)
+                facts.idle, facts.totals = idle() if callable(idle) else idle
+            except BaseException:  # Ctrl-C or a failure: stop the other thread's query too
+                facts.con.interrupt()
+                raise
+            ahead.result()
+        totals = facts.totals
+        found = [f for rule in RULES.values() for f in rule(facts)
+                 if f.time_ns >= MIN_SHARE * max(totals.span_ns, 1)]
+    finally:
+        facts.con.close()
     found.sort(key=lambda f: (-f.time_ns, f.rule))
     frame = pl.DataFrame({"title": [f.title for f in found], "time_ns": [int(f.time_ns) for f in found],
                           "evidence": [f.evidence for f in found], "fix": [f.fix for f in found],
@@ -149,7 +194,7 @@ def _pageable(facts: _Facts) -> list[Finding]:
 
 def _tiny_kernels(facts: _Facts) -> list[Finding]:
     """A storm of tiny kernels: the launch-call time the tiny launches cost beyond their kernels."""
-    table, totals = facts.launches or launch_table(facts.con, facts.trace_id)
+    table, totals = facts.launch_table
     if not totals["launches"] or totals["tiny_pct"] < 100 * TINY_SHARE:
         return []
     tiny = table.filter(pl.col("tiny") > 0).join(facts.classified.select("name", "label"), on="name", how="left")
@@ -227,9 +272,7 @@ def _label(row: dict[str, object]) -> str:
 def _fp32_math(facts: _Facts) -> list[Finding]:
     """Convolution and GEMM kernels in FP32 (by name, or a name that says no precision) without
     tensor cores, on a GPU that has them."""
-    from traceq.analysis.peaks import trace_peaks
-
-    peaks = trace_peaks(facts.con, facts.trace_id)
+    peaks = facts.peaks
     if peaks.is_empty():
         return []
     gpu = peaks.sort("sm_count", descending=True).row(0, named=True)
@@ -263,7 +306,7 @@ def _transposed_gemms(facts: _Facts) -> list[Finding]:
     layer. A linear layer's forward, data-gradient and weight-gradient products do the same
     FLOPs, so the kernel time each operand layout (nn, nt, tn, tt) takes in the layer compares
     directly; a layer with a convolution kernel is left out (its products differ)."""
-    kernels, scale = _gemm_layers(facts)
+    kernels, scale = facts.gemm_layers
     if kernels.is_empty():
         return []
     forward = kernels.filter(pl.col("pass") == "forward")["layer"].unique().to_list()
@@ -336,10 +379,8 @@ _LIMITER_FIX = {
 
 def _low_ru(facts: _Facts) -> list[Finding]:
     """Kernels whose grids leave block slots empty (RU below LOW_RU), with their limiter."""
-    from traceq.analysis.efficiency import ru_table
-
     try:
-        ru = ru_table(facts.con, facts.trace_id, "kernel", iteration_regex=facts.iteration_regex)
+        ru = facts.ru
     except TraceqError:  # no GPU description
         return []
     low = (ru.filter(pl.col("ru") < LOW_RU).with_columns(waste_ns=pl.col("total_ns") * (1 - pl.col("ru")))

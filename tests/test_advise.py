@@ -92,3 +92,25 @@ def test_evidence_tells_kernels_of_one_short_name_apart(sample_store) -> None:
     kernels = [part.rsplit(" x", 1)[0] for part in storm.split(", vectorized")]
     assert len(kernels) == 3 and len(set(kernels)) == 3, storm
     assert "FillFunctor<float>>" in storm
+
+
+def test_a_failed_idle_analysis_stops_the_other_thread_s_query(sample_store, monkeypatch) -> None:
+    """`advise` reads the other rules' facts on a second connection while the idle analysis runs:
+    when the idle analysis fails (or Ctrl-C stops it) that connection's query is interrupted,
+    and the failure comes out at once, not after the other query (minutes here) is done."""
+    import time
+
+    import traceq.analysis.advise as advise_module
+
+    def slow_prefetch(facts) -> None:
+        facts.con.execute("SELECT count(*) FROM range(100000000000) WHERE range % 7 = 3").fetchall()
+
+    def failing_idle():
+        time.sleep(0.3)  # the other query has begun
+        raise ValueError("idle failed")
+
+    monkeypatch.setattr(advise_module._Facts, "prefetch", slow_prefetch)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="idle failed"):
+        advise(sample_store, trace_id(sample_store, "badloop_mlp"), idle=failing_idle)
+    assert time.monotonic() - started < 5

@@ -39,7 +39,7 @@ def _name(path: Path) -> str:
     return path.name.removesuffix(".gz").rsplit(".", 1)[0]
 
 
-COMMANDS = [["top", "-k", "50"], ["layers"], ["libs"], ["stages"]]
+COMMANDS = [["top", "-k", "50"], ["layers"], ["libs"], ["stages"], ["advise"]]
 RUN_COMMANDS = [["comm"], ["overlap"], ["ranks"], ["comm", "--by", "instance"], ["ranks", "--by", "collective"]]
 RUNS = {"ddp": DDP, "dlrm": DLRM}
 
