@@ -129,17 +129,13 @@ def idle_split(
     """
     by = IdleBy(by)
     gaps, names = gap_frame(con, trace_id, iteration_regex) if gaps is None else gaps
-    if by is IdleBy.iteration:
-        keys = ["iteration", "device_id"]  # grouped by the iterations' codes, named after
-        frame = gaps.select(*keys, "cause", "dur_ns", "start_ns").collect()
-    elif by is IdleBy.stream:
-        keys = ["device_id", "stream_id"]
-        frame = gaps.select(*keys, "cause", "dur_ns", "start_ns").collect()
-    else:
-        keys, frame = ["layer", "pass"], _with_layers(con, trace_id, gaps, iteration_regex)
     # per key and cause first (millions of gaps, a few groups), then the causes side by side
-    per_cause = _summed(con, frame, [*keys, "cause"],
-                        "count(*) AS gaps, sum(dur_ns)::BIGINT AS idle_ns, min(start_ns) AS first_ns")
+    if by is IdleBy.layer:
+        keys = ["layer", "pass"]
+        per_cause = _layer_sums(con, trace_id, gaps, iteration_regex)
+    else:  # by iteration: grouped by the iterations' codes, named after
+        keys = ["iteration", "device_id"] if by is IdleBy.iteration else ["device_id", "stream_id"]
+        per_cause = _summed(con, gaps.select(*keys, "cause", "dur_ns", "start_ns").collect(), [*keys, "cause"], _SUMS)
     sums = [pl.col("idle_ns").filter(pl.col("cause") == i).sum().alias(f"{c}_ns") for i, c in enumerate(CAUSES)]
     table = per_cause.group_by(keys).agg(gaps=pl.col("gaps").sum().cast(pl.Int64), idle_ns=pl.col("idle_ns").sum(),
                                          first_ns=pl.col("first_ns").min(), *sums)
@@ -154,21 +150,62 @@ def idle_split(
     return table.select(*keys, "gaps", "idle_ns", *[f"{c}_ns" for c in CAUSES])
 
 
-def _with_layers(con: duckdb.DuckDBPyConnection, trace_id: int, gaps: pl.LazyFrame,
-                 iteration_regex: str) -> pl.DataFrame:
-    """gaps' cause, dur_ns and start_ns with layer and pass: the NVTX context of the call that
-    issued each gap's work (for a kernel replayed from a CUDA graph, of its capture:
-    `analysis.graphs`)."""
+_SUMS = "count(*) AS gaps, sum(dur_ns)::BIGINT AS idle_ns, min(start_ns) AS first_ns"
+"""What `idle_split` sums per key and cause."""
+
+
+def _layer_sums(con: duckdb.DuckDBPyConnection, trace_id: int, gaps: pl.LazyFrame,
+                iteration_regex: str) -> pl.DataFrame:
+    """`idle_split`'s sums per layer, pass and cause. A gap's layer and pass are the NVTX context
+    of the call that issued its work (for a kernel replayed from a CUDA graph, of its capture:
+    `analysis.graphs`). The gaps are summed per thread, call time (`_time_classes`) and cause
+    first, and the contexts found for those groups, not for each of millions of gaps."""
     from traceq.analysis.attribution import point_contexts
     from traceq.analysis.graphs import node_origins_sql
 
     gaps = gaps.select("pid", "tid", "call_start_ns", "graph_node_id", "cause", "dur_ns", "start_ns").collect()
-    points = gaps.select("pid", "tid", t="call_start_ns", time="call_start_ns")
+    tid, t, replay = gaps["tid"], gaps["call_start_ns"], gaps["call_start_ns"]
     if gaps["graph_node_id"].null_count() < gaps.height:
         origins = con.sql(node_origins_sql(trace_id)).pl()
         found = (gaps.select("pid", "graph_node_id").with_row_index("row")
                  .join(origins, on=["pid", "graph_node_id"], how="inner"))
-        points = points.with_columns(tid=points["tid"].scatter(found["row"], found["origin_tid"]),
-                                     t=points["t"].scatter(found["row"], found["origin_ns"]))
+        tid, t = tid.scatter(found["row"], found["origin_tid"]), t.scatter(found["row"], found["origin_ns"])
+    t, replay = _time_classes(_nvtx_bounds(con, trace_id), t, replay)
+    points = _summed(con, gaps.select("pid", "cause", "dur_ns", "start_ns", tid=tid, t=t, time=replay),
+                     ["pid", "tid", "t", "time", "cause"], _SUMS)
     index, contexts = point_contexts(con, trace_id, points, iteration_regex, paths=False)
-    return gaps.select("cause", "dur_ns", "start_ns", contexts["layer"].gather(index), contexts["pass"].gather(index))
+    return (points.select(contexts["layer"].gather(index), contexts["pass"].gather(index), "cause", "gaps", "idle_ns",
+                          "first_ns")
+            .group_by("layer", "pass", "cause").agg(pl.col("gaps", "idle_ns").sum(), pl.col("first_ns").min()))
+
+
+def _nvtx_bounds(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.Series:
+    """Every distinct start and end time of the trace's NVTX events, ascending."""
+    return con.sql(f"""
+        SELECT DISTINCT v FROM (SELECT start_ns AS v FROM nvtx_events WHERE trace_id = {int(trace_id)}
+                                UNION ALL SELECT end_ns FROM nvtx_events WHERE trace_id = {int(trace_id)})
+        WHERE v IS NOT NULL ORDER BY v""").pl()["v"]
+
+
+def _time_classes(bounds: pl.Series, t: pl.Series, replay: pl.Series) -> tuple[pl.Series, pl.Series]:
+    """Points' times (t; replay: when a kernel replayed from a CUDA graph ran, else t) with each
+    t replaced by a time that attribution cannot tell from it, so that millions of launches
+    become a few points per NVTX range. Attribution only compares a time with the starts and
+    ends of the trace's NVTX ranges (`_nvtx_bounds`, ascending; `attribution.point_contexts`:
+    binary searches and as-of joins), so every time strictly between two consecutive
+    boundaries compares alike, as does every time before the first: each class stands as its
+    boundary + 1 (the first's as boundary - 1), a time equal to a boundary as itself. A
+    replayed kernel's times are kept as they are (its replay time is compared too); with as
+    many boundaries as points, all are."""
+    if 2 * len(bounds) >= len(t):
+        return t, replay
+    moved = t.is_not_null() & replay.is_not_null() & (t != replay)
+    if bounds.is_empty():
+        rep = pl.repeat(0, len(t), dtype=t.dtype, eager=True)
+    else:
+        at = bounds.search_sorted(t.fill_null(0), side="right").cast(pl.Int64) - 1
+        below = bounds.gather(at.clip(lower_bound=0))
+        rep = pl.select(pl.when(at < 0).then(bounds[0] - 1).when(below == t).then(t).otherwise(below + 1)).to_series()
+    keep = moved | t.is_null()
+    t = pl.select(pl.when(keep).then(t).otherwise(rep)).to_series()
+    return t, pl.select(pl.when(keep).then(replay).otherwise(t)).to_series()

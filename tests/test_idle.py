@@ -9,6 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import polars as pl
+from polars.testing import assert_frame_equal
 import pytest
 from typer.testing import CliRunner
 
@@ -138,3 +139,57 @@ def test_a_gap_goes_to_the_first_of_the_work_that_ends_it(tmp_path) -> None:
     got = list(zip(gaps["device_id"], gaps["start_ns"], gaps["end_ns"], gaps["next_name"]))
     assert sorted(got) == sorted(want) and len(want) > 8000
     con.close()
+
+
+@pytest.mark.parametrize("name", ["alexnet_b256_nocudnn", "alexnet_b256_cudnn", "alexnet_b64_graph", "badloop_mlp",
+                                  "resnet50_b32_amp_ops", "ddp_resnet18_2gpu"])
+def test_layers_found_per_time_class_equal_those_found_per_gap(sample_store, monkeypatch, name: str) -> None:
+    """`idle --by layer` finds the layer of each time class of the launch calls (between two
+    NVTX boundaries) rather than of each gap: the table equals the one with every gap's own
+    time, on traces with layer ranges, inferred layers (the loss, weight gradients after their
+    range) and CUDA graph replays."""
+    import traceq.analysis.idle as idle_module
+
+    tid = trace_id(sample_store, name)
+    by_class = idle_split(sample_store, tid, "layer")
+    classes = idle_module._time_classes
+    seen = []
+
+    def recorded(bounds, t, replay):
+        got = classes(bounds, t, replay)
+        seen.append((t.n_unique(), got[0].n_unique()))
+        return got
+
+    monkeypatch.setattr(idle_module, "_time_classes", recorded)
+    assert_frame_equal(idle_split(sample_store, tid, "layer"), by_class)
+    monkeypatch.setattr(idle_module, "_time_classes", lambda bounds, t, replay: (t, replay))
+    by_gap = idle_split(sample_store, tid, "layer")
+    assert_frame_equal(by_class, by_gap)
+    assert by_gap["idle_ns"].sum() > 0 and by_gap["layer"].n_unique() > 2
+    if name == "alexnet_b256_nocudnn":  # 37k launches, 189 NVTX events: a few hundred points
+        assert seen[0][1] < seen[0][0] / 20
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_time_and_its_class_compare_alike_with_every_boundary(seed: int) -> None:
+    """`_time_classes`: each time's representative is <, = or > each NVTX boundary exactly when
+    the time is (random boundaries and times, many of them on a boundary or next to one); a
+    replayed kernel's times and unknown times stay as they are."""
+    import random
+
+    from traceq.analysis.idle import _time_classes
+
+    rng = random.Random(seed)
+    bounds = sorted({rng.randrange(1000, 2000) for _ in range(30)})
+    times = [rng.choice([rng.randrange(900, 2100), rng.choice(bounds) + rng.choice([-1, 0, 1])]) for _ in range(2000)]
+    replay = [x + 7 if i % 50 == 0 else x for i, x in enumerate(times)]
+    times[3] = replay[3] = None
+    t, again = _time_classes(pl.Series(bounds, dtype=pl.Int64), pl.Series(times, dtype=pl.Int64),
+                             pl.Series(replay, dtype=pl.Int64))
+    assert t.n_unique() < len(set(times)) / 2
+    for x, r, got, time in zip(times, replay, t, again):
+        if x is None or r != x:
+            assert (got, time) == (x, r)
+            continue
+        assert time == got
+        assert all((x < b, x == b) == (got < b, got == b) for b in bounds), (x, got)
