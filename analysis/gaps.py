@@ -42,8 +42,8 @@ import duckdb
 import polars as pl
 
 from traceq.analysis.attribution import ITERATION_REGEX
-from traceq.analysis.intervals import last_at_or_before
-from traceq.analysis.operations import KINDS, api_calls, gpu_work
+from traceq.analysis.intervals import last_at_or_before, last_open
+from traceq.analysis.operations import KINDS, Work, api_calls, gpu_work
 
 CAUSES = ("sync", "h2d_pageable", "h2d_pinned", "iteration_start", "launch_bound", "other")
 """Gap causes (the host-caused ones in the order they are tested)."""
@@ -93,7 +93,7 @@ def gap_frame(
     work = gpu_work(con, t)
     ops, memops = work.ops, work.memops
     api_names = _api_names(con, t)
-    iterations, iteration = _iterations(con, t, ops, work.of("pid"), iteration_regex)
+    iterations, iteration = _iterations(con, t, work, iteration_regex)
     blocking, h2d = _waiting_calls(api_calls(con, t, WAITING_CALL), memops, api_names)
     # the gaps: a running maximum of end times over each device's work in start order
     device = work.of("device_id")
@@ -130,7 +130,7 @@ def gap_frame(
     # late gaps get their cause and call in place; the rest are `other`, their call the issuing one
     own = gaps.select("op_row", start_ns="gap_start", end_ns="start_ns").with_columns(
         cause=pl.repeat(5, gaps.height, dtype=pl.UInt8, eager=True).scatter(late_rows, late_cause["cause"]),
-        call=ops["call_name_id"].gather(rows).cast(pl.Int64).scatter(late_rows, late_cause["call"]))
+        call=ops["call_name_id"].gather(rows).scatter(late_rows, late_cause["call"].cast(ops["call_name_id"].dtype)))
     del gaps, late_cause, late_rows
 
     def of_next(values: pl.Series, codes: pl.Series | None = None) -> pl.Expr:
@@ -182,11 +182,11 @@ def _api_names(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.Series:
 
 
 def _iterations(
-    con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFrame, pid: pl.Series, iteration_regex: str
+    con: duckdb.DuckDBPyConnection, trace_id: int, work: Work, iteration_regex: str
 ) -> tuple[pl.Series, pl.Series]:
-    """The iteration of each operation of `ops` (`operations.Work.ops`; `pid`, their processes;
-    see the module docstring): (names, codes), the codes (UInt32, null outside every iteration)
-    index `names`, one per iteration range name."""
+    """The iteration of each operation of `work` (see the module docstring): (names, codes), the
+    codes (UInt32, null outside every iteration) index `names`, one per iteration range name."""
+    ops = work.ops
     ranges = con.sql(f"""
         SELECT pid, name, start_ns, end_ns FROM nvtx
         WHERE trace_id = {int(trace_id)} AND kind IN ('pushpop', 'startend')
@@ -203,9 +203,12 @@ def _iterations(
     if ranges.height == 0:
         return names, pl.repeat(None, ops.height, dtype=pl.UInt32, eager=True)
     start = ops["call_start_ns"]
-    row = last_at_or_before(ranges["pid"], ranges["start_ns"], pid, start)
-    inside = pl.select(pl.when(start < ranges["end_ns"].gather(row)).then(row)).to_series()
-    return names, ranges["code"].gather(inside)
+    pids = work.queues["pid"]
+    if pids.null_count() or pl.concat([pids, ranges["pid"]]).drop_nulls().n_unique() > 1:
+        row = last_at_or_before(ranges["pid"], ranges["start_ns"], work.of("pid"), start)
+        inside = pl.select(pl.when(start < ranges["end_ns"].gather(row)).then(row)).to_series()
+        return names, ranges["code"].gather(inside)
+    return names, last_open(ranges["start_ns"], ranges["end_ns"], ranges["code"], start)  # one process
 
 
 def _waiting_calls(calls: pl.DataFrame, memops: pl.DataFrame, api_names: pl.Series

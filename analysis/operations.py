@@ -84,8 +84,8 @@ def gpu_work(con: duckdb.DuckDBPyConnection, trace_id: int) -> Work:
                      f"ORDER BY queue_id").pl()
     threads = con.sql(f"SELECT thread_id, tid FROM api_threads WHERE trace_id = {t} ORDER BY thread_id").pl()
     stored = con.sql(f"""
-        SELECT 0::UTINYINT AS kind, name_id::UINTEGER AS item, queue_id, start_ns, end_ns,
-               {'graph_node_id, ' if graph else ''}launch_thread_id,
+        SELECT 0::UTINYINT AS kind, name_id::UINTEGER AS item, queue_id::UINTEGER AS queue_id, start_ns, end_ns,
+               {'graph_node_id, ' if graph else ''}launch_thread_id::UINTEGER AS launch_thread_id,
                launch_start_ns AS call_start_ns, launch_end_ns AS call_end_ns, launch_name_id AS call_name_id
         FROM kernel_events WHERE trace_id = {t} AND launch_start_ns IS NOT NULL""").pl(BATCH_ROWS)
     queue_rows = pl.int_range(queues.height, queues.height + looked_up.height, dtype=pl.UInt32, eager=True)

@@ -148,13 +148,15 @@ def test_analyses_without_stored_calls_are_the_same(tmp_path, name: str) -> None
         assert_frame_equal(got[key], want[key])
 
 
-def test_gaps_take_the_iteration_their_call_began_in(sample_store) -> None:
+@pytest.mark.parametrize("name", ["ddp_resnet18_2gpu", "badloop_mlp"])
+def test_gaps_take_the_iteration_their_call_began_in(sample_store, name: str) -> None:
     """Every gap whose issuing call began inside an iteration range of its process belongs to that
     iteration (SQL over the store's ranges): rank 1 of ddp_resnet18_2gpu began its first
-    iteration after its first calls, which the lookup by correlation id missed (450 gaps)."""
+    iteration after its first calls, which the lookup by correlation id missed (450 gaps).
+    badloop_mlp has one process, whose calls find their iteration by a search of its own."""
     from traceq.analysis.gaps import gap_frame
 
-    t = trace_id(sample_store, "ddp_resnet18_2gpu")
+    t = trace_id(sample_store, name)
     gaps, names = gap_frame(sample_store, t)
     gaps = gaps.select("pid", "call_start_ns", "iteration").collect()
     frame = gaps.select("pid", "call_start_ns", iteration=names["iteration"].gather(gaps["iteration"]))
@@ -168,4 +170,6 @@ def test_gaps_take_the_iteration_their_call_began_in(sample_store) -> None:
     finally:
         sample_store.unregister("_gaps")
     assert all(got == want for got, want, _ in rows)
-    assert sum(n for got, _, n in rows if got == "iteration 0") > 450
+    if name == "ddp_resnet18_2gpu":
+        assert sum(n for got, _, n in rows if got == "iteration 0") > 450
+    assert sum(n for got, _, n in rows if got is not None) > 0.9 * sum(n for _, _, n in rows)

@@ -71,3 +71,31 @@ def test_last_at_or_before_is_the_brute_force_answer(seed: int) -> None:
         return max(rows, key=lambda row: (events[row][1], row)) if rows else None
 
     assert found.to_list() == [brute(g, t) for g, t in points]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_last_open_is_the_brute_force_answer(seed: int) -> None:
+    """The iteration of a call on one process: the value of the range begun last at or before the
+    time (ties: the last row), if the time is before its end; ranges in any order, overlapping,
+    empty, sharing starts; times on every start and end and next to them, and null."""
+    from traceq.analysis.intervals import last_open
+
+    rng = random.Random(seed)
+    ranges = []
+    for _ in range(rng.randrange(0, 12)):
+        start = rng.randrange(0, 50)
+        ranges.append((start, start + rng.choice([0, 1, rng.randrange(1, 20)]), rng.randrange(100)))
+    times = [rng.choice([rng.randrange(-3, 75), None]) for _ in range(80)]
+    times += [t + d for s, e, _ in ranges for t in (s, e) for d in (-1, 0, 1)]
+    found = last_open(pl.Series([s for s, _, _ in ranges], dtype=pl.Int64),
+                      pl.Series([e for _, e, _ in ranges], dtype=pl.Int64),
+                      pl.Series([v for _, _, v in ranges], dtype=pl.UInt32), pl.Series(times, dtype=pl.Int64))
+
+    def brute(time: int | None) -> int | None:
+        rows = [row for row, (s, _, _) in enumerate(ranges) if time is not None and s <= time]
+        if not rows:
+            return None
+        row = max(rows, key=lambda r: (ranges[r][0], r))
+        return ranges[row][2] if time < ranges[row][1] else None
+
+    assert found.to_list() == [brute(t) for t in times]
