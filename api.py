@@ -659,9 +659,11 @@ class Trace:
         from traceq.analysis.gate import regression_gate
 
         b = other if isinstance(other, Trace) else self.store.trace(other)
+        kept = [t._kept.get("stages") for t in (self, b)]  # else the spans alone (`gate.iteration_times`)
+        key = (_regex(iteration_regex), _rules_key())
         return regression_gate(self.store._over([self.id, b.id]), self.id, b.id, threshold,
                                iteration_regex=_regex(iteration_regex),
-                               stages=(self._stages(iteration_regex), b._stages(iteration_regex)))
+                               stages=(kept[0][1], kept[1][1]) if all(k and k[0] == key for k in kept) else None)
 
     def _gaps(self, iteration_regex: str | None) -> tuple[pl.DataFrame, dict[str, pl.Series]]:
         from traceq.analysis.gaps import gap_frame

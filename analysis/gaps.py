@@ -93,7 +93,7 @@ def gap_frame(
     work = gpu_work(con, t)
     ops, memops = work.ops, work.memops
     api_names = _api_names(con, t)
-    iterations, iteration = _iterations(con, t, work, iteration_regex)
+    iterations, iteration = operation_iterations(con, t, work, iteration_regex)
     blocking, h2d = _waiting_calls(api_calls(con, t, WAITING_CALL), memops, api_names)
     # the gaps: a running maximum of end times over each device's work in start order
     device = work.of("device_id")
@@ -181,7 +181,7 @@ def _api_names(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.Series:
     return _by_id(frame["name_id"], frame["name"])
 
 
-def _iterations(
+def operation_iterations(
     con: duckdb.DuckDBPyConnection, trace_id: int, work: Work, iteration_regex: str
 ) -> tuple[pl.Series, pl.Series]:
     """The iteration of each operation of `work` (see the module docstring): (names, codes), the
@@ -189,9 +189,10 @@ def _iterations(
     ops = work.ops
     ranges = con.sql(f"""
         SELECT pid, name, start_ns, end_ns FROM nvtx
-        WHERE trace_id = {int(trace_id)} AND kind IN ('pushpop', 'startend')
+        WHERE trace_id = {int(trace_id)} AND kind IN ('pushpop', 'startend') AND pid IS NOT NULL
           AND regexp_matches(coalesce(name, ''), ?)
-        ORDER BY pid, start_ns""", params=[iteration_regex]).pl()
+        ORDER BY pid, start_ns""", params=[iteration_regex]).pl()  # a range of no process (Kineto's
+    # GPU-track annotations) holds no call, as attribution has it
     # a range that never ended lasts to the trace's end (not to the end of time: times are packed
     # into keys with the process, so they must span what the trace spans)
     horizon = max((v for v in (ops["end_ns"].max(), ops["call_end_ns"].max(), ranges["start_ns"].max())

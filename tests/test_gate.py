@@ -94,3 +94,17 @@ def test_gate_exit_status(tmp_path) -> None:
     assert none.exit_code == 1 and "need iteration ranges" in none.stderr
     bad = runner.invoke(app, ["compare", "1", "2", "--gate", "five", "--db", str(db)])
     assert bad.exit_code == 2
+
+
+@pytest.mark.parametrize("name", ["alexnet_b256_cudnn", "ddp_resnet18_2gpu", "alexnet_b64_graph", "badloop_mlp",
+                                  "resnet50_b32_amp_ops"])
+def test_iteration_spans_alone_equal_the_stages(sample_store, name: str) -> None:
+    """Without the stages, the gate finds each operation's iteration alone (as the gaps do) and
+    takes its spans: the same times as `stage_times`' full attribution, on one and two GPUs and
+    CUDA graph replays."""
+    from traceq.analysis.layers import stage_times
+
+    t = trace_id(sample_store, name)
+    alone = iteration_times(sample_store, t)
+    assert alone.to_list() == iteration_times(sample_store, t, stages=stage_times(sample_store, t)).to_list()
+    assert len(alone) >= 3
