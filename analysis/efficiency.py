@@ -30,6 +30,7 @@ from traceq.analysis.layers import attributed_kernels
 from traceq.analysis.occupancy import launch_occupancy
 from traceq.analysis.peaks import DTYPES, dtype_precision
 from traceq.errors import MissingDataError
+from traceq.store import registered
 
 
 _SHAPE = ["device_id", "block_threads", "registers_per_thread", "smem_static_bytes",
@@ -177,16 +178,16 @@ def ru_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = 
     kernel's library (`classify` [[launcher]] rules), no launch needs its NVTX context, and every
     launch of one name, shape and grid has the same RU: those are aggregated in the store first
     (a few thousand groups for ten million launches) and weighted by their time, which gives
-    `launch_ru`'s means.
+    `launch_ru`'s means. Otherwise the attributed launches are grouped the same way, with
+    their library, layer and pass (`_attributed_groups`).
     """
     by = GroupBy(by)
     if kernels is None and (by is GroupBy.kernel or by is GroupBy.library and not _has_launchers(con, trace_id)):
         launches = _launch_groups(con, trace_id, cc=cc, sms=sms, library=by is GroupBy.library)
     else:
-        launches = launch_ru(con, trace_id, cc=cc, sms=sms, iteration_regex=iteration_regex,
-                             kernels=kernels).with_columns(instances=pl.lit(1, pl.Int64),
-                                                           longest_ns=pl.col("dur_ns"),
-                                                           first_kernel=pl.col("kernel_id"))
+        if kernels is None:
+            kernels = attributed_kernels(con, trace_id, iteration_regex)
+        launches = _attributed_groups(con, trace_id, kernels, cc=cc, sms=sms)
     launches = launches.sort("first_kernel").with_columns(  # in a fixed order: float sums the same every run
         smem_bytes=pl.col("smem_static_bytes").fill_null(0) + pl.col("smem_dynamic_bytes").fill_null(0))
     keys = _KEYS[by]
@@ -248,6 +249,38 @@ def _launch_groups(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | N
         classes = classify_names(groups["name"].unique(maintain_order=True)).select("name", "library")
         groups = groups.join(classes, on="name", how="left")
     return _with_ru(groups, limits)
+
+
+def _attributed_groups(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl.DataFrame, *,
+                       cc: str | None, sms: int | None) -> pl.DataFrame:
+    """`_launch_groups` for attributed launches (`kernels`: `layers.attributed_kernels`' kernel_id,
+    name, library, layer, pass, dur_ns): groups of one name, library, layer, pass,
+    configuration and queue, each with its shape, grid and RU computed once (at ten million
+    launches a few thousand groups, not a join and an occupancy row per launch)."""
+    limits = device_limits(con, trace_id, cc, sms)
+    t = int(trace_id)
+    ids = con.sql(f"SELECT kernel_id, config_id, queue_id FROM kernel_events WHERE trace_id = {t} "
+                  f"ORDER BY kernel_id").pl()
+    launches = kernels.select("kernel_id", "name", "library", "layer", "pass", "dur_ns")
+    if ids["kernel_id"].equals(pl.int_range(0, ids.height, dtype=ids["kernel_id"].dtype, eager=True)):
+        at = launches["kernel_id"]  # the store numbers a trace's kernels 0, 1, ...: a gather, not a join
+        launches = launches.with_columns(ids["config_id"].gather(at), ids["queue_id"].gather(at))
+    else:
+        launches = launches.join(ids.cast({"kernel_id": launches.schema["kernel_id"]}), on="kernel_id", how="left")
+    with registered(con, launches=launches) as view:  # DuckDB groups ten million strings in less time and memory
+        groups = con.sql(f"""
+            SELECT name, library, layer, "pass", config_id, queue_id, count(*) AS instances,
+                   sum(dur_ns)::BIGINT AS dur_ns, max(dur_ns) AS longest_ns,
+                   arg_min(kernel_id, (-dur_ns, kernel_id)) AS first_kernel
+            FROM {view['launches']} GROUP BY ALL""").pl()
+    shapes = con.sql(f"""
+        SELECT c.config_id, q.queue_id, c.grid_x::BIGINT * c.grid_y * c.grid_z AS grid_blocks, q.device_id,
+               c.block_x * c.block_y * c.block_z AS block_threads, c.registers_per_thread, c.smem_static_bytes,
+               c.smem_dynamic_bytes, c.smem_carveout_bytes, c.kineto_occupancy_pct
+        FROM kernel_configs c JOIN kernel_queues q ON q.trace_id = c.trace_id WHERE c.trace_id = {t}""").pl()
+    groups = groups.join(shapes.cast({"config_id": groups.schema["config_id"], "queue_id": groups.schema["queue_id"]}),
+                         on=["config_id", "queue_id"], how="left")
+    return _with_ru(groups.drop("config_id", "queue_id"), limits)
 
 
 def _with_ru(frame: pl.DataFrame, limits: dict[int, tuple[GpuLimits, int]]) -> pl.DataFrame:

@@ -96,18 +96,33 @@ def test_grouped_means_are_time_weighted(sample_store) -> None:
     assert by_kernel["kernels"].sum() == launches.height
 
 
-@pytest.mark.parametrize("by", [GroupBy.kernel, GroupBy.library])
+@pytest.mark.parametrize("by", [GroupBy.kernel, GroupBy.library, GroupBy.layer])
 @pytest.mark.parametrize("name", [p.stem for p in sorted(SAMPLES.glob("*.sqlite"))])
-def test_grouped_launches_give_the_per_launch_table(sample_store, name: str, by: GroupBy) -> None:
-    """By kernel or library, ru_table aggregates launches of one name, shape and grid in the
-    store; from every launch (the path `layer` and `compare` take) the table is the same."""
+def test_grouped_launches_give_the_per_launch_means(sample_store, name: str, by: GroupBy) -> None:
+    """ru_table groups the launches of one name, shape and grid (in the store by kernel or
+    library; with their library, layer and pass when attributed, the path `layer` and `compare`
+    take) and weights each group's RU by its time: the same kernels, times, time-weighted means
+    and dominant limiter as summed here launch by launch over `launch_ru`."""
     from polars.testing import assert_frame_equal
 
     from traceq.analysis.layers import attributed_kernels
 
     t = trace_id(sample_store, name)
-    per_launch = ru_table(sample_store, t, by, kernels=attributed_kernels(sample_store, t))
-    assert_frame_equal(ru_table(sample_store, t, by), per_launch, check_exact=False, rel_tol=1e-9)
+    keys = {GroupBy.kernel: ["name"], GroupBy.layer: ["layer", "pass"], GroupBy.library: ["library"]}[by]
+    launches = launch_ru(sample_store, t)
+    means = ["occupancy", "waves", "ru", "paper_ru"]
+    weighted = [((pl.col(c) * pl.col("dur_ns")).sum() / pl.col("dur_ns").filter(pl.col(c).is_not_null()).sum())
+                .alias(c) for c in means]
+    want = (launches.sort(["dur_ns", "kernel_id"], descending=[True, False])
+            .group_by(keys).agg(kernels=pl.len().cast(pl.Int64), total_ns=pl.col("dur_ns").sum(),
+                                limiter=pl.col("limiter").first(), *weighted)
+            .select(*keys, "kernels", "total_ns", "limiter", *means).sort(keys, nulls_last=True))
+    tables = [ru_table(sample_store, t, by, kernels=attributed_kernels(sample_store, t))]
+    if by is not GroupBy.layer:
+        tables.append(ru_table(sample_store, t, by))
+    for table in tables:
+        got = table.select(*keys, "kernels", "total_ns", "limiter", *means).sort(keys, nulls_last=True)
+        assert_frame_equal(got, want, check_exact=False, rel_tol=1e-9)
 
 
 def test_paper_finding_cublas_grids_are_small(sample_store) -> None:
