@@ -399,8 +399,9 @@ _KERNEL_CE = ("kernel_id", "name", "library", "operation", "tensor_cores", "laye
 
 def kernel_ce(con: duckdb.DuckDBPyConnection, trace_id: int, *, spec: Path | None = None,
               batch: int | None = None, precision: str | None = None, iteration_regex: str = ITERATION_REGEX,
-              kernels: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Every kernel with its FLOPs and the peak they are measured against.
+              kernels: pl.DataFrame | None = None, ops: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Every kernel with its FLOPs and the peak they are measured against (`ops`: the trace's
+    `flops.op_flops` with op_row, when the caller has them).
 
     Columns: kernel_id, name, library, operation, tensor_cores, layer, pass, device_id, dur_ns,
     precision (fp64 ... int8), precision_from ('--precision', 'kernel name', 'operator dtype' or
@@ -434,7 +435,7 @@ def kernel_ce(con: duckdb.DuckDBPyConnection, trace_id: int, *, spec: Path | Non
         layers = _spec_flops(con, trace_id, spec_layer_flops(spec, batch), k)
         k = k.join(layers.select("layer", "pass", "dtype"), on=["layer", "pass"], how="left", nulls_equal=True)
     else:  # each op's FLOPs over its kernels, and the op's recorded dtype (Kineto) where there is one
-        shares = kernel_op_rows(con, trace_id).select("kernel_id", "op_row", "dtype", op_flops="flops")
+        shares = kernel_op_rows(con, trace_id, ops).select("kernel_id", "op_row", "dtype", op_flops="flops")
         k = k.join(shares, on="kernel_id", how="left")
     k = _with_precision(k, precision)
     k = k.with_columns(peak_flops=_kernel_peaks(con, trace_id, k))
@@ -583,8 +584,16 @@ def ce_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = 
     from traceq.analysis.layers import time_split
 
     by = GroupBy(by)
+    ops = None
+    if per_kernel is None and spec is None:  # no op with FLOPs: none for any kernel, so no kernel is read
+        from traceq.analysis.flops import op_flops
+
+        ops = op_flops(con, trace_id).with_row_index("op_row")
+        if not (ops["flops"] > 0).any():
+            raise MissingDataError(NO_FLOPS)
     k = per_kernel if per_kernel is not None else kernel_ce(
-        con, trace_id, spec=spec, batch=batch, precision=precision, iteration_regex=iteration_regex, kernels=kernels)
+        con, trace_id, spec=spec, batch=batch, precision=precision, iteration_regex=iteration_regex, kernels=kernels,
+        ops=ops)
     if not k.filter(pl.col("kernel_id").is_not_null())["flops"].sum() > 0:
         raise MissingDataError(NO_FLOPS if spec is None else f"{spec}: no layer of the spec matches an NVTX "
                                "range of the trace (names must be the ranges' names: conv1, fc6, ...)")

@@ -518,3 +518,21 @@ def test_precision_option_sets_every_kernels_peak(tmp_path: Path) -> None:
         assert rows[layer]["ce"] == pytest.approx(own[layer]["tflops"] * 1e12 / H200_FP16_PEAK)
     bad = runner.invoke(app, [*args, "--precision", "fp4"])
     assert bad.exit_code == 2 and "fp4" in bad.output
+
+
+def test_no_op_with_flops_is_refused_before_any_kernel_is_read(sample_store, monkeypatch) -> None:
+    """Without a spec, a trace whose ops carry no FLOPs (no shapes recorded) is refused before
+    every launch is classified and given a peak (seconds at ten million launches)."""
+    import traceq.analysis.efficiency as efficiency
+    from traceq.analysis.efficiency import NO_FLOPS, ce_table
+    from traceq.errors import MissingDataError
+
+    def unread(*args, **kwargs):
+        raise AssertionError("kernel_ce ran")
+
+    monkeypatch.setattr(efficiency, "kernel_ce", unread)
+    with pytest.raises(MissingDataError, match="no FLOPs"):
+        ce_table(sample_store, trace_id(sample_store, "alexnet_b256_cudnn"))
+    assert NO_FLOPS.startswith("no FLOPs")
+    with pytest.raises(AssertionError, match="kernel_ce ran"):  # shapes recorded: the kernels are read
+        ce_table(sample_store, trace_id(sample_store, "resnet50_b32_amp_ops"))
