@@ -104,9 +104,12 @@ def gpu_work(con: duckdb.DuckDBPyConnection, trace_id: int) -> Work:
 
 
 def _row_of(table: pl.DataFrame, key: str, ids: pl.Series) -> pl.Series:
-    """The rows of `table` whose `key` column holds `ids` (UInt32; null for null ids): the ids
-    themselves when the keys are 0, 1, ... (the store numbers queues, threads and names so)."""
-    if table[key].equals(pl.int_range(0, table.height, dtype=table[key].dtype, eager=True)):
+    """The rows of `table` whose `key` column holds `ids` (UInt32; null for null ids and ids no
+    row has): the ids themselves when the keys are 0, 1, ... (the store numbers queues, threads
+    and names so) and all of them are below the table's height."""
+    top, bottom = ids.max(), ids.min()
+    if (table[key].equals(pl.int_range(0, table.height, dtype=table[key].dtype, eager=True))
+            and (top is None or (top < table.height and bottom >= 0))):  # type: ignore[operator]
         return ids.cast(pl.UInt32)
     return ids.replace_strict(table[key], pl.int_range(0, table.height, dtype=pl.UInt32, eager=True), default=None)
 

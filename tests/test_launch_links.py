@@ -197,3 +197,17 @@ def test_a_range_of_no_process_holds_no_call(tmp_path) -> None:
     assert all(got == want for got, want, _ in rows)
     assert sum(n for got, _, n in rows if got == "ProfilerStep#1") == 15
     con.close()
+
+
+def test_row_numbers_of_ids_never_point_past_the_table() -> None:
+    """operations._row_of: ids numbered 0, 1, ... are their own rows; an id no row has (a
+    damaged store) is null, not a row past the table's end that a gather would fail on."""
+    from traceq.analysis.operations import _row_of
+
+    dense = pl.DataFrame({"k": pl.Series([0, 1, 2], dtype=pl.Int32)})
+    ids = pl.Series([0, 2, None, 1], dtype=pl.UInt32)
+    assert _row_of(dense, "k", ids).to_list() == [0, 2, None, 1]
+    assert _row_of(dense, "k", pl.Series([0, 5, None], dtype=pl.UInt32)).to_list() == [0, None, None]
+    assert _row_of(dense.clear(), "k", pl.Series([0, None], dtype=pl.UInt32)).to_list() == [None, None]
+    sparse = pl.DataFrame({"k": pl.Series([4, 9], dtype=pl.Int32)})
+    assert _row_of(sparse, "k", pl.Series([9, 4, 7], dtype=pl.UInt32)).to_list() == [1, 0, None]
