@@ -425,11 +425,16 @@ class Trace:
     def con(self) -> duckdb.DuckDBPyConnection:
         return self.store.con if self._con is None else self._con
 
+    def _kept_value(self, kind: str, key: tuple) -> Any:
+        """What `_keep` kept for `kind` under `key`, or None."""
+        kept = self._kept.get(kind)
+        return kept[1] if kept is not None and kept[0] == key else None
+
     def _keep(self, kind: str, key: tuple, make: Callable[[], Any]) -> Any:
         """make(), kept for the next call with the same `kind` and `key` (one per kind)."""
-        kept = self._kept.get(kind)
-        if kept is not None and kept[0] == key:
-            return kept[1]
+        kept = self._kept_value(kind, key)
+        if kept is not None:
+            return kept
         value = make()
         self._kept[kind] = (key, value)
         return value
@@ -659,11 +664,11 @@ class Trace:
         from traceq.analysis.gate import regression_gate
 
         b = other if isinstance(other, Trace) else self.store.trace(other)
-        kept = [t._kept.get("stages") for t in (self, b)]  # else the spans alone (`gate.iteration_times`)
         key = (_regex(iteration_regex), _rules_key())
+        stages = [t._kept_value("stages", key) for t in (self, b)]  # else the spans alone (`gate.iteration_times`)
         return regression_gate(self.store._over([self.id, b.id]), self.id, b.id, threshold,
                                iteration_regex=_regex(iteration_regex),
-                               stages=(kept[0][1], kept[1][1]) if all(k and k[0] == key for k in kept) else None)
+                               stages=tuple(stages) if all(s is not None for s in stages) else None)
 
     def _gaps(self, iteration_regex: str | None) -> tuple[pl.DataFrame, dict[str, pl.Series]]:
         from traceq.analysis.gaps import gap_frame
@@ -692,9 +697,8 @@ class Trace:
         """The devices' span, all idle time, iterations and devices (the title of `traceq idle`
         and `traceq advise`)."""
         regex = _regex(iteration_regex)
-        kept = self._kept.get("idle")
-        if kept is not None and kept[0] == (regex,):  # idle() or advise() had them
-            return kept[1][1]
+        if (idle := self._kept_value("idle", (regex,))) is not None:  # idle() or advise() had them
+            return idle[1]
         from traceq.analysis.idle import idle_totals
 
         return self._keep("idle_totals", (regex,), lambda: idle_totals(self.con, self.id, regex,
@@ -727,9 +731,8 @@ class Trace:
         evidence, fix, rule); `idle_totals()` gives the span they are measured against."""
         from traceq.analysis.advise import advise
 
-        kept = self._kept.get("launches")  # else read beside the idle analysis (`advise`)
         return advise(self.con, self.id, _regex(iteration_regex), idle=lambda: self._idle(iteration_regex),
-                      launches=None if kept is None else kept[1])[0]
+                      launches=self._kept_value("launches", ()))[0]  # else read beside the idle analysis
 
     def export(self, path: str | Path, *, format: str = "perfetto",  # noqa: A002 (the CLI's --format)
                progress: Callable[[int, int], None] | None = None) -> dict[str, int]:

@@ -28,6 +28,7 @@ from traceq.analysis.choices import PRECISIONS, GroupBy
 from traceq.analysis.gpu_specs import GpuLimits, limits_for_cc
 from traceq.analysis.layers import attributed_kernels
 from traceq.analysis.occupancy import launch_occupancy
+from traceq.analysis.operations import by_row
 from traceq.analysis.peaks import DTYPES, dtype_precision
 from traceq.errors import MissingDataError
 from traceq.store import registered
@@ -221,6 +222,12 @@ def _has_launchers(con: duckdb.DuckDBPyConnection, trace_id: int) -> bool:
         [int(trace_id), SUFFIX_REGEX, regex]).fetchone()[0])
 
 
+_SHAPE_SQL = ("c.grid_x::BIGINT * c.grid_y * c.grid_z AS grid_blocks, q.device_id, "
+              "c.block_x * c.block_y * c.block_z AS block_threads, c.registers_per_thread, c.smem_static_bytes, "
+              "c.smem_dynamic_bytes, c.smem_carveout_bytes, c.kineto_occupancy_pct")
+"""A launch's grid, shape and Kineto occupancy from its configuration c and queue q, as `_with_ru` takes them."""
+
+
 def _launch_groups(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | None, sms: int | None,
                    library: bool) -> pl.DataFrame:
     """`launch_ru`'s columns (but layer, pass) for groups of launches with one name, shape and grid:
@@ -230,10 +237,7 @@ def _launch_groups(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | N
     # by the launches' ids first (name, configuration, queue: ten million rows, no join), then the
     # few groups named and merged by what the columns say
     groups = con.sql(f"""
-        SELECT n.name, c.grid_x::BIGINT * c.grid_y * c.grid_z AS grid_blocks, q.device_id,
-               c.block_x * c.block_y * c.block_z AS block_threads, c.registers_per_thread, c.smem_static_bytes,
-               c.smem_dynamic_bytes, c.smem_carveout_bytes, c.kineto_occupancy_pct,
-               sum(g.instances)::BIGINT AS instances, sum(g.dur_ns) AS dur_ns, max(g.longest_ns) AS longest_ns,
+        SELECT n.name, {_SHAPE_SQL}, sum(g.instances)::BIGINT AS instances, sum(g.dur_ns) AS dur_ns, max(g.longest_ns) AS longest_ns,
                arg_min(g.first_kernel, (-g.longest_ns, g.first_kernel)) AS first_kernel
         FROM (SELECT name_id, config_id, queue_id, count(*) AS instances, sum(end_ns - start_ns) AS dur_ns,
                      max(end_ns - start_ns) AS longest_ns,
@@ -262,11 +266,7 @@ def _attributed_groups(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: p
     ids = con.sql(f"SELECT kernel_id, config_id, queue_id FROM kernel_events WHERE trace_id = {t} "
                   f"ORDER BY kernel_id").pl()
     launches = kernels.select("kernel_id", "name", "library", "layer", "pass", "dur_ns")
-    if ids["kernel_id"].equals(pl.int_range(0, ids.height, dtype=ids["kernel_id"].dtype, eager=True)):
-        at = launches["kernel_id"]  # the store numbers a trace's kernels 0, 1, ...: a gather, not a join
-        launches = launches.with_columns(ids["config_id"].gather(at), ids["queue_id"].gather(at))
-    else:
-        launches = launches.join(ids.cast({"kernel_id": launches.schema["kernel_id"]}), on="kernel_id", how="left")
+    launches = launches.with_columns(by_row(ids, "kernel_id", launches["kernel_id"], ("config_id", "queue_id")))
     with registered(con, launches=launches) as view:  # DuckDB groups ten million strings in less time and memory
         groups = con.sql(f"""
             SELECT name, library, layer, "pass", config_id, queue_id, count(*) AS instances,
@@ -274,9 +274,7 @@ def _attributed_groups(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: p
                    arg_min(kernel_id, (-dur_ns, kernel_id)) AS first_kernel
             FROM {view['launches']} GROUP BY ALL""").pl()
     shapes = con.sql(f"""
-        SELECT c.config_id, q.queue_id, c.grid_x::BIGINT * c.grid_y * c.grid_z AS grid_blocks, q.device_id,
-               c.block_x * c.block_y * c.block_z AS block_threads, c.registers_per_thread, c.smem_static_bytes,
-               c.smem_dynamic_bytes, c.smem_carveout_bytes, c.kineto_occupancy_pct
+        SELECT c.config_id, q.queue_id, {_SHAPE_SQL}
         FROM kernel_configs c JOIN kernel_queues q ON q.trace_id = c.trace_id WHERE c.trace_id = {t}""").pl()
     groups = groups.join(shapes.cast({"config_id": groups.schema["config_id"], "queue_id": groups.schema["queue_id"]}),
                          on=["config_id", "queue_id"], how="left")

@@ -5,10 +5,11 @@ A device is busy while any kernel, memcpy or memset runs on it, on any stream; a
 interval between two busy islands (from the end of the last work to the start of the next).
 Each gap belongs to the work that ends it (the *next* operation: its iteration, stream and
 layer; of operations starting at the same time, the first in the order `operations.gpu_work`
-reads them: kernels, then copies and sets, each in the store's order) and gets one cause. When the call that issued the next operation had ended before the
-device went idle, the work was queued and the GPU waited on something else (another stream, an
-event, its own launch latency), not on the host: `other`, as is a gap whose next operation has
-no issuing call in the trace. Otherwise the host was late, and the cause is the first of these
+reads them: kernels, then copies and sets, each in the store's order) and gets one cause. When
+the call that issued the next operation had ended before the device went idle, the work was
+queued and the GPU waited on something else (another stream, an event, its own launch
+latency), not on the host: `other`, as is a gap whose next operation has no issuing call in
+the trace. Otherwise the host was late, and the cause is the first of these
 that holds:
 
 1. `sync`: a thread of the next operation's process was inside a blocking call when the device
@@ -187,12 +188,12 @@ def operation_iterations(
     """The iteration of each operation of `work` (see the module docstring): (names, codes), the
     codes (UInt32, null outside every iteration) index `names`, one per iteration range name."""
     ops = work.ops
+    # a range of no process (Kineto's GPU-track annotations) holds no call, as attribution has it
     ranges = con.sql(f"""
         SELECT pid, name, start_ns, end_ns FROM nvtx
         WHERE trace_id = {int(trace_id)} AND kind IN ('pushpop', 'startend') AND pid IS NOT NULL
           AND regexp_matches(coalesce(name, ''), ?)
-        ORDER BY pid, start_ns""", params=[iteration_regex]).pl()  # a range of no process (Kineto's
-    # GPU-track annotations) holds no call, as attribution has it
+        ORDER BY pid, start_ns""", params=[iteration_regex]).pl()
     # a range that never ended lasts to the trace's end (not to the end of time: times are packed
     # into keys with the process, so they must span what the trace spans)
     horizon = max((v for v in (ops["end_ns"].max(), ops["call_end_ns"].max(), ranges["start_ns"].max())
