@@ -457,7 +457,7 @@ class Trace:
         """How many iterations the trace's kernels ran in (0: it marks none)."""
         from traceq.analysis.compare import iteration_count
 
-        return iteration_count(self._attributed(iteration_regex))
+        return iteration_count(self._launch_groups(iteration_regex))
 
     def per_iteration(self, other: Trace, by: CompareBy | str = CompareBy.layer, *,
                       iteration_regex: str | None = None) -> bool:
@@ -480,6 +480,12 @@ class Trace:
 
         regex = _regex(iteration_regex)
         return self._keep("attributed", (regex, _rules_key()), lambda: attributed_kernels(self.con, self.id, regex))
+
+    def _launch_groups(self, iteration_regex: str | None) -> pl.DataFrame:
+        from traceq.analysis.layers import launch_groups
+
+        regex = _regex(iteration_regex)
+        return self._keep("launch_groups", (regex, _rules_key()), lambda: launch_groups(self.con, self.id, regex))
 
     def _stages(self, iteration_regex: str | None) -> pl.DataFrame:
         from traceq.analysis.layers import stage_times
@@ -578,9 +584,9 @@ class Trace:
         from traceq.analysis.efficiency import ru_table
 
         by = GroupBy(by)  # by layer the launches' attribution is needed (by kernel or library, rarely)
-        kernels = self._attributed(iteration_regex) if by is GroupBy.layer else None
+        groups = self._launch_groups(iteration_regex) if by is GroupBy.layer else None
         frame = ru_table(self.con, self.id, by, cc=cc, sms=sms, iteration_regex=_regex(iteration_regex),
-                         kernels=kernels)
+                         groups=groups)
         return frame if k is None else frame.head(k)
 
     def _kernel_ce(self, spec: str | Path | None, batch: int | None, precision: str | None,
@@ -650,7 +656,9 @@ class Trace:
         if CompareBy(by) is CompareBy.stage:
             done = {"stages": (self._stages(iteration_regex), b._stages(iteration_regex))}
         else:
-            done = {"kernels": (self._attributed(iteration_regex), b._attributed(iteration_regex))}
+            key = (_regex(iteration_regex), _rules_key())  # CE reads attributed kernels: those in hand, else its own
+            done = {"groups": (self._launch_groups(iteration_regex), b._launch_groups(iteration_regex)),
+                    "kernels": (self._kept_value("attributed", key), b._kept_value("attributed", key))}
         frame, _ = compare_runs(self.store._over([self.id, b.id]), self.id, b.id, CompareBy(by), spec=_path(spec),
                                 iteration_regex=_regex(iteration_regex), **done)
         return frame if k is None else frame.head(k)

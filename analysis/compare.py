@@ -15,7 +15,7 @@ import polars as pl
 from traceq.analysis.attribution import ITERATION_REGEX
 from traceq.analysis.choices import CompareBy
 from traceq.analysis.efficiency import GroupBy, ru_table
-from traceq.analysis.layers import attributed_kernels, stage_times
+from traceq.analysis.layers import launch_groups, stage_times
 from traceq.errors import MissingDataError
 
 
@@ -24,7 +24,8 @@ _KEYS = {CompareBy.layer: ["layer", "pass"], CompareBy.kernel: ["name"], Compare
 
 
 def iteration_count(kernels: pl.DataFrame) -> int:
-    """Distinct iterations the kernels ran in (0 when the trace marks none)."""
+    """Distinct iterations the kernels ran in (0 when the trace marks none); `kernels`: a
+    trace's `attributed_kernels` or its `launch_groups`."""
     return kernels["iteration"].drop_nulls().n_unique()
 
 
@@ -41,22 +42,25 @@ def _stage_times(stages: pl.DataFrame, per_iteration: bool) -> pl.DataFrame:
                         schema={"stage": pl.String, "kernels": pl.Int64, "time_ns": pl.Int64})
 
 
-def _group_times(k: pl.DataFrame, keys: list[str], per_iteration: bool) -> pl.DataFrame:
-    """keys, kernels, time_ns from one trace's attributed kernels (per iteration when asked)."""
-    divisor = iteration_count(k) if per_iteration else 1
+def _group_times(groups: pl.DataFrame, keys: list[str], per_iteration: bool) -> pl.DataFrame:
+    """keys, kernels, time_ns from one trace's launch groups (per iteration when asked)."""
+    divisor = iteration_count(groups) if per_iteration else 1
     if per_iteration:
-        k = k.filter(pl.col("iteration").is_not_null())
-    frame = k.group_by(keys).agg(kernels=pl.len().cast(pl.Int64), time_ns=pl.col("dur_ns").sum())
+        groups = groups.filter(pl.col("iteration").is_not_null())
+    frame = groups.group_by(keys).agg(kernels=pl.col("instances").sum().cast(pl.Int64),
+                                      time_ns=pl.col("dur_ns").sum())
     return frame.with_columns(kernels=pl.col("kernels") // divisor, time_ns=pl.col("time_ns") // divisor)
 
 
 def compare_runs(
     con: duckdb.DuckDBPyConnection, a: int, b: int, by: CompareBy | str = CompareBy.layer, *,
     iteration_regex: str = ITERATION_REGEX, spec: Path | None = None,
-    kernels: tuple[pl.DataFrame, pl.DataFrame] | None = None, stages: tuple[pl.DataFrame, pl.DataFrame] | None = None,
+    groups: tuple[pl.DataFrame, pl.DataFrame] | None = None, stages: tuple[pl.DataFrame, pl.DataFrame] | None = None,
+    kernels: tuple[pl.DataFrame | None, pl.DataFrame | None] = (None, None),
 ) -> tuple[pl.DataFrame, bool]:
-    """Runs `a` and `b` side by side, heaviest (in either) first (`kernels`: their
-    `attributed_kernels`, `stages`: their `stage_times`, when the caller has them).
+    """Runs `a` and `b` side by side, heaviest (in either) first (`groups`: their
+    `layers.launch_groups`, `stages`: their `stage_times`, `kernels`: their `attributed_kernels`
+    for CE, when the caller has them; CE reads them only for traces with FLOPs).
 
     Returns (frame, per_iteration). Columns: the keys (layer, pass | name | library | stage),
     a_kernels, b_kernels (not for stages), a_ns, b_ns (GPU time: per iteration when per_iteration, else total),
@@ -72,9 +76,9 @@ def compare_runs(
         per_iteration = all(s["iteration"].drop_nulls().len() > 0 for s in (sa, sb))
         ta, tb = (_stage_times(s, per_iteration) for s in (sa, sb))
     else:
-        ka, kb = kernels or tuple(attributed_kernels(con, t, iteration_regex) for t in (a, b))
-        per_iteration = iteration_count(ka) > 0 and iteration_count(kb) > 0
-        ta, tb = (_group_times(k, keys, per_iteration) for k in (ka, kb))
+        ga, gb = groups or tuple(launch_groups(con, t, iteration_regex) for t in (a, b))
+        per_iteration = iteration_count(ga) > 0 and iteration_count(gb) > 0
+        ta, tb = (_group_times(g, keys, per_iteration) for g in (ga, gb))
     frame = ta.join(tb, on=keys, how="full", coalesce=True, suffix="_b", nulls_equal=True).rename(
         {"kernels": "a_kernels", "time_ns": "a_ns", "kernels_b": "b_kernels", "time_ns_b": "b_ns"})
     frame = frame.with_columns(
@@ -82,23 +86,23 @@ def compare_runs(
         ratio=pl.when(pl.col("a_ns") > 0).then(pl.col("b_ns") / pl.col("a_ns")))
     if by is not CompareBy.stage:
         group = GroupBy(by.value)
-        sides = (("a", a, ka), ("b", b, kb))
-        for side, trace, k in sides:
-            ru = ru_table(con, trace, group, iteration_regex=iteration_regex, kernels=k)
+        for side, trace, g in (("a", a, ga), ("b", b, gb)):
+            ru = ru_table(con, trace, group, iteration_regex=iteration_regex, groups=g)
             frame = frame.join(ru.select(*keys, pl.col("ru").alias(f"{side}_ru")), on=keys, how="left",
                                nulls_equal=True)
         if by in (CompareBy.layer, CompareBy.library):
-            frame = _with_ce(con, frame, sides, keys, group, spec, iteration_regex)
+            frame = _with_ce(con, frame, (("a", a, kernels[0]), ("b", b, kernels[1])), keys, group, spec,
+                             iteration_regex)
     order = pl.max_horizontal(pl.col("a_ns").fill_null(0), pl.col("b_ns").fill_null(0))
     if by is CompareBy.stage:  # in the stages' own order; kernel counts mean nothing here
         return frame.drop("a_kernels", "b_kernels"), per_iteration
     return frame.sort(order, *keys, descending=[True] + [False] * len(keys), nulls_last=True), per_iteration
 
 
-def _with_ce(con, frame: pl.DataFrame, sides: tuple[tuple[str, int, pl.DataFrame], ...], keys: list[str],
+def _with_ce(con, frame: pl.DataFrame, sides: tuple[tuple[str, int, pl.DataFrame | None], ...], keys: list[str],
              group: GroupBy, spec: Path | None, iteration_regex: str) -> pl.DataFrame:
     """Adds a_tflops, b_tflops, a_ce and b_ce when both runs have FLOPs; leaves the frame as it is otherwise.
-    `sides`: (letter, trace id, attributed kernels) of each run."""
+    `sides`: (letter, trace id, attributed kernels or None) of each run."""
     from traceq.analysis.efficiency import ce_table
 
     columns = []

@@ -26,12 +26,10 @@ import polars as pl
 from traceq.analysis.attribution import ITERATION_REGEX, SUFFIX_REGEX
 from traceq.analysis.choices import PRECISIONS, GroupBy
 from traceq.analysis.gpu_specs import GpuLimits, limits_for_cc
-from traceq.analysis.layers import attributed_kernels
+from traceq.analysis.layers import attributed_kernels, launch_groups
 from traceq.analysis.occupancy import launch_occupancy
-from traceq.analysis.operations import by_row
 from traceq.analysis.peaks import DTYPES, dtype_precision
 from traceq.errors import MissingDataError
-from traceq.store import registered
 
 
 _SHAPE = ["device_id", "block_threads", "registers_per_thread", "smem_static_bytes",
@@ -165,9 +163,9 @@ _KEYS = {GroupBy.kernel: ["name"], GroupBy.layer: ["layer", "pass"], GroupBy.lib
 
 def ru_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = GroupBy.kernel, *,
              cc: str | None = None, sms: int | None = None,
-             iteration_regex: str = ITERATION_REGEX, kernels: pl.DataFrame | None = None) -> pl.DataFrame:
-    """RU and occupancy per kernel name, layer or library, heaviest first (`kernels` as for
-    `launch_ru`).
+             iteration_regex: str = ITERATION_REGEX, groups: pl.DataFrame | None = None) -> pl.DataFrame:
+    """RU and occupancy per kernel name, layer or library, heaviest first (`groups`: the trace's
+    `layers.launch_groups`, when the caller has them).
 
     Columns: the keys (name | layer, pass | library), kernels, total_ns, then for `kernel`: the
     launch shape of the group's longest launch (grid_blocks, block_threads, registers_per_thread,
@@ -179,16 +177,16 @@ def ru_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = 
     kernel's library (`classify` [[launcher]] rules), no launch needs its NVTX context, and every
     launch of one name, shape and grid has the same RU: those are aggregated in the store first
     (a few thousand groups for ten million launches) and weighted by their time, which gives
-    `launch_ru`'s means. Otherwise the attributed launches are grouped the same way, with
-    their library, layer and pass (`_attributed_groups`).
+    `launch_ru`'s means. Otherwise the attributed launches come grouped the same way, with
+    their library, layer and pass (`layers.launch_groups`, `_attributed_groups`).
     """
     by = GroupBy(by)
-    if kernels is None and (by is GroupBy.kernel or by is GroupBy.library and not _has_launchers(con, trace_id)):
+    if groups is None and (by is GroupBy.kernel or by is GroupBy.library and not _has_launchers(con, trace_id)):
         launches = _launch_groups(con, trace_id, cc=cc, sms=sms, library=by is GroupBy.library)
     else:
-        if kernels is None:
-            kernels = attributed_kernels(con, trace_id, iteration_regex)
-        launches = _attributed_groups(con, trace_id, kernels, cc=cc, sms=sms)
+        if groups is None:
+            groups = launch_groups(con, trace_id, iteration_regex)
+        launches = _attributed_groups(con, trace_id, groups, cc=cc, sms=sms)
     launches = launches.sort("first_kernel").with_columns(  # in a fixed order: float sums the same every run
         smem_bytes=pl.col("smem_static_bytes").fill_null(0) + pl.col("smem_dynamic_bytes").fill_null(0))
     keys = _KEYS[by]
@@ -255,24 +253,16 @@ def _launch_groups(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | N
     return _with_ru(groups, limits)
 
 
-def _attributed_groups(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl.DataFrame, *,
+def _attributed_groups(con: duckdb.DuckDBPyConnection, trace_id: int, groups: pl.DataFrame, *,
                        cc: str | None, sms: int | None) -> pl.DataFrame:
-    """`_launch_groups` for attributed launches (`kernels`: `layers.attributed_kernels`' kernel_id,
-    name, library, layer, pass, dur_ns): groups of one name, library, layer, pass,
-    configuration and queue, each with its shape, grid and RU computed once (at ten million
-    launches a few thousand groups, not a join and an occupancy row per launch)."""
+    """`_launch_groups` for attributed launches (`groups`: `layers.launch_groups`): one row per
+    name, library, layer, pass, configuration and queue, with its shape, grid and RU computed
+    once."""
     limits = device_limits(con, trace_id, cc, sms)
     t = int(trace_id)
-    ids = con.sql(f"SELECT kernel_id, config_id, queue_id FROM kernel_events WHERE trace_id = {t} "
-                  f"ORDER BY kernel_id").pl()
-    launches = kernels.select("kernel_id", "name", "library", "layer", "pass", "dur_ns")
-    launches = launches.with_columns(by_row(ids, "kernel_id", launches["kernel_id"], ("config_id", "queue_id")))
-    with registered(con, launches=launches) as view:  # DuckDB groups ten million strings in less time and memory
-        groups = con.sql(f"""
-            SELECT name, library, layer, "pass", config_id, queue_id, count(*) AS instances,
-                   sum(dur_ns)::BIGINT AS dur_ns, max(dur_ns) AS longest_ns,
-                   arg_min(kernel_id, (-dur_ns, kernel_id)) AS first_kernel
-            FROM {view['launches']} GROUP BY ALL""").pl()
+    groups = (groups.sort("longest_ns", "first_kernel", descending=[True, False])  # each group's first: its longest
+              .group_by("name", "library", "layer", "pass", "config_id", "queue_id")
+              .agg(pl.col("instances").sum(), pl.col("dur_ns").sum(), pl.col("longest_ns", "first_kernel").first()))
     shapes = con.sql(f"""
         SELECT c.config_id, q.queue_id, {_SHAPE_SQL}
         FROM kernel_configs c JOIN kernel_queues q ON q.trace_id = c.trace_id WHERE c.trace_id = {t}""").pl()

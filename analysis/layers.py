@@ -116,6 +116,92 @@ def attributed_kernels(
         *[contexts[c].gather(context) for c in ("layer", "pass", "iteration", "stage", "attribution")])
 
 
+_LAUNCH_GROUPS = """
+    SELECT context, name_row, config_id, queue_id, count(*) AS instances, sum(dur_ns)::BIGINT AS dur_ns,
+           max(dur_ns) AS longest_ns, max(dur_ns::HUGEINT * 18446744073709551616 - id) AS longest_first{extra}
+    FROM {launches} GROUP BY ALL"""
+"""Launches (id, context, name_row, config_id, queue_id, dur_ns) summed per group. longest_first
+packs the first (smallest id) of the longest launches with its time: max() of one number is a
+third of arg_min()'s time over a (time, id) pair; `_first_kernel` unpacks it."""
+
+
+_CONTEXT_COLUMNS = ("layer", "pass", "iteration", "stage", "attribution", "library")
+
+
+def _first_kernel(groups: pl.DataFrame) -> pl.DataFrame:
+    """`groups` with first_kernel (the smallest kernel_id of each group's longest launches) in
+    place of `_LAUNCH_GROUPS`' longest_first."""
+    first = pl.col("longest_ns").cast(pl.Int128) * 18446744073709551616 - pl.col("longest_first")
+    return groups.with_columns(first_kernel=first.cast(pl.Int64)).drop("longest_first")
+
+
+def _kept_groups(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame | None:
+    """`_LAUNCH_GROUPS` of the kept attribution, its contexts' columns in place of context ids;
+    None where the store holds a trace's launches and their attribution in different orders."""
+    t = int(trace_id)
+    # the store writes both tables in kernel_id order, so the rows pair up by position (half a
+    # hash join's time at ten million); `misplaced` counts pairs of different kernels
+    launches = f"""(
+        SELECT e.kernel_id AS id, a.kernel_id AS attributed_id, a.context_id AS context, e.name_id AS name_row,
+               e.config_id, e.queue_id, e.end_ns - e.start_ns AS dur_ns
+        FROM (SELECT * FROM kernel_events WHERE trace_id = {t}) e
+        POSITIONAL JOIN (SELECT kernel_id, context_id FROM kernel_attribution WHERE trace_id = {t}) a)"""
+    grouped = _LAUNCH_GROUPS.format(
+        launches=launches, extra=", count(*) FILTER (WHERE attributed_id IS DISTINCT FROM id) AS misplaced")
+    # a kept context is also split by precision: contexts alike in their columns merge (a few thousand rows)
+    groups = con.sql(f"""
+        SELECT {', '.join(f'c.{c}' for c in _CONTEXT_COLUMNS)}, g.name_row, g.config_id,
+               g.queue_id, sum(g.instances)::BIGINT AS instances, sum(g.dur_ns)::BIGINT AS dur_ns,
+               max(g.longest_ns) AS longest_ns, max(g.longest_first) AS longest_first,
+               sum(g.misplaced) AS misplaced
+        FROM ({grouped}) g
+        LEFT JOIN kernel_contexts c ON c.trace_id = {t} AND c.context_id = g.context
+        GROUP BY ALL""").pl()
+    if groups["misplaced"].sum():
+        return None
+    return groups.drop("misplaced")
+
+
+def launch_groups(
+    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX, *, stored: bool = True
+) -> pl.DataFrame:
+    """Kernels grouped by attribution context, name, launch configuration and queue: at ten
+    million launches a few thousand rows that still say everything `compare` and `ru` by layer
+    need (the groups are summed in DuckDB over integer ids, no string per kernel).
+
+    Columns: layer, pass, iteration, stage, attribution, library (as in `attributed_kernels`),
+    name, short_name, implementation, operation, config_id, queue_id, instances, dur_ns (their
+    total), longest_ns and first_kernel (the smallest kernel_id of the longest launches). From
+    the attribution the store keeps when there is one for these options (and `stored`), else
+    from `kernel_contexts` computed here.
+    """
+    from traceq.analysis.operations import by_row
+    from traceq.analysis.stored import is_kept
+    from traceq.store import registered
+
+    t = int(trace_id)
+    kept = stored and is_kept(con, t, iteration_regex)
+    if kept and (groups := _kept_groups(con, t)) is not None:
+        names = _classified(con.sql(f"SELECT name_id::UINTEGER AS name_row, name, short_name FROM kernel_names "
+                                    f"WHERE trace_id = {t}").pl())
+    else:
+        kernels, names, contexts = kernel_contexts(con, t, ("dur_ns",), iteration_regex, ordered=False, stored=kept)
+        ids = con.sql(f"SELECT kernel_id, config_id, queue_id FROM kernel_events WHERE trace_id = {t} "
+                      f"ORDER BY kernel_id").pl()
+        launches = kernels.with_columns(by_row(ids, "kernel_id", kernels["id"], ("config_id", "queue_id")))
+        with registered(con, launches=launches) as view:
+            groups = con.sql(_LAUNCH_GROUPS.format(launches=view["launches"], extra="")).pl()
+        groups = (groups.join(contexts.with_row_index("context"), on="context", how="left")
+                  .group_by(*_CONTEXT_COLUMNS, "name_row", "config_id", "queue_id")  # as the kept contexts merge
+                  .agg(pl.col("instances", "dur_ns").sum(), pl.col("longest_ns", "longest_first").max()))
+        names = names.with_row_index("name_row")
+    return (_first_kernel(groups).cast({"name_row": pl.UInt32})
+            .join(names.rename({"library": "implementation"}), on="name_row", how="left")
+            .select("layer", "pass", "iteration", "stage", "attribution", "library", "name", "short_name",
+                    "implementation", "operation", "config_id", "queue_id", "instances", "dur_ns", "longest_ns",
+                    "first_kernel"))
+
+
 def kernel_groups(
     con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
 ) -> pl.DataFrame:

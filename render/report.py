@@ -132,8 +132,8 @@ def _efficiency(con: duckdb.DuckDBPyConnection, trace: _Trace, attributed: pl.Da
     def ru() -> pl.DataFrame:
         from traceq.analysis.efficiency import ru_table
 
-        return _with_order(ru_table(con, trace.trace_id, "layer", iteration_regex=iteration_regex,
-                                    kernels=attributed), order)
+        # from the launches grouped by their attribution (`layers.launch_groups`: the kept one, or computed)
+        return _with_order(ru_table(con, trace.trace_id, "layer", iteration_regex=iteration_regex), order)
 
     def ce() -> pl.DataFrame:
         from traceq.analysis.efficiency import ce_table

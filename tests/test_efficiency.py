@@ -105,7 +105,7 @@ def test_grouped_launches_give_the_per_launch_means(sample_store, name: str, by:
     and dominant limiter as summed here launch by launch over `launch_ru`."""
     from polars.testing import assert_frame_equal
 
-    from traceq.analysis.layers import attributed_kernels
+    from traceq.analysis.layers import launch_groups
 
     t = trace_id(sample_store, name)
     keys = {GroupBy.kernel: ["name"], GroupBy.layer: ["layer", "pass"], GroupBy.library: ["library"]}[by]
@@ -117,7 +117,7 @@ def test_grouped_launches_give_the_per_launch_means(sample_store, name: str, by:
             .group_by(keys).agg(kernels=pl.len().cast(pl.Int64), total_ns=pl.col("dur_ns").sum(),
                                 limiter=pl.col("limiter").first(), *weighted)
             .select(*keys, "kernels", "total_ns", "limiter", *means).sort(keys, nulls_last=True))
-    tables = [ru_table(sample_store, t, by, kernels=attributed_kernels(sample_store, t))]
+    tables = [ru_table(sample_store, t, by, groups=launch_groups(sample_store, t))]
     if by is not GroupBy.layer:
         tables.append(ru_table(sample_store, t, by))
     for table in tables:

@@ -12,9 +12,10 @@ from conftest import SAMPLES, sample, shared
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
+import traceq.analysis.layers as layers
 import traceq.analysis.stored as stored
 from traceq.analysis.attribution import ITERATION_REGEX
-from traceq.analysis.layers import attributed_kernels, kernel_groups
+from traceq.analysis.layers import attributed_kernels, kernel_groups, launch_groups
 from traceq.cli import app
 from traceq.store import open_store
 
@@ -34,6 +35,26 @@ def _assert_kept_equals_computed(monkeypatch: pytest.MonkeyPatch, con, trace_id:
     assert_frame_equal(kernel_groups(con, trace_id).sort(keys, nulls_last=True),
                        _computed(monkeypatch, con, trace_id, kernel_groups).sort(keys, nulls_last=True),
                        check_dtypes=False)
+    want = _launch_groups_by_hand(con, trace_id)
+    for groups in (launch_groups(con, trace_id), _computed(monkeypatch, con, trace_id, launch_groups)):
+        assert_frame_equal(groups.sort(LAUNCH_KEYS, nulls_last=True), want, check_dtypes=False)
+
+
+LAUNCH_KEYS = ["layer", "pass", "iteration", "stage", "attribution", "library", "name", "config_id", "queue_id"]
+
+
+def _launch_groups_by_hand(con, trace_id: int) -> pl.DataFrame:
+    """`launch_groups` summed here from the attributed kernels, one launch at a time."""
+    ids = con.sql(f"SELECT kernel_id, config_id, queue_id FROM kernel_events WHERE trace_id = {trace_id}").pl()
+    k = attributed_kernels(con, trace_id).join(ids, on="kernel_id")
+    return (k.sort(["dur_ns", "kernel_id"], descending=[True, False])
+            .group_by(LAUNCH_KEYS)
+            .agg(pl.col("short_name", "implementation", "operation").first(), instances=pl.len(),
+                 dur_ns=pl.col("dur_ns").sum(), longest_ns=pl.col("dur_ns").first(),
+                 first_kernel=pl.col("kernel_id").first())
+            .select(*LAUNCH_KEYS[:7], "short_name", "implementation", "operation", "config_id", "queue_id",
+                    "instances", "dur_ns", "longest_ns", "first_kernel")
+            .sort(LAUNCH_KEYS, nulls_last=True))
 
 
 def test_kept_attribution_equals_the_computed_one_on_every_sample(sample_store, monkeypatch) -> None:
@@ -56,6 +77,23 @@ def test_kept_attribution_on_the_resnet50_reference(resnet50_store, monkeypatch)
     _assert_kept_equals_computed(monkeypatch, con, trace_id)
     libraries = attributed_kernels(con, trace_id).filter(pl.col("library") != pl.col("implementation"))
     assert libraries.height > 0, "no kernel relabelled by its launching op: the test would prove little"
+
+
+def test_launch_groups_where_the_store_holds_launches_and_attribution_in_other_orders(tmp_path: Path) -> None:
+    """`launch_groups` pairs a kept trace's launches with their attribution by position; rewritten
+    in another order, they no longer pair up, and it joins them by kernel_id instead."""
+    db = tmp_path / "s.duckdb"
+    assert runner.invoke(app, ["load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db)]).exit_code == 0
+    con = open_store(db)
+    in_order = layers._kept_groups(con, 1)
+    assert in_order is not None
+    con.execute("CREATE TEMP TABLE backwards AS SELECT * FROM kernel_attribution ORDER BY kernel_id DESC")
+    con.execute("DELETE FROM kernel_attribution")
+    con.execute("INSERT INTO kernel_attribution SELECT * FROM backwards")
+    assert stored.is_kept(con, 1) and layers._kept_groups(con, 1) is None
+    assert_frame_equal(launch_groups(con, 1).sort(LAUNCH_KEYS, nulls_last=True), _launch_groups_by_hand(con, 1),
+                       check_dtypes=False)
+    con.close()
 
 
 def test_kept_attribution_is_read_only_while_its_options_hold(tmp_path: Path, monkeypatch) -> None:
