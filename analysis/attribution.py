@@ -126,18 +126,10 @@ def gpu_operations(
     iteration, stage); by start_ns."""
     t = int(trace_id)
     kernels, kernel_names = kernel_launches(con, t, ("device_id", "start_ns", "end_ns", "dur_ns"), ordered=False)
-    memops = con.sql(
-        f"SELECT m.op AS kind, m.pid, a.tid, a.start_ns AS t, m.device_id, m.start_ns, m.end_ns, m.dur_ns, "
-        f"coalesce(m.copy_kind, m.op) AS name, coalesce(m.copy_kind = 'Host-to-Device', false) AS to_device "
-        f"FROM memops m LEFT JOIN api_calls a ON a.trace_id = m.trace_id AND a.pid = m.pid "
-        f"AND a.correlation_id = m.correlation_id AND a.api IN ('runtime', 'driver') "
-        f"WHERE m.trace_id = {t}").pl()
+    memops = _memops(con, t)
     points = pl.concat([kernels.select("pid", "tid", "t", "time"), memops.select("pid", "tid", "t", time="t")])
     index, contexts = point_contexts(con, t, points, iteration_regex, paths=False)
-    contexts = contexts.select("layer", "pass", "iteration", "stage")
-    # the contexts again for copies to the device: outside every stage range, they are data_copy
-    contexts = pl.concat([contexts, contexts.with_columns(
-        stage=pl.when(pl.col("stage") != "other").then(pl.col("stage")).otherwise(pl.lit("data_copy")))])
+    contexts = _with_copy_stages(contexts.select("layer", "pass", "iteration", "stage"))
     kinds = pl.concat([pl.Series(["kernel"]), memops["kind"].unique(maintain_order=True)])
     names = pl.concat([kernel_names["name"], memops["name"].unique(maintain_order=True)])
     columns = ["pid", "device_id", "start_ns", "end_ns", "dur_ns"]
@@ -153,10 +145,49 @@ def gpu_operations(
                        context=index.head(kernels.height)),
         memops.select(*columns, kind=code("kind", kinds.slice(1), 1),
                       name=code("name", names.slice(kernel_names.height), kernel_names.height),
-                      context=pl.lit(index.tail(memops.height))
-                      + pl.col("to_device").cast(pl.UInt32) * (contexts.height // 2)),
+                      context=_copy_context(index.tail(memops.height), contexts.height)),
     ])
     return ops.sort("start_ns", maintain_order=True), kinds, names, contexts
+
+
+def copy_operations(
+    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The memcpys and memsets of `gpu_operations` alone, for analyses that have the kernels'
+    iteration and stage from the kept attribution: (ops: device_id, start_ns, end_ns, dur_ns,
+    context; contexts: iteration, stage). A point's iteration and stage are those of the ranges
+    open at its call, whatever the other points, so they are `gpu_operations`' own."""
+    t = int(trace_id)
+    memops = _memops(con, t)
+    index, contexts = point_contexts(con, t, memops.select("pid", "tid", "t"), iteration_regex, paths=False,
+                                     infer=False)
+    contexts = _with_copy_stages(contexts.select("layer", "pass", "iteration", "stage"))
+    ops = memops.select("device_id", "start_ns", "end_ns", "dur_ns", context=_copy_context(index, contexts.height))
+    return ops, contexts.select("iteration", "stage")
+
+
+def _memops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
+    """The trace's memcpys and memsets with their issuing call's thread and start (the points
+    `point_contexts` takes): kind, pid, tid, t, device_id, start_ns, end_ns, dur_ns, name (the
+    copy kind, or the op), to_device."""
+    return con.sql(
+        f"SELECT m.op AS kind, m.pid, a.tid, a.start_ns AS t, m.device_id, m.start_ns, m.end_ns, m.dur_ns, "
+        f"coalesce(m.copy_kind, m.op) AS name, coalesce(m.copy_kind = 'Host-to-Device', false) AS to_device "
+        f"FROM memops m LEFT JOIN api_calls a ON a.trace_id = m.trace_id AND a.pid = m.pid "
+        f"AND a.correlation_id = m.correlation_id AND a.api IN ('runtime', 'driver') "
+        f"WHERE m.trace_id = {int(trace_id)}").pl()
+
+
+def _with_copy_stages(contexts: pl.DataFrame) -> pl.DataFrame:
+    """`contexts` twice: the second time for copies to the device, which are data_copy outside
+    every stage range (`_copy_context` picks the half)."""
+    return pl.concat([contexts, contexts.with_columns(
+        stage=pl.when(pl.col("stage") != "other").then(pl.col("stage")).otherwise(pl.lit("data_copy")))])
+
+
+def _copy_context(index: pl.Series, doubled: int) -> pl.Expr:
+    """A copy's row in `_with_copy_stages`' contexts (`doubled` rows) from its context `index`."""
+    return pl.lit(index) + pl.col("to_device").cast(pl.UInt32) * (doubled // 2)
 
 
 def kernel_launches(

@@ -67,3 +67,25 @@ def last_open(start: pl.Series, end: pl.Series, values: pl.Series, time: pl.Seri
     at = ranges["start"].search_sorted(time.fill_null(ranges["start"][0] - 1), side="right")  # ranges begun
     end, value = (pl.concat([pl.Series([None], dtype=ranges[c].dtype), ranges[c]]) for c in ("end", "value"))
     return pl.select(pl.when(time < end.gather(at)).then(value.gather(at))).to_series().alias(values.name)
+
+
+def union_lengths(group: pl.Series, start: pl.Series, end: pl.Series) -> pl.DataFrame:
+    """Per group (any integer ids): the length of the union of its intervals [start, end), one
+    sort in all. The groups are laid end to end on one time line (each shifted to begin one past
+    the previous one's end), so a single sort orders them by group and then start; each interval
+    then adds what it reaches past the furthest end before it (nothing when that end covers it).
+
+    Columns: group, length. Raises ValueError where the groups' spans add up past 2^62."""
+    frame = pl.DataFrame({"group": group, "start": start, "end": end})
+    spans = (frame.group_by("group").agg(lo=pl.col("start").min(), hi=pl.col("end").max())
+             .sort("group", nulls_last=True)
+             .with_columns(width=pl.col("hi") - pl.col("lo") + 1))
+    if spans["width"].sum() >= 1 << 62:
+        raise ValueError("the groups' spans add up to too long a time line")
+    spans = spans.with_columns(shift=pl.col("width").cum_sum() - pl.col("width") - pl.col("lo"))
+    placed = frame.join(spans.select("group", "shift"), on="group", how="left", nulls_equal=True)
+    placed = placed.select("group", start=pl.col("start") + pl.col("shift"), end=pl.col("end") + pl.col("shift"))
+    reached = pl.col("end").cum_max().shift(1)  # over all the rows, in order: no group sees another's
+    added = placed.sort("start").select(
+        "group", added=(pl.col("end") - pl.max_horizontal(pl.col("start"), reached)).clip(lower_bound=0))
+    return added.group_by("group").agg(length=pl.col("added").sum())

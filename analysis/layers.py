@@ -135,19 +135,15 @@ def _first_kernel(groups: pl.DataFrame) -> pl.DataFrame:
     return groups.with_columns(first_kernel=first.cast(pl.Int64)).drop("longest_first")
 
 
-def _kept_groups(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame | None:
-    """`_LAUNCH_GROUPS` of the kept attribution, its contexts' columns in place of context ids;
-    None where the store holds a trace's launches and their attribution in different orders."""
+def _kept_groups(con: duckdb.DuckDBPyConnection, trace_id: int, by_position: bool) -> pl.DataFrame | None:
+    """`_LAUNCH_GROUPS` of the kept attribution, its contexts' columns in place of context ids
+    (`stored.kept_launches`: None where pairing by position met misplaced rows)."""
+    from traceq.analysis.stored import kept_launches
+
     t = int(trace_id)
-    # the store writes both tables in kernel_id order, so the rows pair up by position (half a
-    # hash join's time at ten million); `misplaced` counts pairs of different kernels
-    launches = f"""(
-        SELECT e.kernel_id AS id, a.kernel_id AS attributed_id, a.context_id AS context, e.name_id AS name_row,
-               e.config_id, e.queue_id, e.end_ns - e.start_ns AS dur_ns
-        FROM (SELECT * FROM kernel_events WHERE trace_id = {t}) e
-        POSITIONAL JOIN (SELECT kernel_id, context_id FROM kernel_attribution WHERE trace_id = {t}) a)"""
-    grouped = _LAUNCH_GROUPS.format(
-        launches=launches, extra=", count(*) FILTER (WHERE attributed_id IS DISTINCT FROM id) AS misplaced")
+    launches = f"""(SELECT kernel_id AS id, context, name_id AS name_row, config_id, queue_id,
+                           end_ns - start_ns AS dur_ns, misplaced FROM {kept_launches(t, by_position=by_position)})"""
+    grouped = _LAUNCH_GROUPS.format(launches=launches, extra=", count(*) FILTER (WHERE misplaced) AS misplaced")
     # a kept context is also split by precision: contexts alike in their columns merge (a few thousand rows)
     groups = con.sql(f"""
         SELECT {', '.join(f'c.{c}' for c in _CONTEXT_COLUMNS)}, g.name_row, g.config_id,
@@ -180,12 +176,14 @@ def launch_groups(
     from traceq.store import registered
 
     t = int(trace_id)
-    kept = stored and is_kept(con, t, iteration_regex)
-    if kept and (groups := _kept_groups(con, t)) is not None:
+    if stored and is_kept(con, t, iteration_regex):
+        groups = _kept_groups(con, t, True)
+        if groups is None:
+            groups = _kept_groups(con, t, False)
         names = _classified(con.sql(f"SELECT name_id::UINTEGER AS name_row, name, short_name FROM kernel_names "
                                     f"WHERE trace_id = {t}").pl())
     else:
-        kernels, names, contexts = kernel_contexts(con, t, ("dur_ns",), iteration_regex, ordered=False, stored=kept)
+        kernels, names, contexts = kernel_contexts(con, t, ("dur_ns",), iteration_regex, ordered=False, stored=False)
         ids = con.sql(f"SELECT kernel_id, config_id, queue_id FROM kernel_events WHERE trace_id = {t} "
                       f"ORDER BY kernel_id").pl()
         launches = kernels.with_columns(by_row(ids, "kernel_id", kernels["id"], ("config_id", "queue_id")))
@@ -316,16 +314,33 @@ def stage_times(
     where they were issued), span_ns (first GPU start to last GPU end of the iteration's work),
     busy_ns (time any of it ran), idle_ns (span_ns - busy_ns), idle_pct (% of the span).
     Work launched outside every iteration range is one row with a null iteration.
+
+    The kernels' iteration and stage come from the kept attribution where the store has it (the
+    copies' are found here: a few thousand calls), else from `gpu_operations`. Sums run over
+    context row numbers, busy time over one sort (`intervals.union_lengths`).
     """
-    ops, _, _, contexts = gpu_operations(con, trace_id, iteration_regex)
+    from traceq.analysis.intervals import union_lengths
+
+    ops, contexts = _stage_operations(con, trace_id, iteration_regex)
+    iterations = contexts["iteration"].unique(maintain_order=True)
+    # each context's iteration as a number (null: the last), each launch's too: no string per launch
+    named = iterations.drop_nulls()
+    iteration_code = contexts["iteration"].replace_strict(named, pl.int_range(0, named.len(), eager=True),
+                                                          default=named.len(), return_dtype=pl.Int64)
+    devices = int(ops["device_id"].max() or 0) + 2  # device ids from -1 (none) up
+    group = iteration_code.gather(ops["context"]) * devices + (ops["device_id"].cast(pl.Int64).fill_null(-1) + 1)
+    busy = union_lengths(group, ops["start_ns"], ops["end_ns"])
+    by_context = (ops.group_by("context", "device_id")
+                  .agg(pl.col("dur_ns").sum(), first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max()))
+    at = by_context["context"]
+    by_context = by_context.with_columns(
+        iteration=contexts["iteration"].gather(at), stage=contexts["stage"].gather(at),
+        group=iteration_code.gather(at) * devices + (pl.col("device_id").cast(pl.Int64).fill_null(-1) + 1))
     keys = ["iteration", "device_id"]
-    act = ops.select("device_id", "start_ns", "end_ns", "dur_ns",
-                     *[contexts[c].gather(ops["context"]) for c in ("iteration", "stage")])
-    del ops
-    frame = (act.group_by(keys, maintain_order=True)
+    frame = (by_context.group_by(*keys, "group")
              .agg(*[pl.col("dur_ns").filter(pl.col("stage") == s).sum().alias(f"{s}_ns") for s in STAGE_COLUMNS],
-                  span_ns=pl.col("end_ns").max() - pl.col("start_ns").min(), first_ns=pl.col("start_ns").min())
-             .join(_busy_ns(act, keys), on=keys, how="left", nulls_equal=True, maintain_order="left")
+                  span_ns=pl.col("last_ns").max() - pl.col("first_ns").min(), first_ns=pl.col("first_ns").min())
+             .join(busy.rename({"length": "busy_ns"}), on="group", how="left")
              .with_columns(idle_ns=pl.col("span_ns") - pl.col("busy_ns"))
              .with_columns(idle_pct=pl.when(pl.col("span_ns") != 0)
                            .then(100.0 * pl.col("idle_ns") / pl.col("span_ns")).otherwise(0.0)))
@@ -334,18 +349,40 @@ def stage_times(
               "first_ns": pl.Int64}
     frame = frame.select(*schema).cast(schema)
     return (frame.with_columns(order=pl.col("first_ns").min().over("iteration"))
-            .sort(pl.col("iteration").is_null(), "order", "device_id").drop("first_ns", "order"))
+            .sort(pl.col("iteration").is_null(), "order", "device_id", "iteration")
+            .drop("first_ns", "order"))
 
 
-def _busy_ns(act: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """Per group of `keys`: busy_ns, the length of the union of its intervals [start_ns, end_ns)
-    (`act` by start_ns): islands of overlapping intervals, each from its first start to its
-    last end."""
-    prev_end = pl.col("end_ns").cum_max().shift(1).over(keys)
-    island = (prev_end.is_null() | (pl.col("start_ns") > prev_end)).cum_sum().over(keys)
-    return (act.select(*keys, "start_ns", "end_ns", island=island)
-            .group_by(*keys, "island").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
-            .group_by(keys).agg(busy_ns=(pl.col("end_ns") - pl.col("start_ns")).sum()))
+def _stage_operations(
+    con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(ops: device_id, start_ns, end_ns, dur_ns, context; contexts: iteration, stage) of every
+    kernel, memcpy and memset: the kernels' contexts kept in the store where it has them for
+    these options (`stored.kept_launches`), with the copies' after them; else `gpu_operations`."""
+    from traceq.analysis.attribution import copy_operations
+    from traceq.analysis.operations import by_row
+    from traceq.analysis.stored import is_kept, kept_launches
+
+    t = int(trace_id)
+    if not is_kept(con, t, iteration_regex):
+        ops, _, _, contexts = gpu_operations(con, t, iteration_regex)
+        return (ops.select("device_id", "start_ns", "end_ns", "dur_ns", "context"),
+                contexts.select("iteration", "stage"))
+    for by_position in (True, False):
+        kernels = con.sql(f"""
+            SELECT queue_id, start_ns, end_ns, end_ns - start_ns AS dur_ns, context::UINTEGER AS context, misplaced
+            FROM {kept_launches(t, by_position=by_position)}""").pl()
+        if not kernels["misplaced"].any():
+            break
+    # each launch's device by its queue's row (a join in DuckDB took nine times the scan)
+    queues = con.sql(f"SELECT queue_id, device_id FROM kernel_queues WHERE trace_id = {t} ORDER BY queue_id").pl()
+    kernels = kernels.select(*by_row(queues, "queue_id", kernels["queue_id"], ("device_id",)),
+                             "start_ns", "end_ns", "dur_ns", "context")
+    kept = con.sql(f"SELECT iteration, stage FROM kernel_contexts WHERE trace_id = {t} ORDER BY context_id").pl()
+    copies, copy_contexts = copy_operations(con, t, iteration_regex)
+    ops = pl.concat([kernels, copies.with_columns(pl.col("context") + kept.height)],
+                    how="vertical_relaxed")
+    return ops, pl.concat([kept, copy_contexts])
 
 
 def names_context(groups: pl.DataFrame, name_column: str = "name") -> pl.DataFrame:

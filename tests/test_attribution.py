@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 from conftest import trace_id
 
-from traceq.analysis.attribution import STAGES, kernel_attribution
+from traceq.analysis.attribution import STAGES, gpu_activity, kernel_attribution
 from traceq.analysis.layers import attributed_kernels, library_times, stage_times
 
 
@@ -92,6 +92,26 @@ def test_ddp_nccl_kernels_are_communication_on_both_devices(sample_store) -> Non
     assert set(stages["device_id"]) == {0, 1}
     assert (stages["idle_ns"] == stages["span_ns"] - stages["busy_ns"]).all()
     assert (stages["busy_ns"] <= stages["span_ns"]).all()
+
+
+@pytest.mark.parametrize("name", ["ddp_resnet18_2gpu", "alexnet_b256_cudnn", "badloop_mlp"])
+def test_stage_busy_time_is_the_union_of_each_iterations_work(sample_store, name: str) -> None:
+    """busy_ns per iteration and device: the time covered by its kernels and copies, merged here
+    one interval after another in Python; the span from their first start to last end."""
+    t = trace_id(sample_store, name)
+    ops = gpu_activity(sample_store, t).sort("start_ns")
+    want = {}
+    for (iteration, device), group in ops.group_by("iteration", "device_id"):
+        busy, reach = 0, None
+        for start, end in group.select("start_ns", "end_ns").iter_rows():
+            if reach is None or start >= reach:
+                busy, reach = busy + end - start, end
+            elif end > reach:
+                busy, reach = busy + end - reach, end
+        want[(iteration, device)] = (busy, group["end_ns"].max() - group["start_ns"].min())
+    got = {(r["iteration"], r["device_id"]): (r["busy_ns"], r["span_ns"])
+           for r in stage_times(sample_store, t).iter_rows(named=True)}
+    assert got == want and len(want) > 1
 
 
 def test_stage_times_add_up(sample_store) -> None:

@@ -99,3 +99,27 @@ def test_last_open_is_the_brute_force_answer(seed: int) -> None:
         return ranges[row][2] if time < ranges[row][1] else None
 
     assert found.to_list() == [brute(t) for t in times]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_union_lengths_are_the_brute_force_answer(seed: int) -> None:
+    """Per group, the length of the union of its intervals: groups interleaved in time and
+    nested, null and negative ids, empty intervals, shared ends, negative times."""
+    from traceq.analysis.intervals import union_lengths
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(rng.randrange(1, 60)):
+        start = rng.randrange(-40, 200)
+        rows.append((rng.choice([None, -3, 0, 1, 7]), start, start + rng.choice([0, 1, rng.randrange(1, 50)])))
+    got = union_lengths(pl.Series([g for g, _, _ in rows], dtype=pl.Int64), pl.Series([s for _, s, _ in rows]),
+                        pl.Series([e for _, _, e in rows]))
+
+    def brute(group: int | None) -> int:
+        covered = set()
+        for g, s, e in rows:
+            if g == group:
+                covered.update(range(s, e))
+        return len(covered)
+
+    assert dict(got.iter_rows()) == {g: brute(g) for g in {g for g, _, _ in rows}}

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import traceq.analysis.layers as layers
 import traceq.analysis.stored as stored
 from traceq.analysis.attribution import ITERATION_REGEX
-from traceq.analysis.layers import attributed_kernels, kernel_groups, launch_groups
+from traceq.analysis.layers import attributed_kernels, kernel_groups, launch_groups, stage_times
 from traceq.cli import app
 from traceq.store import open_store
 
@@ -35,6 +35,7 @@ def _assert_kept_equals_computed(monkeypatch: pytest.MonkeyPatch, con, trace_id:
     assert_frame_equal(kernel_groups(con, trace_id).sort(keys, nulls_last=True),
                        _computed(monkeypatch, con, trace_id, kernel_groups).sort(keys, nulls_last=True),
                        check_dtypes=False)
+    assert_frame_equal(stage_times(con, trace_id), _computed(monkeypatch, con, trace_id, stage_times))
     want = _launch_groups_by_hand(con, trace_id)
     for groups in (launch_groups(con, trace_id), _computed(monkeypatch, con, trace_id, launch_groups)):
         assert_frame_equal(groups.sort(LAUNCH_KEYS, nulls_last=True), want, check_dtypes=False)
@@ -80,19 +81,23 @@ def test_kept_attribution_on_the_resnet50_reference(resnet50_store, monkeypatch)
 
 
 def test_launch_groups_where_the_store_holds_launches_and_attribution_in_other_orders(tmp_path: Path) -> None:
-    """`launch_groups` pairs a kept trace's launches with their attribution by position; rewritten
-    in another order, they no longer pair up, and it joins them by kernel_id instead."""
+    """`launch_groups` and `stage_times` pair a kept trace's launches with their attribution by
+    position; rewritten in another order, they no longer pair up, and they join them by
+    kernel_id instead: the same groups as summed by hand, the same stages as computed."""
     db = tmp_path / "s.duckdb"
     assert runner.invoke(app, ["load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db)]).exit_code == 0
     con = open_store(db)
-    in_order = layers._kept_groups(con, 1)
+    in_order = layers._kept_groups(con, 1, True)
     assert in_order is not None
     con.execute("CREATE TEMP TABLE backwards AS SELECT * FROM kernel_attribution ORDER BY kernel_id DESC")
     con.execute("DELETE FROM kernel_attribution")
     con.execute("INSERT INTO kernel_attribution SELECT * FROM backwards")
-    assert stored.is_kept(con, 1) and layers._kept_groups(con, 1) is None
+    assert stored.is_kept(con, 1) and layers._kept_groups(con, 1, True) is None
     assert_frame_equal(launch_groups(con, 1).sort(LAUNCH_KEYS, nulls_last=True), _launch_groups_by_hand(con, 1),
                        check_dtypes=False)
+    stages = stage_times(con, 1)
+    con.execute("DELETE FROM attributions")
+    assert_frame_equal(stages, stage_times(con, 1))
     con.close()
 
 
