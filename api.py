@@ -18,6 +18,7 @@ fraction of a second.
 
 from __future__ import annotations
 
+import shlex
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -478,26 +479,41 @@ class Trace:
     def _attributed(self, iteration_regex: str | None) -> pl.DataFrame:
         from traceq.analysis.layers import attributed_kernels
 
-        regex = _regex(iteration_regex)
-        return self._keep("attributed", (regex, _rules_key()), lambda: attributed_kernels(self.con, self.id, regex))
+        return self._attribution("attributed", iteration_regex, lambda r: attributed_kernels(self.con, self.id, r))
 
     def _launch_groups(self, iteration_regex: str | None) -> pl.DataFrame:
         from traceq.analysis.layers import launch_groups
 
-        regex = _regex(iteration_regex)
-        return self._keep("launch_groups", (regex, _rules_key()), lambda: launch_groups(self.con, self.id, regex))
+        return self._attribution("launch_groups", iteration_regex, lambda r: launch_groups(self.con, self.id, r))
 
     def _stages(self, iteration_regex: str | None) -> pl.DataFrame:
         from traceq.analysis.layers import stage_times
 
-        regex = _regex(iteration_regex)
-        return self._keep("stages", (regex, _rules_key()), lambda: stage_times(self.con, self.id, regex))
+        return self._attribution("stages", iteration_regex, lambda r: stage_times(self.con, self.id, r))
 
     def _groups(self, iteration_regex: str | None) -> pl.DataFrame:
         from traceq.analysis.layers import kernel_groups
 
+        return self._attribution("groups", iteration_regex, lambda r: kernel_groups(self.con, self.id, r))
+
+    def _attribution(self, kind: str, iteration_regex: str | None, make: Callable[[str], Any]) -> Any:
+        """`_keep` of make(regex), an analysis of the launches' NVTX attribution. Where a big
+        trace's store keeps none that `traceq attribute` could keep, a note says so first."""
         regex = _regex(iteration_regex)
-        return self._keep("groups", (regex, _rules_key()), lambda: kernel_groups(self.con, self.id, regex))
+
+        def made() -> Any:
+            from traceq.analysis.attribution import ITERATION_REGEX
+            from traceq.analysis.stored import LOAD_MAX_KERNELS, fingerprint, is_kept
+
+            kernels = first_row(self.con, "SELECT kernel_count FROM traces WHERE trace_id = ?", [self.id])[0] or 0
+            if (kernels > LOAD_MAX_KERNELS and self._con is None and regex == ITERATION_REGEX
+                    and fingerprint() is not None and not is_kept(self.con, self.id, regex)):
+                _note(f"{self.name}: attributing {kernels:,} kernels to their NVTX ranges, about a second a "
+                      f"million; `traceq attribute {shlex.quote(self.name)}` keeps the attribution for the next "
+                      "commands")
+            return make(regex)
+
+        return self._keep(kind, (regex, _rules_key()), made)
 
     # --- one method per command
 

@@ -127,8 +127,9 @@ def test_kept_attribution_is_read_only_while_its_options_hold(tmp_path: Path, mo
 
 
 def test_load_without_and_attribute_after(tmp_path: Path, monkeypatch) -> None:
-    """`load --no-attribute` keeps nothing (analyses compute it); `traceq attribute` keeps what
-    the analyses computed; a load above the limit keeps nothing by default."""
+    """`load --no-attribute` keeps nothing (analyses compute it, and above the load's limit say
+    how to keep it); `traceq attribute` keeps what the analyses computed; a load above the limit
+    keeps nothing by default."""
     db = tmp_path / "s.duckdb"
     shutil.copy(SAMPLES / "lenet_b256_cudnn.sqlite", tmp_path / "a.sqlite")
     assert runner.invoke(app, ["load", str(tmp_path / "a.sqlite"), "--no-attribute", "--db", str(db)]).exit_code == 0
@@ -138,8 +139,13 @@ def test_load_without_and_attribute_after(tmp_path: Path, monkeypatch) -> None:
     assert not stored.is_kept(con, 1) and not stored.is_kept(con, 2)
     before = attributed_kernels(con, 1)
     con.close()
+    note = "`traceq attribute a` keeps the attribution"  # a trace above the limit, attributed on the fly
+    for command in (["compare", "a", "a"], ["layers", "-t", "a"], ["stages", "-t", "a"]):
+        assert note in runner.invoke(app, [*command, "--db", str(db)]).stderr
+    assert note not in runner.invoke(app, ["layers", "-t", "a", "--iteration-regex", "^step", "--db", str(db)]).stderr
     result = runner.invoke(app, ["attribute", "a", "--db", str(db)])
     assert result.exit_code == 0 and result.stdout.startswith("attributed 'a' (trace 1) in "), result.output
+    assert note not in runner.invoke(app, ["compare", "a", "a", "--db", str(db)]).stderr
     con = open_store(db, read_only=True)
     assert stored.is_kept(con, 1) and not stored.is_kept(con, 2)
     assert_frame_equal(attributed_kernels(con, 1), before)
