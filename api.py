@@ -29,7 +29,7 @@ from traceq.analysis.choices import (CommBy, CompareBy, GroupBy, IdleBy, MemoryB
                                     TrafficBy)
 from traceq.errors import NotFoundError, TraceqError, TraceqWarning
 from traceq.store import (default_store_path, first_row, open_store, resolve_run, resolve_trace, resolve_trace_or_run,
-                          restore_size, run_of_trace)
+                          restore_size, run_of_trace, side_by_side)
 
 if TYPE_CHECKING:
     import duckdb
@@ -43,6 +43,11 @@ if TYPE_CHECKING:
 
 AUTO_CONTEXT_MAX_KERNELS = 1_000_000
 """Above this many kernels `top` gives the library column alone unless asked for `context`."""
+
+_ATTRIBUTION_ANALYSES = {"attributed": "attributed_kernels", "launch_groups": "launch_groups",
+                         "stages": "stage_times", "groups": "kernel_groups"}
+"""What `Trace` keeps of each launch's attribution: kind -> the function of `analysis.layers` (con,
+trace id, iteration regex) that makes it."""
 
 
 def open(path: str | Path | None = None, *, write: bool = False,  # noqa: A001 (traceq.open)
@@ -477,43 +482,49 @@ class Trace:
         return busiest_gpu(self.con, self.id)
 
     def _attributed(self, iteration_regex: str | None) -> pl.DataFrame:
-        from traceq.analysis.layers import attributed_kernels
-
-        return self._attribution("attributed", iteration_regex, lambda r: attributed_kernels(self.con, self.id, r))
+        return self._attribution("attributed", iteration_regex)
 
     def _launch_groups(self, iteration_regex: str | None) -> pl.DataFrame:
-        from traceq.analysis.layers import launch_groups
-
-        return self._attribution("launch_groups", iteration_regex, lambda r: launch_groups(self.con, self.id, r))
+        return self._attribution("launch_groups", iteration_regex)
 
     def _stages(self, iteration_regex: str | None) -> pl.DataFrame:
-        from traceq.analysis.layers import stage_times
-
-        return self._attribution("stages", iteration_regex, lambda r: stage_times(self.con, self.id, r))
+        return self._attribution("stages", iteration_regex)
 
     def _groups(self, iteration_regex: str | None) -> pl.DataFrame:
-        from traceq.analysis.layers import kernel_groups
+        return self._attribution("groups", iteration_regex)
 
-        return self._attribution("groups", iteration_regex, lambda r: kernel_groups(self.con, self.id, r))
-
-    def _attribution(self, kind: str, iteration_regex: str | None, make: Callable[[str], Any]) -> Any:
-        """`_keep` of make(regex), an analysis of the launches' NVTX attribution. Where a big
-        trace's store keeps none that `traceq attribute` could keep, a note says so first."""
+    def _attribution(self, kind: str, iteration_regex: str | None,
+                     con: duckdb.DuckDBPyConnection | None = None) -> Any:
+        """`_keep` of an analysis of the launches' NVTX attribution (`_ATTRIBUTION_ANALYSES`:
+        kind -> the function of `analysis.layers`), on `con` (a cursor of its own) or the trace's
+        connection. Where a big trace's store keeps none that `traceq attribute` could keep, a
+        note says so first."""
         regex = _regex(iteration_regex)
 
         def made() -> Any:
+            from traceq.analysis import layers
             from traceq.analysis.attribution import ITERATION_REGEX
             from traceq.analysis.stored import LOAD_MAX_KERNELS, fingerprint, is_kept
 
-            kernels = first_row(self.con, "SELECT kernel_count FROM traces WHERE trace_id = ?", [self.id])[0] or 0
+            on = con or self.con
+            kernels = first_row(on, "SELECT kernel_count FROM traces WHERE trace_id = ?", [self.id])[0] or 0
             if (kernels > LOAD_MAX_KERNELS and self._con is None and regex == ITERATION_REGEX
-                    and fingerprint() is not None and not is_kept(self.con, self.id, regex)):
+                    and fingerprint() is not None and not is_kept(on, self.id, regex)):
                 _note(f"{self.name}: attributing {kernels:,} kernels to their NVTX ranges, about a second a "
                       f"million; `traceq attribute {shlex.quote(self.name)}` keeps the attribution for the next "
                       "commands")
-            return make(regex)
+            return getattr(layers, _ATTRIBUTION_ANALYSES[kind])(on, self.id, regex)
 
         return self._keep(kind, (regex, _rules_key()), made)
+
+    def _both(self, other: Trace, kind: str, iteration_regex: str | None) -> tuple[Any, Any]:
+        """`_attribution(kind)` of this trace and of `other`, at once where neither has it at
+        hand (`store.side_by_side`)."""
+        key = (_regex(iteration_regex), _rules_key())
+        if other is self or self._kept_value(kind, key) is not None or other._kept_value(kind, key) is not None:
+            return self._attribution(kind, iteration_regex), other._attribution(kind, iteration_regex)
+        return side_by_side(other.con, lambda _: self._attribution(kind, iteration_regex),
+                            lambda cursor: other._attribution(kind, iteration_regex, cursor))
 
     # --- one method per command
 
@@ -670,10 +681,10 @@ class Trace:
 
         b = other if isinstance(other, Trace) else self.store.trace(other)
         if CompareBy(by) is CompareBy.stage:
-            done = {"stages": (self._stages(iteration_regex), b._stages(iteration_regex))}
+            done = {"stages": self._both(b, "stages", iteration_regex)}
         else:
             key = (_regex(iteration_regex), _rules_key())  # CE reads attributed kernels: those in hand, else its own
-            done = {"groups": (self._launch_groups(iteration_regex), b._launch_groups(iteration_regex)),
+            done = {"groups": self._both(b, "launch_groups", iteration_regex),
                     "kernels": (self._kept_value("attributed", key), b._kept_value("attributed", key))}
         frame, _ = compare_runs(self.store._over([self.id, b.id]), self.id, b.id, CompareBy(by), spec=_path(spec),
                                 iteration_regex=_regex(iteration_regex), **done)

@@ -170,12 +170,19 @@ def _memops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
     """The trace's memcpys and memsets with their issuing call's thread and start (the points
     `point_contexts` takes): kind, pid, tid, t, device_id, start_ns, end_ns, dur_ns, name (the
     copy kind, or the op), to_device."""
-    return con.sql(
-        f"SELECT m.op AS kind, m.pid, a.tid, a.start_ns AS t, m.device_id, m.start_ns, m.end_ns, m.dur_ns, "
-        f"coalesce(m.copy_kind, m.op) AS name, coalesce(m.copy_kind = 'Host-to-Device', false) AS to_device "
-        f"FROM memops m LEFT JOIN api_calls a ON a.trace_id = m.trace_id AND a.pid = m.pid "
-        f"AND a.correlation_id = m.correlation_id AND a.api IN ('runtime', 'driver') "
-        f"WHERE m.trace_id = {int(trace_id)}").pl()
+    t = int(trace_id)
+    # the calls of the copies' correlation ids first: a few thousand of millions, not a join of all
+    return con.sql(f"""
+        SELECT m.op AS kind, m.pid, a.tid, a.start_ns AS t, m.device_id, m.start_ns, m.end_ns, m.dur_ns,
+               coalesce(m.copy_kind, m.op) AS name, coalesce(m.copy_kind = 'Host-to-Device', false) AS to_device
+        FROM memops m LEFT JOIN (
+            SELECT h.pid, h.tid, e.start_ns, e.correlation_id
+            FROM api_events e
+            JOIN api_names n ON n.trace_id = e.trace_id AND n.name_id = e.name_id AND n.api IN ('runtime', 'driver')
+            JOIN api_threads h ON h.trace_id = e.trace_id AND h.thread_id = e.thread_id
+            WHERE e.trace_id = {t} AND e.correlation_id IN (SELECT correlation_id FROM memops WHERE trace_id = {t})
+        ) a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
+        WHERE m.trace_id = {t}""").pl()
 
 
 def _with_copy_stages(contexts: pl.DataFrame) -> pl.DataFrame:

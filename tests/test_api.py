@@ -12,6 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from conftest import SAMPLES
+from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
 import traceq
@@ -110,6 +111,35 @@ def test_compare_and_traces(store: Path) -> None:
                                       SPEC, "--db", str(store), "-f", "json"])
             assert cli.exit_code == 0, cli.output
             assert _rows(json.loads(cli.stdout)) == _rows(a.compare("alexnet_b128_cudnn", by, spec=SPEC).to_dicts()), by
+
+
+def test_compare_reads_both_traces_at_once_as_one_after_the_other(store: Path, monkeypatch) -> None:
+    """`Trace.compare` attributes b in a thread of its own (`Trace._both`): the frames are
+    `compare_runs`' on one connection, b's attribution is kept for b's next call, and an
+    error on either side is the caller's."""
+    from traceq.analysis import layers
+    from traceq.analysis.compare import compare_runs
+
+    with traceq.open(store) as s:
+        a, b = s.trace("alexnet_b256_cudnn"), s.trace("alexnet_b128_cudnn")
+        for by in ("layer", "stage"):
+            alone, _ = compare_runs(s._over([a.id, b.id]), a.id, b.id, by, spec=Path(SPEC))
+            assert_frame_equal(a.compare(b, by, spec=SPEC), alone)
+        assert b._kept.get("stages") is not None
+    stage_times = layers.stage_times
+    for failing in ("alexnet_b256_cudnn", "alexnet_b128_cudnn"):
+        with traceq.open(store) as s:
+            a, b = s.trace("alexnet_b256_cudnn"), s.trace("alexnet_b128_cudnn")
+            broken = s.trace(failing).id
+
+            def stages(con, trace_id, regex):
+                if trace_id == broken:
+                    raise traceq.TraceqError(f"trace {trace_id} refused")
+                return stage_times(con, trace_id, regex)
+
+            monkeypatch.setattr(layers, "stage_times", stages)
+            with pytest.raises(traceq.TraceqError, match=f"trace {broken} refused"):
+                a.compare(b, "stage")
 
 
 RUN_COMMANDS = {  # what the CLI runs on a run -> the same through the API
