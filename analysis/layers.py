@@ -327,15 +327,21 @@ def stage_times(
     named = iterations.drop_nulls()
     iteration_code = contexts["iteration"].replace_strict(named, pl.int_range(0, named.len(), eager=True),
                                                           default=named.len(), return_dtype=pl.Int64)
-    devices = int(ops["device_id"].max() or 0) + 2  # device ids from -1 (none) up
-    group = iteration_code.gather(ops["context"]) * devices + (ops["device_id"].cast(pl.Int64).fill_null(-1) + 1)
+    # each (iteration, device) as one number: devices numbered from 1 up (0: none)
+    lowest, highest = (int(v) if v is not None else 0 for v in (ops["device_id"].min(), ops["device_id"].max()))
+
+    def device_code(device: pl.Series | pl.Expr) -> pl.Series | pl.Expr:
+        return (device.cast(pl.Int64) - lowest + 1).fill_null(0)
+
+    devices = highest - lowest + 2
+    group = iteration_code.gather(ops["context"]) * devices + device_code(ops["device_id"])
     busy = union_lengths(group, ops["start_ns"], ops["end_ns"])
     by_context = (ops.group_by("context", "device_id")
                   .agg(pl.col("dur_ns").sum(), first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max()))
     at = by_context["context"]
     by_context = by_context.with_columns(
         iteration=contexts["iteration"].gather(at), stage=contexts["stage"].gather(at),
-        group=iteration_code.gather(at) * devices + (pl.col("device_id").cast(pl.Int64).fill_null(-1) + 1))
+        group=iteration_code.gather(at) * devices + device_code(pl.col("device_id")))
     keys = ["iteration", "device_id"]
     frame = (by_context.group_by(*keys, "group")
              .agg(*[pl.col("dur_ns").filter(pl.col("stage") == s).sum().alias(f"{s}_ns") for s in STAGE_COLUMNS],
