@@ -111,9 +111,12 @@ def user_errors() -> Iterator[None]:
                 warnings.simplefilter("always", TraceqWarning)
                 yield
         finally:  # outside catch_warnings: showing a warning there would record it again
+            said = set()
             for note in notes:
                 if issubclass(note.category, TraceqWarning):
-                    _err(f"note: {note.message}")
+                    if str(note.message) not in said:  # the same trace twice (compare A A) says it once
+                        _err(f"note: {note.message}")
+                        said.add(str(note.message))
                 else:
                     warnings.showwarning(note.message, note.category, note.filename, note.lineno)
     except TraceqError as e:
@@ -177,7 +180,9 @@ def _show_trace_table(
     """The body every per-trace command shares: open the store (or dataset) read-only, find the
     trace, `build(trace) -> (frame, title)`, render and write it."""
     with user_errors():
-        frame, title = build(_store(db, dataset).trace(trace))
+        t = _store(db, dataset).trace(trace)
+        with _working(t.name):
+            frame, title = build(t)
         _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
 
 
@@ -231,6 +236,44 @@ class _LazyProgress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+@contextmanager
+def _working(label: str, delay_s: float = 1.0) -> Iterator[None]:
+    """A spinner on stderr with the seconds spent, while a command computes something it has no
+    steps of to count: on a terminal only, from its first second on, erased before the output."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    import threading
+
+    lock = threading.Lock()
+    shown: list = []
+    finished = threading.Event()
+
+    def show() -> None:
+        if finished.wait(delay_s):
+            return
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        with lock:
+            if not finished.is_set():
+                bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                               console=Console(stderr=True), transient=True)
+                bar.add_task(label, total=None)
+                bar.start()
+                shown.append(bar)
+
+    timer = threading.Thread(target=show, daemon=True)
+    timer.start()
+    try:
+        yield
+    finally:
+        with lock:
+            finished.set()
+            for bar in shown:
+                bar.stop()
 
 
 def _print_version(value: bool) -> None:
@@ -566,8 +609,9 @@ def advise(
 
     with user_errors():
         t = _store(db, dataset).trace(trace)
-        frame = t.advise(iteration_regex=iteration_regex)
-        totals = t.idle_totals(iteration_regex=iteration_regex)
+        with _working(t.name):
+            frame = t.advise(iteration_regex=iteration_regex)
+            totals = t.idle_totals(iteration_regex=iteration_regex)
         title = (f"{t.name}: {len(frame)} finding(s), by GPU time at stake (of "
                  f"{format_duration(totals.span_ns)} on {totals.devices} device(s))")
         fmt = format_for(fmt, out)
@@ -803,18 +847,23 @@ def compare(
         store = _store(db, dataset)
         ta, tb = store.trace(a), store.trace(b)
         ra, rb = store.run(ta), store.run(tb)
+        label = f"{ta.name} vs {tb.name}"
         if (ra.world_size > 1 or rb.world_size > 1) and threshold is None:  # --gate compares the traces as they are
-            frame = ra.compare(rb, by, k=k, iteration_regex=iteration_regex)
+            with _working(label):
+                frame = ra.compare(rb, by, k=k, iteration_regex=iteration_regex)
             title = (f"a = {ra.name} ({_gpus(ra)}) vs b = {rb.name} ({_gpus(rb)}) by {by.value}: GPU time per GPU and "
                      "iteration, b - a, b / a, scaling (fewer GPUs' time / more GPUs' time, 100 % = perfect weak scaling)")
             _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
             return
-        frame = ta.compare(tb, by, spec=spec, k=k, iteration_regex=iteration_regex)
-        unit = "GPU time per iteration" if ta.per_iteration(tb, by, iteration_regex=iteration_regex) else "total GPU time"
+        with _working(label):
+            frame = ta.compare(tb, by, spec=spec, k=k, iteration_regex=iteration_regex)
+            per_iteration = ta.per_iteration(tb, by, iteration_regex=iteration_regex)
+        unit = "GPU time per iteration" if per_iteration else "total GPU time"
         title = f"a = {ta.name} vs b = {tb.name} by {by.value}: {unit}, b - a, b / a"
         _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
         if threshold is not None:
-            result = ta.gate(tb, threshold, iteration_regex=iteration_regex)
+            with _working(label):
+                result = ta.gate(tb, threshold, iteration_regex=iteration_regex)
             if result.failed:
                 raise RegressionError(result.verdict)
             _err(result.verdict)
@@ -958,8 +1007,9 @@ def report(
     out = out or Path("report.html")
     with user_errors():
         started = time.monotonic()
-        page = _store(db, dataset).report(traces, k=top_k, title=title, spec=spec, batch=batch,
-                                 iteration_regex=iteration_regex)
+        with _working(", ".join(traces or []) or "the latest trace"):
+            page = _store(db, dataset).report(traces, k=top_k, title=title, spec=spec, batch=batch,
+                                              iteration_regex=iteration_regex)
         _emit(page, out)
         figures = page.count('class="figure"')
         _err(f"{len(page) / 1e6:.1f} MB, {figures} figures, "

@@ -173,3 +173,25 @@ def test_progress_bar_appears_on_a_terminal_after_a_delay(monkeypatch: pytest.Mo
     slow.close()
     monkeypatch.setattr(cli.sys, "stderr", io.StringIO())
     assert cli._LazyProgress("loading", delay_s=0).enabled is False  # not a terminal: no bar
+
+
+def test_a_spinner_shows_on_a_terminal_after_the_first_second_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands without steps to count show a spinner with the seconds spent (`_working`): on a
+    terminal, once `delay_s` has passed, erased when the work ends; never for quick work or off
+    a terminal."""
+    import time
+
+    from traceq.cli import _working
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for stream, delay_s, seconds, shown in ((Terminal(), 0.05, 0.4, True), (Terminal(), 5.0, 0.0, False),
+                                            (io.StringIO(), 0.05, 0.4, False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        with _working("alexnet_10M vs alexnet_b256", delay_s=delay_s):
+            time.sleep(seconds)
+        written = stream.getvalue()
+        assert ("alexnet_10M vs alexnet_b256" in written) is shown, written
+        assert not shown or written.endswith("\x1b[2K"), "the spinner's line is erased"
