@@ -5,10 +5,12 @@ Built on `attribution.point_contexts` (which NVTX ranges enclose each launch) an
 `classify.classify_names` (which library each kernel name belongs to). Times are integer ns.
 
 Traces can hold ten million kernels, so no analysis here holds a string per kernel: the
-per-layer tables group kernels by their attribution context and name, as row numbers, into a
-few hundred groups first (`kernel_groups`), and `stage_times` aggregates row numbers too
-(`attribution.gpu_operations`). `attributed_kernels` does have a row per kernel; its strings are
-shared with a small table, not copied.
+per-layer tables, `compare` and RU by layer group kernels by their attribution context, name,
+configuration and queue, as integer ids summed in DuckDB, into a few hundred groups first
+(`launch_groups`, and `kernel_groups` over them); where the store keeps the attribution its
+rows are read as they lie, paired with the launches by position. `stage_times` sums per
+context code too. `attributed_kernels` does have a row per kernel; its strings are shared with a
+small table, not copied.
 """
 
 from __future__ import annotations
@@ -118,7 +120,8 @@ def attributed_kernels(
 
 _LAUNCH_GROUPS = """
     SELECT context, name_row, config_id, queue_id, count(*) AS instances, sum(dur_ns)::BIGINT AS dur_ns,
-           max(dur_ns) AS longest_ns, max(dur_ns::HUGEINT * 18446744073709551616 - id) AS longest_first{extra}
+           max(dur_ns) AS longest_ns, max(dur_ns::HUGEINT * 18446744073709551616 - id) AS longest_first,
+           min(id) AS lowest_kernel{extra}
     FROM {launches} GROUP BY ALL"""
 """Launches (id, context, name_row, config_id, queue_id, dur_ns) summed per group. longest_first
 packs the first (smallest id) of the longest launches with its time: max() of one number is a
@@ -149,7 +152,7 @@ def _kept_groups(con: duckdb.DuckDBPyConnection, trace_id: int, by_position: boo
         SELECT {', '.join(f'c.{c}' for c in _CONTEXT_COLUMNS)}, g.name_row, g.config_id,
                g.queue_id, sum(g.instances)::BIGINT AS instances, sum(g.dur_ns)::BIGINT AS dur_ns,
                max(g.longest_ns) AS longest_ns, max(g.longest_first) AS longest_first,
-               sum(g.misplaced) AS misplaced
+               min(g.lowest_kernel) AS lowest_kernel, sum(g.misplaced) AS misplaced
         FROM ({grouped}) g
         LEFT JOIN kernel_contexts c ON c.trace_id = {t} AND c.context_id = g.context
         GROUP BY ALL""").pl()
@@ -167,7 +170,8 @@ def launch_groups(
 
     Columns: layer, pass, iteration, stage, attribution, library (as in `attributed_kernels`),
     name, short_name, implementation, operation, config_id, queue_id, instances, dur_ns (their
-    total), longest_ns and first_kernel (the smallest kernel_id of the longest launches). From
+    total), longest_ns, first_kernel (the smallest kernel_id of the longest launches) and
+    lowest_kernel (the smallest kernel_id of all). From
     the attribution the store keeps when there is one for these options (and `stored`), else
     from `kernel_contexts` computed here.
     """
@@ -191,34 +195,31 @@ def launch_groups(
             groups = con.sql(_LAUNCH_GROUPS.format(launches=view["launches"], extra="")).pl()
         groups = (groups.join(contexts.with_row_index("context"), on="context", how="left")
                   .group_by(*_CONTEXT_COLUMNS, "name_row", "config_id", "queue_id")  # as the kept contexts merge
-                  .agg(pl.col("instances", "dur_ns").sum(), pl.col("longest_ns", "longest_first").max()))
+                  .agg(pl.col("instances", "dur_ns").sum(), pl.col("longest_ns", "longest_first").max(),
+                       pl.col("lowest_kernel").min()))
         names = names.with_row_index("name_row")
     return (_first_kernel(groups).cast({"name_row": pl.UInt32})
             .join(names.rename({"library": "implementation"}), on="name_row", how="left")
             .select("layer", "pass", "iteration", "stage", "attribution", "library", "name", "short_name",
                     "implementation", "operation", "config_id", "queue_id", "instances", "dur_ns", "longest_ns",
-                    "first_kernel"))
+                    "first_kernel", "lowest_kernel"))
 
 
 def kernel_groups(
     con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX
 ) -> pl.DataFrame:
     """Kernels grouped by layer, pass, name, library and attribution: what `attributed_kernels`
-    holds, summed.
+    holds, summed (from `launch_groups`, a few hundred rows at ten million launches).
 
     Columns: layer, pass, name, short_name, library, implementation, operation, attribution,
     kernels (count), dur_ns (total), first_kernel (the smallest kernel_id, for 'the first
     kernel's' choices).
     """
-    kernels, names, contexts = kernel_contexts(con, trace_id, ("dur_ns",), iteration_regex, ordered=False)
-    groups = (kernels.group_by("context", "name_row")
-              .agg(kernels=pl.len(), dur_ns=pl.col("dur_ns").sum(), first_kernel=pl.col("id").min()))
     keys = ["layer", "pass", "name", "short_name", "library", "implementation", "operation", "attribution"]
-    return (groups.join(contexts.select("layer", "pass", "attribution", "library").with_row_index("context"),
-                        on="context", how="left")
-            .join(names.rename({"library": "implementation"}).with_row_index("name_row"), on="name_row", how="left")
+    return (launch_groups(con, trace_id, iteration_regex)
             .group_by(keys)
-            .agg(pl.col("kernels").sum(), pl.col("dur_ns").sum(), pl.col("first_kernel").min()))
+            .agg(kernels=pl.col("instances").sum().cast(pl.UInt32), dur_ns=pl.col("dur_ns").sum(),
+                 first_kernel=pl.col("lowest_kernel").min()))
 
 
 def attribution_shares(groups: pl.DataFrame) -> dict[str, float]:

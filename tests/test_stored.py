@@ -39,6 +39,10 @@ def _assert_kept_equals_computed(monkeypatch: pytest.MonkeyPatch, con, trace_id:
     want = _launch_groups_by_hand(con, trace_id)
     for groups in (launch_groups(con, trace_id), _computed(monkeypatch, con, trace_id, launch_groups)):
         assert_frame_equal(groups.sort(LAUNCH_KEYS, nulls_last=True), want, check_dtypes=False)
+    by_hand = (attributed_kernels(con, trace_id).group_by(keys)
+               .agg(kernels=pl.len(), dur_ns=pl.col("dur_ns").sum(), first_kernel=pl.col("kernel_id").min()))
+    assert_frame_equal(kernel_groups(con, trace_id).sort(keys, nulls_last=True),
+                       by_hand.sort(keys, nulls_last=True), check_dtypes=False)
 
 
 LAUNCH_KEYS = ["layer", "pass", "iteration", "stage", "attribution", "library", "name", "config_id", "queue_id"]
@@ -52,9 +56,9 @@ def _launch_groups_by_hand(con, trace_id: int) -> pl.DataFrame:
             .group_by(LAUNCH_KEYS)
             .agg(pl.col("short_name", "implementation", "operation").first(), instances=pl.len(),
                  dur_ns=pl.col("dur_ns").sum(), longest_ns=pl.col("dur_ns").first(),
-                 first_kernel=pl.col("kernel_id").first())
+                 first_kernel=pl.col("kernel_id").first(), lowest_kernel=pl.col("kernel_id").min())
             .select(*LAUNCH_KEYS[:7], "short_name", "implementation", "operation", "config_id", "queue_id",
-                    "instances", "dur_ns", "longest_ns", "first_kernel")
+                    "instances", "dur_ns", "longest_ns", "first_kernel", "lowest_kernel")
             .sort(LAUNCH_KEYS, nulls_last=True))
 
 
