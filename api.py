@@ -45,7 +45,7 @@ AUTO_CONTEXT_MAX_KERNELS = 1_000_000
 """Above this many kernels `top` gives the library column alone unless asked for `context`."""
 
 _ATTRIBUTION_ANALYSES = {"attributed": "attributed_kernels", "launch_groups": "launch_groups",
-                         "stages": "stage_times", "groups": "kernel_groups"}
+                         "stages": "stage_times"}
 """What `Trace` keeps of each launch's attribution: kind -> the function of `analysis.layers` (con,
 trace id, iteration regex) that makes it."""
 
@@ -491,7 +491,10 @@ class Trace:
         return self._attribution("stages", iteration_regex)
 
     def _groups(self, iteration_regex: str | None) -> pl.DataFrame:
-        return self._attribution("groups", iteration_regex)
+        from traceq.analysis.layers import kernel_groups_of
+
+        key = (_regex(iteration_regex), _rules_key())  # summed from the launch groups `compare` and `ru` read too
+        return self._keep("groups", key, lambda: kernel_groups_of(self._launch_groups(iteration_regex)))
 
     def _attribution(self, kind: str, iteration_regex: str | None,
                      con: duckdb.DuckDBPyConnection | None = None) -> Any:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -24,6 +23,7 @@ from traceq.analysis.attribution import ITERATION_REGEX
 from traceq.analysis.idle import IdleTotals, idle_causes
 from traceq.analysis.launches import launch_table
 from traceq.errors import TraceqError
+from traceq.store import side_by_side
 
 MIN_SHARE = 0.01
 """A finding is reported when its time at stake is at least this share of the devices' span."""
@@ -53,7 +53,7 @@ class Finding:
 @dataclass
 class _Facts:
     """What several rules read, computed once. The idle analysis is set when it is done; the
-    rest `prefetch` reads beside it, on this object's own connection."""
+    rest `prefetch` reads beside it."""
 
     con: duckdb.DuckDBPyConnection
     trace_id: int
@@ -87,14 +87,19 @@ class _Facts:
     def gemm_layers(self) -> tuple[pl.DataFrame, int]:
         return _gemm_layers(self)
 
-    def prefetch(self) -> None:
-        """Read what the rules other than the idle ones need. A failure is left for the rule
-        that reads the fact to meet again, on the calling thread."""
-        for fact in ("launch_table", "classified", "peaks", "ru", "gemm_layers"):
-            try:
-                getattr(self, fact)
-            except Exception:  # noqa: BLE001 (raised again where the rule reads it)
-                pass
+    def prefetch(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Read what the rules other than the idle ones need, on `con` (a connection of its own,
+        on another thread), then give the facts their connection back. A failure is left for the
+        rule that reads the fact to meet again, on the calling thread."""
+        own, self.con = self.con, con
+        try:
+            for fact in ("launch_table", "classified", "peaks", "ru", "gemm_layers"):
+                try:
+                    getattr(self, fact)
+                except Exception:  # noqa: BLE001 (raised again where the rule reads it)
+                    pass
+        finally:
+            self.con = own
 
 
 def advise(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX,
@@ -107,26 +112,20 @@ def advise(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str =
     RULES). `idle`, `launches`: the trace's `idle.idle_causes` and `launches.launch_table`, when
     the caller has them already; `idle` may be a function that gives them. The idle analysis
     runs on this thread and `con` while another thread reads the other rules' facts through a
-    second connection to the same database (`_Facts.prefetch`): at ten million kernels the two
+    cursor of its own (`store.side_by_side`, `_Facts.prefetch`): at ten million kernels the two
     take about as long, mostly inside Polars and DuckDB, which release the GIL.
     """
-    facts = _Facts(con.cursor(), trace_id, iteration_regex, launches)
-    try:
-        with ThreadPoolExecutor(1) as pool:
-            ahead = pool.submit(facts.prefetch)
-            try:
-                if idle is None:
-                    idle = idle_causes(con, trace_id, iteration_regex)
-                facts.idle, facts.totals = idle() if callable(idle) else idle
-            except BaseException:  # Ctrl-C or a failure: stop the other thread's query too
-                facts.con.interrupt()
-                raise
-            ahead.result()
-        totals = facts.totals
-        found = [f for rule in RULES.values() for f in rule(facts)
-                 if f.time_ns >= MIN_SHARE * max(totals.span_ns, 1)]
-    finally:
-        facts.con.close()
+    facts = _Facts(con, trace_id, iteration_regex, launches)
+
+    def read_idle(_: duckdb.DuckDBPyConnection) -> tuple[pl.DataFrame, IdleTotals]:
+        if idle is None:
+            return idle_causes(con, trace_id, iteration_regex)
+        return idle() if callable(idle) else idle
+
+    (facts.idle, facts.totals), _ = side_by_side(con, read_idle, facts.prefetch)
+    totals = facts.totals
+    found = [f for rule in RULES.values() for f in rule(facts)
+             if f.time_ns >= MIN_SHARE * max(totals.span_ns, 1)]
     found.sort(key=lambda f: (-f.time_ns, f.rule))
     frame = pl.DataFrame({"title": [f.title for f in found], "time_ns": [int(f.time_ns) for f in found],
                           "evidence": [f.evidence for f in found], "fix": [f.fix for f in found],

@@ -235,8 +235,8 @@ def _launch_groups(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | N
     # by the launches' ids first (name, configuration, queue: ten million rows, no join), then the
     # few groups named and merged by what the columns say
     groups = con.sql(f"""
-        SELECT n.name, {_SHAPE_SQL}, sum(g.instances)::BIGINT AS instances, sum(g.dur_ns) AS dur_ns, max(g.longest_ns) AS longest_ns,
-               arg_min(g.first_kernel, (-g.longest_ns, g.first_kernel)) AS first_kernel
+        SELECT n.name, {_SHAPE_SQL}, sum(g.instances)::BIGINT AS instances, sum(g.dur_ns) AS dur_ns,
+               max(g.longest_ns) AS longest_ns, arg_min(g.first_kernel, (-g.longest_ns, g.first_kernel)) AS first_kernel
         FROM (SELECT name_id, config_id, queue_id, count(*) AS instances, sum(end_ns - start_ns) AS dur_ns,
                      max(end_ns - start_ns) AS longest_ns,
                      arg_min(kernel_id, (start_ns - end_ns, kernel_id)) AS first_kernel

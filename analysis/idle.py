@@ -110,7 +110,8 @@ def idle_totals(
                 JOIN kernel_queues q ON q.trace_id = {t} AND q.queue_id = e.queue_id
                 UNION ALL SELECT device_id, start_ns, end_ns FROM memops WHERE trace_id = {t})
             GROUP BY device_id)""").fetchall()[0]
-    idle_ns, iterations = frame.select(pl.col("dur_ns").sum(), pl.col("iteration").drop_nulls().n_unique()).collect().row(0)
+    idle_ns, iterations = frame.select(pl.col("dur_ns").sum(),
+                                       pl.col("iteration").drop_nulls().n_unique()).collect().row(0)
     return IdleTotals(span_ns=int(span[0]), idle_ns=int(idle_ns), iterations=iterations, devices=int(span[1]))
 
 

@@ -138,27 +138,28 @@ def _first_kernel(groups: pl.DataFrame) -> pl.DataFrame:
     return groups.with_columns(first_kernel=first.cast(pl.Int64)).drop("longest_first")
 
 
-def _kept_groups(con: duckdb.DuckDBPyConnection, trace_id: int, by_position: bool) -> pl.DataFrame | None:
-    """`_LAUNCH_GROUPS` of the kept attribution, its contexts' columns in place of context ids
-    (`stored.kept_launches`: None where pairing by position met misplaced rows)."""
-    from traceq.analysis.stored import kept_launches
+def _kept_groups(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
+    """`_LAUNCH_GROUPS` of the kept attribution (`stored.read_kept_launches`), its contexts'
+    columns in place of context ids."""
+    from traceq.analysis.stored import read_kept_launches
 
     t = int(trace_id)
-    launches = f"""(SELECT kernel_id AS id, context, name_id AS name_row, config_id, queue_id,
-                           end_ns - start_ns AS dur_ns, misplaced FROM {kept_launches(t, by_position=by_position)})"""
-    grouped = _LAUNCH_GROUPS.format(launches=launches, extra=", count(*) FILTER (WHERE misplaced) AS misplaced")
-    # a kept context is also split by precision: contexts alike in their columns merge (a few thousand rows)
-    groups = con.sql(f"""
-        SELECT {', '.join(f'c.{c}' for c in _CONTEXT_COLUMNS)}, g.name_row, g.config_id,
-               g.queue_id, sum(g.instances)::BIGINT AS instances, sum(g.dur_ns)::BIGINT AS dur_ns,
-               max(g.longest_ns) AS longest_ns, max(g.longest_first) AS longest_first,
-               min(g.lowest_kernel) AS lowest_kernel, sum(g.misplaced) AS misplaced
-        FROM ({grouped}) g
-        LEFT JOIN kernel_contexts c ON c.trace_id = {t} AND c.context_id = g.context
-        GROUP BY ALL""").pl()
-    if groups["misplaced"].sum():
-        return None
-    return groups.drop("misplaced")
+
+    def query(kept: str) -> str:
+        launches = f"""(SELECT kernel_id AS id, context, name_id AS name_row, config_id, queue_id,
+                               end_ns - start_ns AS dur_ns, misplaced FROM {kept})"""
+        grouped = _LAUNCH_GROUPS.format(launches=launches, extra=", count(*) FILTER (WHERE misplaced) AS misplaced")
+        # a kept context is also split by precision: contexts alike in their columns merge (a few thousand rows)
+        return f"""
+            SELECT {', '.join(f'c.{c}' for c in _CONTEXT_COLUMNS)}, g.name_row, g.config_id,
+                   g.queue_id, sum(g.instances)::BIGINT AS instances, sum(g.dur_ns)::BIGINT AS dur_ns,
+                   max(g.longest_ns) AS longest_ns, max(g.longest_first) AS longest_first,
+                   min(g.lowest_kernel) AS lowest_kernel, sum(g.misplaced) AS misplaced
+            FROM ({grouped}) g
+            LEFT JOIN kernel_contexts c ON c.trace_id = {t} AND c.context_id = g.context
+            GROUP BY ALL"""
+
+    return read_kept_launches(con, t, query)
 
 
 def launch_groups(
@@ -181,9 +182,7 @@ def launch_groups(
 
     t = int(trace_id)
     if stored and is_kept(con, t, iteration_regex):
-        groups = _kept_groups(con, t, True)
-        if groups is None:
-            groups = _kept_groups(con, t, False)
+        groups = _kept_groups(con, t)
         names = _classified(con.sql(f"SELECT name_id::UINTEGER AS name_row, name, short_name FROM kernel_names "
                                     f"WHERE trace_id = {t}").pl())
     else:
@@ -215,9 +214,13 @@ def kernel_groups(
     kernels (count), dur_ns (total), first_kernel (the smallest kernel_id, for 'the first
     kernel's' choices).
     """
+    return kernel_groups_of(launch_groups(con, trace_id, iteration_regex))
+
+
+def kernel_groups_of(launches: pl.DataFrame) -> pl.DataFrame:
+    """`kernel_groups` from the trace's `launch_groups`, when the caller has them."""
     keys = ["layer", "pass", "name", "short_name", "library", "implementation", "operation", "attribution"]
-    return (launch_groups(con, trace_id, iteration_regex)
-            .group_by(keys)
+    return (launches.group_by(keys)
             .agg(kernels=pl.col("instances").sum().cast(pl.UInt32), dur_ns=pl.col("dur_ns").sum(),
                  first_kernel=pl.col("lowest_kernel").min()))
 
@@ -365,22 +368,20 @@ def _stage_operations(
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(ops: device_id, start_ns, end_ns, dur_ns, context; contexts: iteration, stage) of every
     kernel, memcpy and memset: the kernels' contexts kept in the store where it has them for
-    these options (`stored.kept_launches`), with the copies' after them; else `gpu_operations`."""
+    these options (`stored.read_kept_launches`), with the copies' after them; else
+    `gpu_operations`."""
     from traceq.analysis.attribution import copy_operations
     from traceq.analysis.operations import by_row
-    from traceq.analysis.stored import is_kept, kept_launches
+    from traceq.analysis.stored import is_kept, read_kept_launches
 
     t = int(trace_id)
     if not is_kept(con, t, iteration_regex):
         ops, _, _, contexts = gpu_operations(con, t, iteration_regex)
         return (ops.select("device_id", "start_ns", "end_ns", "dur_ns", "context"),
                 contexts.select("iteration", "stage"))
-    for by_position in (True, False):
-        kernels = con.sql(f"""
-            SELECT queue_id, start_ns, end_ns, end_ns - start_ns AS dur_ns, context::UINTEGER AS context, misplaced
-            FROM {kept_launches(t, by_position=by_position)}""").pl()
-        if not kernels["misplaced"].any():
-            break
+    kernels = read_kept_launches(con, t, lambda kept: f"""
+        SELECT queue_id, start_ns, end_ns, end_ns - start_ns AS dur_ns, context::UINTEGER AS context, misplaced
+        FROM {kept}""")
     # each launch's device by its queue's row (a join in DuckDB took nine times the scan)
     queues = con.sql(f"SELECT queue_id, device_id FROM kernel_queues WHERE trace_id = {t} ORDER BY queue_id").pl()
     kernels = kernels.select(*by_row(queues, "queue_id", kernels["queue_id"], ("device_id",)),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from importlib import resources
 
@@ -105,22 +106,26 @@ def read_attribution(
     return kernels, names.drop("name_id"), contexts
 
 
-def kept_launches(trace_id: int, *, by_position: bool = True) -> str:
-    """A subquery of a kept trace's launches: kernel_events' columns, context (the launch's
-    kernel_contexts.context_id) and misplaced. The store writes both tables in kernel_id order,
-    so `by_position` pairs their rows by position (half a join's time at ten million launches);
-    misplaced is then true for a pair of two different kernels (the store holds them in other
-    orders: ask again with `by_position=False`, a join by kernel_id, where it is never true)."""
+def read_kept_launches(con: duckdb.DuckDBPyConnection, trace_id: int,
+                       query: Callable[[str], str]) -> pl.DataFrame:
+    """query(launches) read into Polars, `launches` a subquery of a kept trace's launches:
+    kernel_events' columns, context (the launch's kernel_contexts.context_id) and misplaced. The
+    store writes both tables in kernel_id order, so their rows are paired by position first
+    (half a join's time at ten million launches), misplaced true for a pair of two different
+    kernels; the query keeps a column `misplaced` (as it is, or counted per group), and where
+    any is, it is asked again over a join by kernel_id. The result has no `misplaced`."""
     t = int(trace_id)
-    if not by_position:
-        return f"""(
-            SELECT e.*, a.context_id AS context, false AS misplaced
-            FROM kernel_events e JOIN kernel_attribution a ON a.trace_id = e.trace_id AND a.kernel_id = e.kernel_id
-            WHERE e.trace_id = {t})"""
-    return f"""(
+    by_position = f"""(
         SELECT e.*, a.context_id AS context, a.kernel_id IS DISTINCT FROM e.kernel_id AS misplaced
         FROM (SELECT * FROM kernel_events WHERE trace_id = {t}) e
         POSITIONAL JOIN (SELECT kernel_id, context_id FROM kernel_attribution WHERE trace_id = {t}) a)"""
+    frame = con.sql(query(by_position)).pl()
+    if frame["misplaced"].cast(pl.Int64).sum():  # the store holds them in other orders
+        frame = con.sql(query(f"""(
+            SELECT e.*, a.context_id AS context, false AS misplaced
+            FROM kernel_events e JOIN kernel_attribution a ON a.trace_id = e.trace_id AND a.kernel_id = e.kernel_id
+            WHERE e.trace_id = {t})""")).pl()
+    return frame.drop("misplaced")
 
 
 def attribute_trace(con: duckdb.DuckDBPyConnection, trace_id: int) -> float:

@@ -102,8 +102,8 @@ def test_a_failed_idle_analysis_stops_the_other_thread_s_query(sample_store, mon
 
     import traceq.analysis.advise as advise_module
 
-    def slow_prefetch(facts) -> None:
-        facts.con.execute("SELECT count(*) FROM range(100000000000) WHERE range % 7 = 3").fetchall()
+    def slow_prefetch(facts, con) -> None:  # on the cursor `advise` gives the other thread
+        con.execute("SELECT count(*) FROM range(100000000000) WHERE range % 7 = 3").fetchall()
 
     def failing_idle():
         time.sleep(0.3)  # the other query has begun

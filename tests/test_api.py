@@ -160,6 +160,25 @@ def _run_commands_give_the_api_frames(db: Path, run: traceq.Run) -> None:
         assert _rows(json.loads(result.stdout)) == _rows(frame.to_dicts()), f"{run.name}: {command}"
 
 
+def test_layers_libs_top_ru_and_compare_group_the_launches_once(store: Path, monkeypatch) -> None:
+    """A Trace keeps its launch groups: `layers`, `libs`, `top`'s context, `ru` by layer,
+    `iterations` and `compare` all sum the same ones, made once per trace."""
+    from traceq.analysis import layers
+
+    made: list[int] = []
+    launch_groups = layers.launch_groups
+
+    def counted(con, trace_id, regex):
+        made.append(trace_id)
+        return launch_groups(con, trace_id, regex)
+
+    monkeypatch.setattr(layers, "launch_groups", counted)
+    with traceq.open(store) as s:
+        a, b = s.trace("alexnet_b256_cudnn"), s.trace("alexnet_b128_cudnn")
+        a.layers(), a.libs(), a.top(context=True), a.ru("layer"), a.iterations(), a.compare(b), b.layers()
+    assert sorted(made) == sorted([a.id, b.id])
+
+
 def test_run_commands_give_the_api_frames(store: Path) -> None:
     """comm, overlap, ranks and compare across GPU counts on the DDP sample (one file, two
     processes: a run of 2 ranks): the CLI's json is the Run method's frame; report and compare

@@ -12,7 +12,6 @@ from conftest import SAMPLES, sample, shared
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
-import traceq.analysis.layers as layers
 import traceq.analysis.stored as stored
 from traceq.analysis.attribution import ITERATION_REGEX
 from traceq.analysis.layers import attributed_kernels, kernel_groups, launch_groups, stage_times
@@ -91,12 +90,23 @@ def test_launch_groups_where_the_store_holds_launches_and_attribution_in_other_o
     db = tmp_path / "s.duckdb"
     assert runner.invoke(app, ["load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db)]).exit_code == 0
     con = open_store(db)
-    in_order = layers._kept_groups(con, 1, True)
-    assert in_order is not None
+    asked: list[str] = []  # the launches each read was asked over
+
+    def counted(kept: str) -> str:
+        asked.append(kept)
+        return f"SELECT count(*) FILTER (WHERE misplaced) AS misplaced FROM {kept}"
+
+    def misplaced(kept: str) -> int:
+        return con.execute(f"SELECT count(*) FILTER (WHERE misplaced) FROM {kept}").fetchall()[0][0]
+
+    stored.read_kept_launches(con, 1, counted)
+    assert len(asked) == 1 and misplaced(asked[0]) == 0  # by position, in order
     con.execute("CREATE TEMP TABLE backwards AS SELECT * FROM kernel_attribution ORDER BY kernel_id DESC")
     con.execute("DELETE FROM kernel_attribution")
     con.execute("INSERT INTO kernel_attribution SELECT * FROM backwards")
-    assert stored.is_kept(con, 1) and layers._kept_groups(con, 1, True) is None
+    asked.clear()
+    stored.read_kept_launches(con, 1, counted)
+    assert stored.is_kept(con, 1) and len(asked) == 2 and misplaced(asked[0]) > 0 and misplaced(asked[1]) == 0
     assert_frame_equal(launch_groups(con, 1).sort(LAUNCH_KEYS, nulls_last=True), _launch_groups_by_hand(con, 1),
                        check_dtypes=False)
     stages = stage_times(con, 1)
