@@ -15,13 +15,20 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from traceq.errors import (MissingDataError, NotFoundError, RegressionError, StoreError, TraceFormatError,
-                           TraceqError, TraceqWarning)
+from traceq.errors import (
+    MissingDataError,
+    NotFoundError,
+    RegressionError,
+    StoreError,
+    TraceFormatError,
+    TraceqError,
+    TraceqWarning,
+)
 
 __version__ = "0.1.0"
 
 _API = ("Run", "Store", "Trace", "load", "load_dataset", "occupancy", "open", "use_rules")
-_MODULES = ("analysis", "api", "cli", "errors", "export", "ingest", "render", "store")
+_MODULES = ("analysis", "api", "cli", "dataset", "errors", "ingest", "render", "store")
 
 __all__ = [*_API, "MissingDataError", "NotFoundError", "RegressionError", "StoreError", "TraceFormatError",
            "TraceqError", "TraceqWarning", "__version__"]

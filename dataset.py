@@ -1,7 +1,7 @@
 """Datasets: many traces as Parquet files in a folder, read through DuckDB views with the store's
 table names, so every analysis runs on them unchanged.
 
-A dataset is written by `traceq load --dataset` (traceq.ingest.parallel), one trace (a rank
+A dataset is written by `traceq load --dataset` (traceq.api.datasets), one trace (a rank
 file) per Dask task. Its layout:
 
     DATASET/catalog.json                 the traces it holds: id, name, source, sha256, status;
@@ -156,18 +156,18 @@ def write_trace(con: duckdb.DuckDBPyConnection, trace_id: int, dataset: Path) ->
     _publish(staging, final)
 
 
-def write_run(dataset: Path, run: RunEntry) -> None:
-    """Register `run`'s traces as the ranks of one run, their clocks aligned (ingest.runs, one
-    trace's files read at a time), and write its runs and ranks tables as run=<id>/: into its
-    partial folder first, renamed into place when whole.
+def write_run(dataset: Path, run: RunEntry,
+              register: Callable[[duckdb.DuckDBPyConnection, str, list[int]], int]) -> None:
+    """Register `run`'s traces as the ranks of one run with `register` (the API passes
+    `analysis.multigpu.runs.register_run`, which aligns their clocks, one trace's files read at a
+    time), and write its runs and ranks tables as run=<id>/: into its partial folder first,
+    renamed into place when whole.
 
     Raises:
         RunError: the traces are not one job's ranks.
     """
-    from traceq.ingest.runs import register_run
-
     con = open_dataset(dataset, [])  # the schema's tables, empty: the run's rows are inserted here
-    register_run(con, run.name, run.trace_ids)  # each trace read through views over its own files
+    register(con, run.name, run.trace_ids)  # each trace read through views over its own files
     staging = Path(dataset) / ".partial" / f"run={run.run_id}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

@@ -142,7 +142,7 @@ JOIN kernel_queues q ON q.trace_id = e.trace_id AND q.queue_id = e.queue_id;
 CREATE VIEW kernels AS
 SELECT * EXCLUDE (launch_start_ns, launch_end_ns, launch_name_id, launch_thread_id) FROM kernel_rows;
 
--- table kernel_summary: per-name kernel statistics of each trace, written by the load (traceq.analysis.kernels.build_kernel_summary) so that `traceq top` reads a few rows instead of every launch.
+-- table kernel_summary: per-name kernel statistics of each trace, written by the load (traceq.analysis.kernels.top.build_kernel_summary) so that `traceq top` reads a few rows instead of every launch.
 CREATE TABLE kernel_summary (
     trace_id INTEGER NOT NULL,
     name_by VARCHAR NOT NULL,              -- which name groups the launches: 'demangled', 'short' or 'mangled' (`traceq top --by`)
@@ -305,7 +305,7 @@ CREATE TABLE process_groups (
     ranks BIGINT[]                         -- global ranks in the group
 );
 
--- table graph_nodes: CUDA graph node events (nsys CUDA_GRAPH_NODE_EVENTS, with --cuda-graph-trace=node): a node created when a graph was built or captured, or cloned from one when it was instantiated; a replayed kernel's graph_node_id leads through them to the capture (analysis.graphs).
+-- table graph_nodes: CUDA graph node events (nsys CUDA_GRAPH_NODE_EVENTS, with --cuda-graph-trace=node): a node created when a graph was built or captured, or cloned from one when it was instantiated; a replayed kernel's graph_node_id leads through them to the capture (analysis.structure.graphs).
 CREATE TABLE graph_nodes (
     trace_id INTEGER NOT NULL,
     graph_node_id BIGINT NOT NULL,         -- the node: kernel_events.graph_node_id of the kernels it runs
@@ -379,7 +379,7 @@ UNION ALL (
 CREATE TABLE attributions (
     trace_id INTEGER NOT NULL,
     iteration_regex VARCHAR NOT NULL,      -- the regex that named iteration ranges (the default one)
-    fingerprint VARCHAR NOT NULL,          -- sha256 of traceq's attributing modules and packaged kernel rules (traceq.analysis.stored.fingerprint)
+    fingerprint VARCHAR NOT NULL,          -- sha256 of traceq's attributing modules and packaged kernel rules (traceq.analysis.structure.stored.fingerprint)
     seconds DOUBLE,                        -- how long attributing took
     kernels BIGINT                         -- kernels attributed
 );

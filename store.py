@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import duckdb
 
-from traceq.errors import NotFoundError, StoreError, TraceqError
+from traceq.errors import NotFoundError, StoreError
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -169,23 +169,23 @@ def _read_only_message(path: Path) -> str:
             "change the store, the other commands only read it; pass --db with a writable path")
 
 
+class NotAStoreError(StoreError):
+    """The file at `path` is not a DuckDB file. Whoever knows the trace formats (the API, through
+    `traceq.ingest`) may say what it is instead; the store does not."""
+
+    def __init__(self, path: Path):
+        super().__init__(f"{path} is not a traceq store (the DuckDB file `traceq load` writes)")
+        self.path = path
+
+
 def _check_duckdb_file(path: Path) -> None:
-    """Raise a StoreError that says what `path` is when it is not a DuckDB file (a trace
-    passed as the store, most often); an empty file passes (DuckDB makes it a database)."""
+    """Raise NotAStoreError when `path` is not a DuckDB file (a trace passed as the store, most
+    often); an empty file passes (DuckDB makes it a database)."""
     with path.open("rb") as f:
         head = f.read(12)
     if not head or head[8:12] == _DUCKDB_MAGIC:
         return
-    from traceq.ingest import READERS
-    from traceq.ingest.detect import reader_for
-
-    try:
-        reader = reader_for(path, READERS)
-    except TraceqError:
-        raise StoreError(f"{path} is not a traceq store (the DuckDB file `traceq load` writes)") from None
-    raise StoreError(f"{path} is a trace ({reader.name}), not a traceq store: load it with "
-                     f"`traceq load {path}`, then query the store it goes into "
-                     f"({DEFAULT_STORE}, or the one --db names)")
+    raise NotAStoreError(path)
 
 
 def _ensure_schema(con: duckdb.DuckDBPyConnection, path: Path, *, create: bool) -> None:

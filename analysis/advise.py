@@ -19,9 +19,9 @@ from functools import cached_property
 import duckdb
 import polars as pl
 
-from traceq.analysis.attribution import ITERATION_REGEX
-from traceq.analysis.idle import IdleTotals, idle_causes
-from traceq.analysis.launches import launch_table
+from traceq.analysis.structure.conventions import ITERATION_REGEX
+from traceq.analysis.timeline.idle import IdleTotals, idle_causes
+from traceq.analysis.timeline.launches import launch_table
 from traceq.errors import TraceqError
 from traceq.store import side_by_side
 
@@ -73,13 +73,13 @@ class _Facts:
 
     @cached_property
     def peaks(self) -> pl.DataFrame:
-        from traceq.analysis.peaks import trace_peaks
+        from traceq.analysis.efficiency.peaks import trace_peaks
 
         return trace_peaks(self.con, self.trace_id)
 
     @cached_property
     def ru(self) -> pl.DataFrame:
-        from traceq.analysis.efficiency import ru_table
+        from traceq.analysis.efficiency.ru import ru_table
 
         return ru_table(self.con, self.trace_id, "kernel", iteration_regex=self.iteration_regex)
 
@@ -138,7 +138,7 @@ def advise(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str =
 
 
 def _ms(ns: float) -> str:
-    from traceq.render.columns import format_duration
+    from traceq.units import format_duration
 
     return format_duration(ns)
 
@@ -159,7 +159,7 @@ def _first(shares: str | None, n: int = 3) -> str:
 
 
 def _idle_rule(cause: str, title: str, fix: str) -> Callable[[_Facts], list[Finding]]:
-    """A finding of the GPU's idle time of one cause (`analysis.gaps.CAUSES`)."""
+    """A finding of the GPU's idle time of one cause (`analysis.timeline.gaps.CAUSES`)."""
     def rule(facts: _Facts) -> list[Finding]:
         row = _cause(facts, cause)
         if not row["gaps"]:
@@ -181,7 +181,7 @@ def _pageable(facts: _Facts) -> list[Finding]:
         "AND op = 'memcpy' AND (src_kind = 'Pageable' OR dst_kind = 'Pageable')", [facts.trace_id]).fetchall()[0]
     if not row["gaps"] or not copies[0]:
         return []
-    from traceq.render.columns import format_bytes
+    from traceq.units import format_bytes
 
     evidence = (f"{copies[0]:,} copies to or from pageable host memory ({format_bytes(copies[1])}, "
                 f"{_ms(copies[2])} of copying); the GPU waited {_ms(row['total_ns'])} for them in "
@@ -214,7 +214,7 @@ def _classified(facts: _Facts) -> pl.DataFrame:
     """Per kernel name: launches, time (total_ns), per-launch mean, short (the short name),
     library, operation, gemm_variant, tensor_cores, precision (what the name says, else null),
     label (how evidence names it: the short name, or `_telling_name` where names share it)."""
-    from traceq.analysis.classify import classify_names
+    from traceq.analysis.kernels.classify import classify_names
 
     t = int(facts.trace_id)
     names = facts.con.sql(f"SELECT s.name, s.instances AS launches, s.total_ns, s.avg_ns, n.short AS short "
@@ -341,8 +341,8 @@ def _gemm_layers(facts: _Facts) -> tuple[pl.DataFrame, int]:
     marks none) with their layer: (name, operation, gemm_variant, dur_ns, layer, pass; how many
     times the trace holds what they took). One iteration is enough to compare a layer's GEMMs,
     and attributing every launch of a ten-million-kernel trace would take seconds."""
-    from traceq.analysis.attribution import attribute_points
-    from traceq.analysis.graphs import kernel_points_sql
+    from traceq.analysis.structure.attribution import attribute_points
+    from traceq.analysis.structure.graphs import kernel_points_sql
 
     t = int(facts.trace_id)
     classes = facts.classified.filter(pl.col("operation").is_in(["gemm", "convolution"]))

@@ -27,7 +27,7 @@ class GroupBy(str, Enum):
 
 class Precision(str, Enum):
     """The number format a kernel's arithmetic runs in: what `traceq ce` measures it against
-    (`analysis.peaks`), and the `[[precision]]` answers of the kernel rules."""
+    (`analysis.efficiency.peaks`), and the `[[precision]]` answers of the kernel rules."""
 
     fp64 = "fp64"
     fp32 = "fp32"

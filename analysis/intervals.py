@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import polars as pl
 
+
 def last_at_or_before(
     event_group: pl.Series, event_time: pl.Series, group: pl.Series, time: pl.Series
 ) -> pl.Series:

@@ -18,11 +18,12 @@ allocation, which is what the paper's per-layer figures show.
 
 from __future__ import annotations
 
-
 import duckdb
 import polars as pl
 
-from traceq.analysis.attribution import ITERATION_REGEX, _real_asof_joins, attribute_points
+from traceq.analysis.structure.attribution import attribute_points
+from traceq.analysis.structure.attribution_sql import real_asof_joins
+from traceq.analysis.structure.conventions import ITERATION_REGEX
 from traceq.errors import MissingDataError
 
 HOST_KINDS = ("Pageable", "Pinned")
@@ -76,7 +77,7 @@ def memory_events(
     points = con.sql(f"SELECT id, pid, tid, t FROM ({calls})").pl()
     attribution = attribute_points(con, trace_id, points, iteration_regex, paths=False).select(
         pl.col("id").alias("event_id"), "layer", "pass", "iteration", "stage")
-    with _real_asof_joins(con):
+    with real_asof_joins(con):
         frame = con.sql(f"""
             WITH ev AS MATERIALIZED ({numbered}),
             sized AS (

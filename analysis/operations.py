@@ -73,7 +73,7 @@ def gpu_work(con: duckdb.DuckDBPyConnection, trace_id: int) -> Work:
     details apart (`Work`). The kernels whose calls the load stored are read as they lie (no
     join); the rest are looked up by `with_calls` and given a row each in `queues` and
     `threads`."""
-    from traceq.analysis.graphs import has_graph_nodes
+    from traceq.analysis.structure.graphs import has_graph_nodes
 
     t = int(trace_id)
     graph = has_graph_nodes(con, t)
@@ -129,7 +129,7 @@ def _work(con: duckdb.DuckDBPyConnection, trace_id: int, graph: bool) -> Iterato
     """(`gpu_work`'s ops as SQL, its memops): the kernels whose calls the load stored are read
     from the store; the rest (copies and sets, kernels without a stored call) are looked up by
     `with_calls` and registered as a view. graph_node_id as `_kernels` gives it."""
-    from traceq.analysis.graphs import has_graph_nodes
+    from traceq.analysis.structure.graphs import has_graph_nodes
 
     t = int(trace_id)
     graph = graph or has_graph_nodes(con, t)

@@ -70,8 +70,8 @@ def make(out: Path, ranks: int, kernels: int | None) -> list[Path]:
 
 def one_process(files: list[Path], dataset: Path, first_id: int) -> tuple[float, float]:
     """(wall s, CPU s) of loading `files` one after the other in this process."""
+    from traceq.api.datasets import load_rank
     from traceq.ingest import default_name
-    from traceq.ingest.parallel import load_rank
 
     dataset.mkdir(parents=True, exist_ok=True)
     wall, cpu = time.perf_counter(), time.process_time()
@@ -94,7 +94,7 @@ def _peak_rss_mib() -> float:
 def rounds(files: list[Path], out: Path, workers: int, batch: int, compare: int) -> dict[str, object]:
     """Load `files` into OUT/dask `batch` at a time on `workers` local Dask workers; in the
     first `compare` rounds, load the same batch in this process first (into OUT/one)."""
-    from traceq.ingest.parallel import dask_client, load_dataset, plan_load
+    from traceq.api.datasets import dask_client, load_dataset, plan_load
 
     for folder in ("dask", "one"):
         shutil.rmtree(out / folder, ignore_errors=True)

@@ -71,7 +71,7 @@ def _child(args: list[str]) -> tuple[float, float]:
 
 
 def measure(sources: list[Path], counts: list[int], folder: Path) -> None:
-    from traceq.ingest import load_run
+    from traceq.api.loading import load_run
     from traceq.store import open_store
 
     folder.mkdir(parents=True, exist_ok=True)

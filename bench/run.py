@@ -15,7 +15,7 @@ for traces over 500 MB). In the same run, on the same files:
   (`TRACEQ_SQLITE_READER`), the latter only up to --stdlib-max-mb;
 - `traceq top --k 15`, `traceq layers` and `traceq ru` on the loaded store (a command this
   traceq lacks is reported as such);
-- kernel attribution (`traceq.analysis.attribution.kernel_attribution`) on the loaded store;
+- kernel attribution (`traceq.analysis.structure.attribution.kernel_attribution`) on the loaded store;
 - baselines: SQLite decoding the columns the reader reads (max() over each, in SQLite, one
   thread: the floor of any SQLite reader), SQLite's GROUP BY top-15 (what `nsys stats`'s
   cuda_gpu_kern_sum does), and `nsys-ai skill run top_kernels` when `nsys-ai` is on PATH (or
@@ -89,7 +89,7 @@ con.execute('''SELECT s.value, sum(k."end" - k.start) AS total, count(*), avg(k.
 ATTRIBUTION = """
 import sys
 import duckdb
-from traceq.analysis.attribution import kernel_attribution
+from traceq.analysis.structure.attribution import kernel_attribution
 con = duckdb.connect(sys.argv[1], read_only=True)
 tid = con.execute("SELECT max(trace_id) FROM traces").fetchall()[0][0]
 print(kernel_attribution(con, tid).height)
@@ -100,9 +100,9 @@ IN_PROCESS = """
 import json, statistics, sys, time
 t = time.perf_counter()
 import duckdb
-from traceq.analysis.kernels import kernel_statistics, top_kernels
-from traceq.analysis.layers import layer_times
-from traceq.analysis.attribution import kernel_attribution
+from traceq.analysis.kernels.top import kernel_statistics, top_kernels
+from traceq.analysis.structure.layers import layer_times
+from traceq.analysis.structure.attribution import kernel_attribution
 imported = time.perf_counter() - t
 con = duckdb.connect(sys.argv[1], read_only=True)
 tid = con.execute("SELECT max(trace_id) FROM traces").fetchall()[0][0]

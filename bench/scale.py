@@ -156,8 +156,8 @@ TOP15 = f"""SELECT s.value, count(*), sum(k."end" - k.start) FROM {KERNEL} k
 def check(src: Path, out: Path, copies: int | None) -> None:
     """Load `out` with traceq and compare its kernel count and top-15 with SQLite's own sums
     over `out` and, for whole copies, with the source's top-15 times the copies."""
-    from traceq.analysis.kernels import top_kernels
-    from traceq.ingest import load_trace
+    from traceq.analysis.kernels.top import top_kernels
+    from traceq.api.loading import load_trace
     from traceq.store import open_store
 
     raw = sqlite3.connect(out.resolve().as_uri() + "?mode=ro", uri=True)

@@ -1,8 +1,10 @@
-"""Loading trace files into the store.
+"""Reading trace files into the store: one reader per format (`READERS`, chosen by content in
+`detect.reader_for`), all writing the tables of schema.sql.
 
-`load_trace(con, path)` picks the reader by content (`detect.reader_for`), streams the file
-into the store inside one transaction, and records the trace in `traces`. On any error the
-transaction is rolled back, so the store is exactly as it was. What a damaged file's rows lacked
+`read_trace(con, path)` picks the reader, streams the file into the store inside the caller's
+transaction, and records the trace in `traces`; `traceq.api.loading` wraps it in one transaction
+with what the analyses keep at load, and rolls it back on any error, so the store is exactly as
+it was. What a damaged file's rows lacked
 is repaired or dropped on the way in (traceq.ingest.validate) and listed in `LoadResult.notes`.
 """
 
@@ -15,23 +17,23 @@ import sqlite3
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
 
-from traceq.analysis.kernels import build_kernel_summary
 from traceq.errors import TraceFormatError, TraceqError
-from traceq.ingest.base import LoadOptions, Reader, Sink, Source, SourceInfo, source_damage
-from traceq.ingest.validate import unlink_shared_correlations
+from traceq.ingest.base import LoadOptions, Reader, Sink, Source, SourceInfo
 from traceq.ingest.detect import reader_for
 from traceq.ingest.kineto import KinetoReader
 from traceq.ingest.nsys import NsysReader
 from traceq.ingest.nvprof import NvprofReader
-from traceq.ingest.runs import check_runs_whole, register_run
+from traceq.ingest.sqlite_source import source_damage
+from traceq.ingest.validate import unlink_shared_correlations
 from traceq.store import delete_trace, first_row
 
 READERS: tuple[Reader, ...] = (NsysReader(), NvprofReader(), KinetoReader())
@@ -79,7 +81,7 @@ def default_name(path: Path) -> str:
     return Path(Path(path).name.removesuffix(".gz")).stem
 
 
-def load_trace(
+def read_trace(
     con: duckdb.DuckDBPyConnection,
     path: Path,
     *,
@@ -88,11 +90,11 @@ def load_trace(
     progress: Callable[[int, int], None] | None = None,
     engine: str | None = None,
     python_functions: bool = False,
-    attribute: bool | None = None,
-    transaction: bool = True,
 ) -> LoadResult:
-    """Load the trace file at `path` into the store `con`, as a run of its own named as the
-    trace (`runs`) unless `transaction` is False.
+    """Read the trace file at `path` into the store `con`, inside the caller's transaction: the
+    reader's rows, then the trace's row in `traces`. What the analyses keep of a trace (its kernel
+    summary, its attribution) and the run it belongs to are the caller's to add before it commits
+    (`traceq.api.loading` does all of it); on an error the caller rolls back.
 
     Args:
         name: the trace's name in the store (default: the file's name without its suffix,
@@ -104,9 +106,9 @@ def load_trace(
             Every engine gives the same store contents.
         python_functions: Kineto traces: keep their `python_function` events as ranges (they
             can be most of a trace's events; off by default).
-        attribute: keep each kernel's attribution in the store (`analysis.stored`); default:
-            for traces of up to `stored.LOAD_MAX_KERNELS` kernels.
-        transaction: False: the caller owns the transaction and registers the run (`load_run`).
+
+    Returns the LoadResult; status 'already_loaded' (nothing read) when the same content is
+    loaded already and not `replace`.
 
     Raises:
         TraceFormatError: the file is not a trace traceq reads, or is damaged.
@@ -137,10 +139,6 @@ def load_trace(
     src = reader.open(path, LoadOptions(engine=engine or os.environ.get("TRACEQ_SQLITE_READER") or "auto",
                                         python_functions=python_functions))
     damage = source_damage(src)  # an SQLite source counts what it repairs itself (its text factory)
-    saved = {k: first_row(con, f"SELECT current_setting('{k}')")[0] for k in LOAD_SETTINGS}
-    _apply(con, LOAD_SETTINGS)
-    if transaction:
-        con.execute("BEGIN TRANSACTION")
     try:
         for tid in sorted(stale):
             delete_trace(con, tid)
@@ -156,27 +154,24 @@ def load_trace(
             raise TraceFormatError(f"{path} is damaged: SQLite reports damage in text that is not UTF-8") from None
         except TraceFormatError as e:  # the reader's or the checks' (ingest.validate): name the file once
             raise TraceFormatError(str(e) if str(e).startswith(str(path)) else f"{path}: {e}") from None
-        _apply(con, {"threads": saved["threads"]})  # the inserts are done: the summary may use every thread
-        build_kernel_summary(con, trace_id)
-        kernels = sink.rows.get("kernel_events", 0)
-        from traceq.analysis.stored import LOAD_MAX_KERNELS, attribute_trace, fingerprint
-
-        if attribute or (attribute is None and kernels <= LOAD_MAX_KERNELS and fingerprint() is not None):
-            attribute_trace(con, trace_id)
         _record_trace(con, trace_id, name, path, digest(), info, time.perf_counter() - started)
-        if transaction:
-            register_run(con, name, [trace_id])
-            check_runs_whole(con)
-            con.execute("COMMIT")
-    except BaseException:
-        if transaction:
-            _rollback(con)
-        raise
     finally:
         src.close()
-        _apply(con, saved)
-    return LoadResult(trace_id, name, "replaced" if stale else "loaded", kernels,
+    return LoadResult(trace_id, name, "replaced" if stale else "loaded", sink.rows.get("kernel_events", 0),
                       time.perf_counter() - started, dict(sink.rows), damage.notes())
+
+
+@contextmanager
+def load_settings(con: duckdb.DuckDBPyConnection) -> Iterator[dict[str, str]]:
+    """LOAD_SETTINGS in force on `con` for the block, which gets the connection's own; they are
+    restored after it. Enter it outside the load's transaction: a failed transaction refuses
+    settings until it is rolled back."""
+    saved = {k: first_row(con, f"SELECT current_setting('{k}')")[0] for k in LOAD_SETTINGS}
+    apply_settings(con, LOAD_SETTINGS)
+    try:
+        yield saved
+    finally:
+        apply_settings(con, saved)
 
 
 def _read(reader: Reader, src: Source, sink: Sink,
@@ -195,70 +190,7 @@ def _read(reader: Reader, src: Source, sink: Sink,
     return reader.read(src, sink)
 
 
-def load_run(
-    con: duckdb.DuckDBPyConnection,
-    paths: list[Path],
-    run: str,
-    *,
-    replace: bool = False,
-    progress: Callable[[int, int, int], None] | None = None,
-    engine: str | None = None,
-    python_functions: bool = False,
-) -> list[LoadResult]:
-    """Load several trace files, one per rank (or per node), as the run `run`, in one transaction:
-    on any error, a bad file or files that are not one job's ranks (`ingest.runs`), the store
-    is exactly as it was.
-
-    Args:
-        replace: replace traces with the same content or name, and a run of the same name
-            (with all its traces), instead of refusing.
-        progress: called with (file index, rows read so far, rows expected) while reading.
-        Others: as `load_trace`.
-
-    Raises:
-        TraceFormatError: a file is not a trace traceq reads.
-        RunError: the files are not the ranks of one job.
-        TraceqError: a file is already loaded (and not `replace`).
-    """
-    con.execute("BEGIN TRANSACTION")
-    try:
-        if replace:
-            for (trace_id,) in con.execute("SELECT DISTINCT trace_id FROM ranks JOIN runs USING (run_id) "
-                                           "WHERE runs.name = ?", [run]).fetchall():
-                delete_trace(con, trace_id)
-        results = []
-        for i, path in enumerate(paths):
-            step = None if progress is None else (lambda done, total, i=i: progress(i, done, total))
-            results.append(load_trace(con, path, replace=replace, progress=step, engine=engine,
-                                      python_functions=python_functions, transaction=False))
-        loaded = [r for r in results if r.status == "already_loaded"]
-        if loaded:
-            ids = {r.trace_id for r in results}
-            same = first_row(con, "SELECT list(DISTINCT trace_id) FROM ranks JOIN runs USING (run_id) "
-                                  "WHERE runs.name = ?", [run])
-            if len(loaded) < len(results) or set(same[0] or []) != ids:
-                path = paths[results.index(loaded[0])]
-                raise TraceqError(f"{path} is already loaded as trace {loaded[0].name!r}: pass --replace to load "
-                                  f"it again as a rank of run {run!r}")
-            con.execute("ROLLBACK")
-            return results
-        register_run(con, run, [r.trace_id for r in results])
-        check_runs_whole(con)
-        con.execute("COMMIT")
-    except BaseException:
-        _rollback(con)
-        raise
-    return results
-
-
-def _rollback(con: duckdb.DuckDBPyConnection) -> None:
-    try:
-        con.execute("ROLLBACK")
-    except duckdb.Error:  # the failure closed the transaction already: keep its error
-        pass
-
-
-def _apply(con: duckdb.DuckDBPyConnection, settings: dict[str, str]) -> None:
+def apply_settings(con: duckdb.DuckDBPyConnection, settings: dict[str, str]) -> None:
     for key, value in settings.items():
         con.execute(f"SET {key} = '{value}'")
 
@@ -324,4 +256,5 @@ def export_report(path: Path) -> Path:
     return out
 
 
-__all__ = ["READERS", "LoadResult", "default_name", "export_report", "load_run", "load_trace", "reader_for", "sha256_of"]
+__all__ = ["LOAD_SETTINGS", "READERS", "LoadResult", "apply_settings", "default_name", "export_report", "load_settings", "read_trace",
+           "reader_for", "sha256_of"]

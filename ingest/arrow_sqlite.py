@@ -32,7 +32,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traceq.ingest.base import as_select
+
+def as_select(columns: Sequence[tuple[str, str]]) -> str:
+    """A SELECT list from (column, SQL expression) pairs."""
+    return ", ".join(f"{expr} AS {alias}" for alias, expr in columns)
+
 
 CHUNK_ROWS = 65_536
 """Rowids per chunk: big enough that a query's start-up cost is lost, small enough to bound memory."""

@@ -13,8 +13,9 @@ import zlib
 from pathlib import Path
 
 from traceq.errors import TraceFormatError
-from traceq.ingest.base import Reader, open_sqlite, table_names
+from traceq.ingest.base import Reader
 from traceq.ingest.json_events import GZIP_MAGIC
+from traceq.ingest.sqlite_source import open_sqlite, table_names
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 NSYS_REPORT_MAGIC = b"NVIDIA Tegra Profiler Re"  # .nsys-rep and .qdrep files

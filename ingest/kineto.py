@@ -54,8 +54,8 @@ import pyarrow as pa
 from traceq.errors import TraceFormatError
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo
 from traceq.ingest.json_events import Batch, TraceEvents, uncompressed_size
-from traceq.ingest.validate import TIME_LIMIT_NS, Damage
 from traceq.ingest.nvprof import base_name, demangle
+from traceq.ingest.validate import TIME_LIMIT_NS, Damage
 from traceq.store import connect
 
 SCRATCH_SETTINGS = {"memory_limit": "300MB", "threads": "2", "preserve_insertion_order": "true"}

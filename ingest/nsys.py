@@ -28,9 +28,7 @@ from traceq.ingest.base import (
     api_names,
     api_threads,
     coalesce_text,
-    column_names,
     enum_lookup,
-    fetch_batches,
     kernel_batch,
     kernel_configs,
     kernel_names,
@@ -40,13 +38,17 @@ from traceq.ingest.base import (
     nvtx_attributes,
     nvtx_attributes_key,
     nvtx_batch,
+)
+from traceq.ingest.launches import LAUNCHING, CallIndex, call_keys
+from traceq.ingest.sqlite_source import (
+    column_names,
+    fetch_batches,
     row_estimate,
     scan_table,
     select_columns,
     select_list,
     table_names,
 )
-from traceq.ingest.launches import LAUNCHING, CallIndex, call_keys
 from traceq.ingest.validate import check_columns, scaled, valid_times
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"

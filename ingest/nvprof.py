@@ -58,9 +58,7 @@ from traceq.ingest.base import (
     Strings,
     api_names,
     api_threads,
-    column_names,
     enum_lookup,
-    fetch_batches,
     kernel_batch,
     kernel_configs,
     kernel_names,
@@ -68,10 +66,8 @@ from traceq.ingest.base import (
     numbered,
     nvtx_attributes,
     nvtx_batch,
-    row_estimate,
-    select_list,
-    table_names,
 )
+from traceq.ingest.sqlite_source import column_names, fetch_batches, row_estimate, select_list, table_names
 from traceq.ingest.validate import check_columns, scaled, to_arrow, valid_times
 
 _KIND = "CUPTI_ACTIVITY_KIND_"

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from traceq.units import format_bytes, format_count, format_duration
+
 KINDS = ("duration", "bytes", "count", "fraction", "percent", "number", "integer", "id",
          "name", "list", "label")
 """duration: ns, shown in ns/µs/ms/s; bytes: B/KiB/MiB/GiB; count: large counts with SI prefixes
@@ -288,33 +290,6 @@ def column_spec(column: str, numeric: bool = False) -> Column:
 def header(column: str) -> str:
     """What a table calls `column`."""
     return column_spec(column).header
-
-
-def _scaled(n: float | int | None, units: tuple[tuple[str, float], ...], decimals: int, smallest: str) -> str:
-    """`n` in the largest of `units` ((name, scale), largest first) it reaches, with `decimals`;
-    a smaller `n` whole, followed by `smallest`."""
-    if n is None:
-        return ""
-    value = float(n)
-    for unit, scale in units:
-        if abs(value) >= scale:
-            return f"{value / scale:.{decimals}f} {unit}"
-    return f"{value:.0f}{smallest}"
-
-
-def format_duration(ns: float | int | None) -> str:
-    """1234 -> '1.234 µs'; picks ns, µs, ms or s so the number stays short."""
-    return _scaled(ns, (("s", 1e9), ("ms", 1e6), ("µs", 1e3)), 3, " ns")
-
-
-def format_bytes(n: float | int | None) -> str:
-    """1536 -> '1.5 KiB'; picks B, KiB, MiB or GiB."""
-    return _scaled(n, (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)), 1, " B")
-
-
-def format_count(n: float | int | None) -> str:
-    """917290000000 -> '917.29 G': SI prefixes for large counts such as FLOPs."""
-    return _scaled(n, (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)), 2, "")
 
 
 def format_value(kind: str, value: object) -> str:

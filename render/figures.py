@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import html
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import plotly.graph_objects as go
 import polars as pl
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from traceq.render.columns import VALUE_LABELS, format_bytes
+from traceq.render.columns import VALUE_LABELS
 from traceq.render.table import cut_middle
+from traceq.units import format_bytes
 
 MS = 1e6
 MIB = float(1 << 20)
@@ -52,14 +52,14 @@ class Chart:
         return str(self.figure.layout.title.text)
 
 
-def _library_colour(library: str | None, extra: dict[str, str]) -> str:
+def library_colour(library: str | None, extra: dict[str, str]) -> str:
     name = library or "other"
     if name not in LIBRARY_COLOURS and name not in extra:
         extra[name] = qualitative.Dark24[len(extra) % len(qualitative.Dark24)]
     return LIBRARY_COLOURS.get(name) or extra[name]
 
 
-def _panels(frames: Frames, *, shared_y: bool = True, height: int = 460) -> go.Figure:
+def panels(frames: Frames, *, shared_y: bool = True, height: int = 460) -> go.Figure:
     """One column per trace, titled with the trace name."""
     names = list(frames)
     fig = make_subplots(rows=1, cols=max(len(names), 1), shared_yaxes=shared_y,
@@ -68,7 +68,7 @@ def _panels(frames: Frames, *, shared_y: bool = True, height: int = 460) -> go.F
     return fig
 
 
-def _finish(fig: go.Figure, title: str, x_title: str, y_title: str, columns: int, **layout: object) -> go.Figure:
+def finish(fig: go.Figure, title: str, x_title: str, y_title: str, columns: int, **layout: object) -> go.Figure:
     for col in range(1, columns + 1):
         fig.update_xaxes(title_text=x_title, row=1, col=col)
     fig.update_yaxes(title_text=y_title, row=1, col=1)
@@ -83,7 +83,7 @@ REPORT_CHARACTERS = REPORT_WIDTH_PX // 9
 """About how many characters of 12-pixel text that holds."""
 
 
-def _panel_note(fig: go.Figure, panel: int, text: str, *, middle: bool = True) -> None:
+def panel_note(fig: go.Figure, panel: int, text: str, *, middle: bool = True) -> None:
     """Write `text` inside subplot `panel` (1, 2, ...), wrapped to its width: in its middle (a
     trace that lacks the data) or at its top left. Placed on the page by the panel's domain,
     which exists whether or not the panel has data (axes of an empty panel are not drawn)."""
@@ -98,7 +98,7 @@ def _panel_note(fig: go.Figure, panel: int, text: str, *, middle: bool = True) -
                        font=dict(size=12, color="#555"), bgcolor="rgba(255, 255, 255, 0.85)")
 
 
-def _label_every_category(fig: go.Figure, categories: list[str], col: int, columns: int) -> None:
+def label_every_category(fig: go.Figure, categories: list[str], col: int, columns: int) -> None:
     """Write every category under panel `col`'s x axis (plotly skips some when they crowd, and a
     bar without its name means nothing), the font as large as the panel's width allows."""
     room = REPORT_WIDTH_PX / max(columns, 1) / max(len(categories), 1)  # pixels per category
@@ -107,7 +107,7 @@ def _label_every_category(fig: go.Figure, categories: list[str], col: int, colum
                      tickangle=-60 if room >= 22 else -90, row=1, col=col)
 
 
-def _share_y_if_comparable(fig: go.Figure, maxima: list[float]) -> None:
+def share_y_if_comparable(fig: go.Figure, maxima: list[float]) -> None:
     """Side-by-side panels keep one y axis, which compares them at a glance, while their largest
     values are within 10x of each other (the smaller's bars keep a tenth of the height); beyond,
     each gets its own, or a small trace's bars would vanish beside a large one's."""
@@ -117,7 +117,7 @@ def _share_y_if_comparable(fig: go.Figure, maxima: list[float]) -> None:
             fig.update_yaxes(matches=None, showticklabels=True, row=1, col=col)
 
 
-def _iteration_label(iteration: str | None, device: int | None, devices: int) -> str:
+def iteration_label(iteration: str | None, device: int | None, devices: int) -> str:
     label = iteration if iteration is not None else "outside iterations"
     return f"{label} · GPU {device}" if devices > 1 else label
 
@@ -127,15 +127,15 @@ def stage_chart(stages: Frames) -> Chart:
 
     Frames: `layers.stage_times`.
     """
-    fig = _panels(stages)
+    fig = panels(stages)
     tallest = []
     for col, (name, frame) in enumerate(stages.items(), start=1):
         tallest.append(0.0)
         if frame is None or frame.is_empty():
-            _panel_note(fig, col, "no GPU activity")
+            panel_note(fig, col, "no GPU activity")
             continue
         devices = frame["device_id"].n_unique()
-        x = [_iteration_label(i, d, devices) for i, d in frame.select("iteration", "device_id").iter_rows()]
+        x = [iteration_label(i, d, devices) for i, d in frame.select("iteration", "device_id").iter_rows()]
         tallest[-1] = float(frame.select(pl.sum_horizontal(f"{s}_ns" for s in STAGE_COLOURS)).max().item()) / MS
         for stage, colour in STAGE_COLOURS.items():
             y = (frame[f"{stage}_ns"] / MS).to_list()
@@ -145,8 +145,8 @@ def stage_chart(stages: Frames) -> Chart:
             fig.add_bar(x=x, y=y, name=label, marker_color=colour, legendgroup=stage,
                         showlegend=col == 1, row=1, col=col,
                         hovertemplate=f"{label}: %{{y:.3f}} ms<extra>%{{x}}</extra>")
-    _share_y_if_comparable(fig, tallest)
-    _finish(fig, "Stage breakdown per iteration (paper figure 4)", "iteration", "GPU time (ms)", len(stages),
+    share_y_if_comparable(fig, tallest)
+    finish(fig, "Stage breakdown per iteration (paper figure 4)", "iteration", "GPU time (ms)", len(stages),
             barmode="stack")
     caption = ("Each bar is one training iteration split into data copy, forward, backward and weight "
                "update GPU time plus idle time: look for backward being about 1.5x forward, for weight update "
@@ -176,12 +176,12 @@ def layer_time_chart(layers: Frames, iterations: Mapping[str, int]) -> Chart:
     Frames: `layers.layer_times`, optionally with `first_ns` (the layer's first kernel) for
     network order; `iterations` divides the totals (0 or 1: totals over the trace).
     """
-    fig = _panels(layers)
+    fig = panels(layers)
     tallest = []
     for col, (name, frame) in enumerate(layers.items(), start=1):
         tallest.append(0.0)
         if frame is None or frame.filter(pl.col("layer").is_not_null()).is_empty():
-            _panel_note(fig, col, "no NVTX layer ranges")
+            panel_note(fig, col, "no NVTX layer ranges")
             continue
         frame = _ordered(frame)
         forward = _forward_layers(frame)
@@ -202,9 +202,9 @@ def layer_time_chart(layers: Frames, iterations: Mapping[str, int]) -> Chart:
             fig.add_bar(x=order, y=y, name=pass_, marker_color=colour,
                         legendgroup=pass_, showlegend=col == 1, row=1, col=col,
                         hovertemplate=f"{pass_}: %{{y:.3f}} ms<extra>%{{x}}</extra>")
-        _label_every_category(fig, order, col, len(layers))
-    _share_y_if_comparable(fig, tallest)
-    _finish(fig, "Forward and backward time per layer (paper figure 6)", "layer (network order)",
+        label_every_category(fig, order, col, len(layers))
+    share_y_if_comparable(fig, tallest)
+    finish(fig, "Forward and backward time per layer (paper figure 6)", "layer (network order)",
             "GPU time per iteration (ms)", len(layers), barmode="group")
     caption = ("Forward and backward GPU time of each NVTX layer (a backward range 'bconv1' is drawn at conv1; "
                "kernels launched outside every layer range are the last group), averaged over the iterations; "
@@ -218,13 +218,13 @@ def _efficiency_chart(frames: Frames, key: str, title: str, y_title: str, column
                       detail: str | None = None) -> Chart:
     """Bars of `column` (fractions, drawn as %) per layer, coloured by library; `marker` as
     diamonds; `detail`, a text column shown on hover."""
-    fig = _panels(frames)
+    fig = panels(frames)
     extra: dict[str, str] = {}
     shown: set[str] = set()
     marker_shown = False
     for col, (name, frame) in enumerate(frames.items(), start=1):
         if frame is None or frame.filter(pl.col("layer").is_not_null()).is_empty():
-            _panel_note(fig, col, (notes or {}).get(name, missing))
+            panel_note(fig, col, (notes or {}).get(name, missing))
             continue
         frame = _ordered(frame.filter(pl.col("layer").is_not_null() & pl.col(column).is_not_null()))
         # a name seen in both passes (autograd op ranges) gets the pass, so bars do not overlap
@@ -237,7 +237,7 @@ def _efficiency_chart(frames: Frames, key: str, title: str, y_title: str, column
             lib = library[0] or "other"
             shown_detail = pl.col(detail).fill_null("") if detail else pl.lit("")
             fig.add_bar(x=part["label"].to_list(), y=(part[column] * 100).to_list(), name=lib, legendgroup=lib,
-                        marker_color=_library_colour(lib, extra), showlegend=lib not in shown, row=1, col=col,
+                        marker_color=library_colour(lib, extra), showlegend=lib not in shown, row=1, col=col,
                         customdata=part.select("pass", pl.col("total_ns") / MS, shown_detail).rows(),
                         hovertemplate="%{x} (%{customdata[0]}, %{customdata[1]:.3f} ms): %{y:.1f} %"
                                       + (f" {detail}: %{{customdata[2]}}" if detail else "") + f"<extra>{lib}</extra>")
@@ -250,8 +250,8 @@ def _efficiency_chart(frames: Frames, key: str, title: str, y_title: str, column
                             hovertemplate=f"%{{x}}: {marker_name} %{{y:.1f}} %<extra></extra>")
             marker_shown = True
         fig.update_xaxes(categoryorder="array", categoryarray=order, row=1, col=col)
-        _label_every_category(fig, order, col, len(frames))
-    _finish(fig, title, "layer (execution order)", y_title, len(frames), barmode="overlay")
+        label_every_category(fig, order, col, len(frames))
+    finish(fig, title, "layer (execution order)", y_title, len(frames), barmode="overlay")
     return Chart(key, fig, caption)
 
 
@@ -291,13 +291,13 @@ def ce_chart(ce: Frames, notes: Mapping[str, str] | None = None) -> Chart:
     return chart
 
 
-def _hover_name(name: str | None) -> str:
+def hover_name(name: str | None) -> str:
     """A kernel's full name for a hover box: HTML-escaped, in lines of at most 100 characters."""
     lines = textwrap.wrap(name or "", 100, break_on_hyphens=False, drop_whitespace=False)
     return "<br>".join(html.escape(line) for line in lines)
 
 
-def _stacked(count: int, row_px: list[int], gap_px: int) -> dict[str, object]:
+def stacked(count: int, row_px: list[int], gap_px: int) -> dict[str, object]:
     """make_subplots arguments for `count` panels stacked, each `row_px` high, `gap_px` apart."""
     plot_px = sum(row_px) + gap_px * (count - 1)
     return dict(rows=max(count, 1), cols=1, row_heights=row_px or None,
@@ -314,13 +314,13 @@ def top_launches_chart(tops: Frames, where: Mapping[str, str]) -> Chart:
     names = list(tops)
     row_px = [22 * max(f.height if f is not None else 0, 3) + 30 for f in tops.values()]
     gap_px = 80
-    fig = make_subplots(**_stacked(len(names), row_px, gap_px),
+    fig = make_subplots(**stacked(len(names), row_px, gap_px),
                         subplot_titles=[f"{n}: {where.get(n, '')}" for n in names] or None)
     extra: dict[str, str] = {}
     shown: set[str] = set()
     for row, (name, frame) in enumerate(tops.items(), start=1):
         if frame is None or frame.is_empty():
-            _panel_note(fig, row, "no kernels")
+            panel_note(fig, row, "no kernels")
             continue
         frame = frame.with_columns(label=pl.struct("rank", "layer", "short_name").map_elements(
             lambda r: f"{r['rank']}. {r['layer'] or 'no layer'} · {cut_middle(r['short_name'] or '', 44)}",
@@ -328,8 +328,8 @@ def top_launches_chart(tops: Frames, where: Mapping[str, str]) -> Chart:
         for (library,), part in frame.group_by("library", maintain_order=True):
             lib = library or "other"
             fig.add_bar(y=part["label"].to_list(), x=(part["dur_ns"] / MS).to_list(), orientation="h", name=lib,
-                        legendgroup=lib, showlegend=lib not in shown, marker_color=_library_colour(lib, extra),
-                        customdata=[(_hover_name(r["name"]), r["layer"] or "no layer", r["pass"] or "no pass")
+                        legendgroup=lib, showlegend=lib not in shown, marker_color=library_colour(lib, extra),
+                        customdata=[(hover_name(r["name"]), r["layer"] or "no layer", r["pass"] or "no pass")
                                     for r in part.iter_rows(named=True)],
                         hovertemplate="%{customdata[0]}<br>%{customdata[1]} (%{customdata[2]}): %{x:.3f} ms"
                                       f"<extra>{html.escape(lib)}</extra>", row=row, col=1)
@@ -385,11 +385,11 @@ def memory_layer_chart(memory: Frames, hints: Mapping[str, str], iterations: Map
     would dwarf the layers, and when a caching allocator was warm it is all there is.
     """
     summaries, estimates = summaries or {}, estimates or {}
-    fig = _panels(memory, shared_y=False)
+    fig = panels(memory, shared_y=False)
     estimate_shown = False
     for col, (name, frame) in enumerate(memory.items(), start=1):
         if frame is None or frame.is_empty():
-            _panel_note(fig, col, hints.get(name, "no memory events"))
+            panel_note(fig, col, hints.get(name, "no memory events"))
             continue
         if "first_ns" in frame.columns:
             frame = frame.sort(pl.col("layer").is_null(), "first_ns", "where", nulls_last=True)
@@ -421,14 +421,14 @@ def memory_layer_chart(memory: Frames, hints: Mapping[str, str], iterations: Map
             tallest.append(float(estimate["activation_bytes"].max() or 0) / MIB)
         note = _memory_note(summaries.get(name), before, frame.height > 0, estimate is not None)
         if not frame.height and estimate is None:
-            _panel_note(fig, col, note)
+            panel_note(fig, col, note)
         else:
             if note:
-                _panel_note(fig, col, note, middle=False)
+                panel_note(fig, col, note, middle=False)
             fig.update_yaxes(range=[0, 1.35 * max(tallest)], row=1, col=col)  # room for the note
         fig.update_xaxes(categoryorder="array", categoryarray=labels, row=1, col=col)
-        _label_every_category(fig, labels, col, len(memory))
-    _finish(fig, "GPU memory allocated per layer (paper figures 13 to 16)", "layer (network order)",
+        label_every_category(fig, labels, col, len(memory))
+    finish(fig, "GPU memory allocated per layer (paper figures 13 to 16)", "layer (network order)",
             "device memory allocated per iteration (MiB)", len(memory))
     caption = ("Device memory allocated per iteration by the CUDA calls made inside each layer range (hover for its "
                "share of the GPU's memory), and with a model spec each layer's output size as diamonds; look for the "
@@ -523,307 +523,3 @@ def library_chart(libraries: Frames, iterations: Mapping[str, int]) -> Chart:
                "that dominates and, between traces, for work moving from one library to another (cuDNN "
                "convolutions becoming cuBLAS GEMMs plus ATen im2col when cuDNN is off).")
     return Chart("libraries", fig, caption)
-
-
-class _Range(NamedTuple):
-    start_ns: int
-    end_ns: int
-    name: str
-
-
-MAX_NVTX_DEPTH = 6
-"""NVTX rows drawn per thread: deeper ranges are left out of the timeline."""
-MAX_NVTX_ROWS = 16
-
-
-def _nvtx_rows(nvtx: pl.DataFrame, min_ns: float = 0.0) -> list[tuple[str, list[_Range]]]:
-    """NVTX ranges split into rows per thread and nesting depth, outermost first; ranges shorter
-    than `min_ns` (under a pixel) and deeper than MAX_NVTX_DEPTH are left out."""
-    rows: list[tuple[str, list[_Range]]] = []
-    processes = nvtx["pid"].n_unique() if "pid" in nvtx.columns else 1
-    threads = ["pid", "tid"] if "pid" in nvtx.columns else ["tid"]
-    ordered = nvtx.sort(*threads, "start_ns", pl.col("end_ns"), descending=[False] * len(threads) + [False, True])
-    for keys, part in ordered.group_by(threads, maintain_order=True):
-        tid = keys[-1]
-        levels: list[list[_Range]] = []
-        open_ends: list[int] = []
-        for r in part.iter_rows(named=True):
-            while open_ends and open_ends[-1] <= r["start_ns"]:
-                open_ends.pop()
-            depth = len(open_ends)
-            open_ends.append(r["end_ns"])
-            if depth >= MAX_NVTX_DEPTH or r["end_ns"] - r["start_ns"] < min_ns:
-                continue
-            while len(levels) <= depth:
-                levels.append([])
-            levels[depth].append(_Range(r["start_ns"], r["end_ns"], r["name"] or ""))
-        label = part["thread"][0] if "thread" in part.columns and part["thread"][0] else f"tid {tid}"
-        label += f" (pid {keys[0]})" if processes > 1 else ""  # two ranks' threads have the same names
-        rows += [(f"{label} · NVTX depth {d}", level) for d, level in enumerate(levels) if level]
-    return rows[:MAX_NVTX_ROWS]
-
-
-def _segments(starts: Sequence[float], ends: Sequence[float], rows: Sequence[int], texts: Sequence[str]) \
-        -> tuple[list[float | None], list[int | None], list[str | None]]:
-    """Bars drawn as line segments separated by gaps: one SVG path for many bars."""
-    x: list[float | None] = []
-    y: list[int | None] = []
-    t: list[str | None] = []
-    for s, e, row, text in zip(starts, ends, rows, texts):
-        x += [round(s, 5), round(e, 5), None]  # 10 ns resolution keeps the JSON small
-        y += [row, row, None]
-        t += [text, None, None]  # hover names the bar at its start point
-    return x, y, t
-
-
-def _fit(text: str, fraction: float) -> str:
-    """`text` cut to what a bar `fraction` of the plot wide holds (about 150 characters in all)."""
-    room = int(fraction * 150)
-    return text if len(text) <= room else (text[: room - 1] + "…" if room > 3 else "")
-
-
-def _merge_runs(frame: pl.DataFrame, tolerance_ns: float) -> pl.DataFrame:
-    """Consecutive kernels of one row and colour closer than `tolerance_ns` become one bar
-    (row, key, start_ns, end_ns, kernels, busy_ns, name, layer, dur_ns): bars thinner than
-    a pixel would not show, and the file stays small."""
-    prev_end = pl.col("end_ns").cum_max().shift(1).over("row")
-    new = ((pl.col("key") != pl.col("key").shift(1).over("row")).fill_null(True)
-           | ((pl.col("start_ns") - prev_end) > tolerance_ns).fill_null(True))
-    return (frame.sort("row", "start_ns").with_columns(new=new)
-            .with_columns(run=pl.col("new").cast(pl.Int64).cum_sum().over("row"))
-            .group_by("row", "run", maintain_order=True)
-            .agg(pl.col("key").first(), pl.col("start_ns").min(), pl.col("end_ns").max(),
-                 kernels=pl.len(), busy_ns=pl.col("dur_ns").sum(), name=pl.col("name").first(),
-                 layer=pl.col("layer").first(), dur_ns=pl.col("dur_ns").first()))
-
-
-def _bar_text(r: dict[str, object]) -> str:
-    """A timeline bar's hover: one kernel's full name, layer and time, or what a merged bar holds."""
-    layer = html.escape(str(r["layer"] or "no layer"))
-    if r["kernels"] == 1:
-        return f"{_hover_name(r['name'])}<br>{layer}: {r['dur_ns'] / 1e3:.1f} µs"  # type: ignore[arg-type, operator]
-    span_ms = (r["end_ns"] - r["start_ns"]) / MS  # type: ignore[operator]
-    return (f"{layer}: {r['kernels']} kernels, {r['busy_ns'] / MS:.3f} ms busy in "  # type: ignore[operator]
-            f"{span_ms:.3f} ms; the first:<br>{_hover_name(r['name'])}")  # type: ignore[arg-type]
-
-
-def timeline_chart(kernels: Frames, nvtx: Frames, notes: Mapping[str, str]) -> Chart:
-    """A GPU timeline: kernels per device and stream coloured by layer, NVTX ranges above.
-
-    Frames: kernels (start_ns, end_ns, dur_ns, device_id, stream_id, layer, pass, name) and
-    NVTX ranges (start_ns, end_ns[, pid], tid, name[, thread]) of the window to draw, one panel
-    per trace, stacked; `notes` says which window that is ('iteration 0, 162 of 648 kernels').
-    Kernels of one layer closer than about a pixel are drawn as one bar (the hover says how many).
-    """
-    names = [n for n in kernels if kernels[n] is not None and not kernels[n].is_empty()]  # type: ignore[union-attr]
-    palette = qualitative.Dark24
-    colour_of: dict[str, str] = {}
-    panels = []
-    for name in names:
-        frame, ranges = kernels[name], nvtx.get(name)
-        assert frame is not None
-        t0 = int(frame["start_ns"].min())  # type: ignore[arg-type]
-        if ranges is not None and ranges.height:
-            t0 = min(t0, int(ranges["start_ns"].min()))  # type: ignore[arg-type]
-        t1 = int(frame["end_ns"].max())  # type: ignore[arg-type]
-        forward = _forward_layers(frame)
-        frame = frame.with_columns(key=pl.struct("layer", "pass").map_elements(
-            lambda r: _base_layer(r["layer"], r["pass"], forward) if r["layer"] else "(no layer)",
-            return_dtype=pl.String))
-        for key in frame.sort("start_ns")["key"].unique(maintain_order=True):
-            if key not in colour_of:
-                colour_of[key] = NO_LAYER if key == "(no layer)" else palette[len(colour_of) % len(palette)]
-        nvtx_rows = _nvtx_rows(ranges, (t1 - t0) / 2500) if ranges is not None and ranges.height else []
-        gpu_rows = [f"GPU {d} · stream {s}" for d, s in
-                    frame.select("device_id", "stream_id").unique().sort("device_id", "stream_id").iter_rows()]
-        row_of = {label: len(nvtx_rows) + j for j, label in enumerate(gpu_rows)}
-        frame = frame.with_columns(row=pl.format("GPU {} · stream {}", "device_id", "stream_id")
-                                   .replace_strict(row_of, return_dtype=pl.Int64))
-        bars = _merge_runs(frame, (t1 - t0) / 2500)
-        panels.append((name, t0, t1, forward, nvtx_rows, [lb for lb, _ in nvtx_rows] + gpu_rows, bars))
-
-    row_px = [28 * len(p[5]) + 30 for p in panels] or [60]
-    gap_px, top_px, bottom_px = 110, 100, 60
-    plot_px = sum(row_px) + gap_px * (len(row_px) - 1)
-    fig = make_subplots(rows=max(len(panels), 1), cols=1, row_heights=row_px,
-                        vertical_spacing=gap_px / plot_px if len(panels) > 1 else 0.0,
-                        subplot_titles=[f"{p[0]}: {notes.get(p[0], '')}" for p in panels] or None)
-    shown: set[str] = set()
-    for i, (name, t0, t1, forward, nvtx_rows, labels, bars) in enumerate(panels, start=1):
-        width = max(float(t1 - t0), 1.0)
-        for r, (_, level) in enumerate(nvtx_rows):
-            by_key: dict[str, list[_Range]] = {}
-            for rng in level:
-                key = rng.name[1:] if rng.name.startswith("b") and rng.name[1:] in forward else rng.name
-                by_key.setdefault(key if key in colour_of else "", []).append(rng)
-            for key, items in by_key.items():
-                texts = [f"{html.escape(it.name)}: {(it.end_ns - it.start_ns) / MS:.3f} ms" for it in items]
-                x, y, t = _segments([(it.start_ns - t0) / MS for it in items], [(it.end_ns - t0) / MS for it in items],
-                                    [r] * len(items), texts)
-                fig.add_scatter(x=x, y=y, text=t, mode="lines", opacity=0.75, showlegend=False,
-                                line=dict(width=9, color=colour_of.get(key, "#9e9e9e")),
-                                legendgroup=key or "nvtx", hoverinfo="text", row=i, col=1)
-            shown_part = [(it, (min(it.end_ns, t1) - it.start_ns) / width) for it in level]
-            wide = [(it, fraction) for it, fraction in shown_part if fraction > 0.035]
-            if wide:
-                fig.add_scatter(x=[((it.start_ns + min(it.end_ns, t1)) / 2 - t0) / MS for it, _ in wide],
-                                y=[r] * len(wide), text=[_fit(it.name, fraction) for it, fraction in wide],
-                                mode="text", textfont=dict(size=9, color="black"), showlegend=False,
-                                hoverinfo="skip", row=i, col=1)
-        for (key,), part in bars.group_by("key", maintain_order=True):
-            x, y, t = _segments(((part["start_ns"] - t0) / MS).to_list(), ((part["end_ns"] - t0) / MS).to_list(),
-                                part["row"].to_list(), [_bar_text(r) for r in part.iter_rows(named=True)])
-            fig.add_scatter(x=x, y=y, text=t, mode="lines", line=dict(width=14, color=colour_of[key]), name=key,
-                            legendgroup=key, showlegend=key not in shown, hoverinfo="text", row=i, col=1)
-            shown.add(key)
-        fig.update_yaxes(tickvals=list(range(len(labels))), ticktext=labels, range=[len(labels) - 0.5, -0.5],
-                         row=i, col=1, showgrid=False)
-        fig.update_xaxes(title_text="time since the window began (ms)", range=[0, width / MS * 1.01],
-                         row=i, col=1)
-    fig.update_layout(title=dict(text="GPU timeline: kernels per device and stream, NVTX ranges above", x=0.0,
-                                 xanchor="left"),
-                      # tall enough for every legend entry (a 14-px line and its gap: 30 px) and its title: a
-                      # taller legend would be clipped to a scrolling box
-                      height=top_px + max(plot_px, 30 * (len(shown) + 1)) + bottom_px, template="plotly_white",
-                      margin=dict(l=min(340, 30 + 7 * max((len(lb) for p in panels for lb in p[5]), default=20)),
-                                  r=30, t=top_px, b=bottom_px), hovermode="closest", legend=dict(title="layer"))
-    caption = ("Kernels as bars on their device and stream, coloured by layer (backward ranges share their "
-               "forward layer's colour), under the NVTX ranges of each CPU thread (CPU time, so launches lead "
-               "the GPU); look for gaps between kernels and for layers whose kernels crowd one stream. Only one "
-               "iteration is drawn, kernels closer than a pixel are merged into one bar and NVTX ranges shorter than "
-               "a pixel are left out, to keep the file small.")
-    return Chart("timeline", fig, caption)
-
-
-# --------------------------------------------------------------------------------------------
-# multi-GPU runs: one panel per run (its name the trace's), ranks inside it
-
-RANK_COLOURS = {"compute": "#1f77b4", "hidden comm": "#9467bd", "exposed comm": "#d62728",
-                "memory only": "#8c6d31", "idle": "#d9d9d9"}
-COLLECTIVE_COLOURS = {"all_reduce": "#1f77b4", "reduce_scatter": "#ff7f0e", "all_gather": "#2ca02c",
-                      "broadcast": "#9467bd", "reduce": "#8c564b", "all_to_all": "#e377c2", "send_recv": "#7f7f7f"}
-ONE_RANK = "one rank: nothing to compare"
-
-
-
-def rank_time_chart(overlaps: Frames) -> Chart:
-    """Per rank, the mean iteration split into computation alone, communication hidden under
-    it, exposed communication, memory operations alone and idle time (stacked to the span).
-
-    Frames: `overlap.overlap_table` (rows outside iterations left out), None for a one-rank run.
-    """
-    fig = _panels(overlaps)
-    for col, (name, frame) in enumerate(overlaps.items(), start=1):
-        frame = None if frame is None else frame.filter(pl.col("iteration").is_not_null())
-        if frame is None or frame.is_empty():
-            _panel_note(fig, col, ONE_RANK if frame is None else "no iteration ranges")
-            continue
-        mean = frame.group_by("rank").agg(pl.exclude("iteration", "hidden_pct").mean()).sort("rank")
-        parts = {"compute": mean["compute_ns"] - mean["overlap_ns"], "hidden comm": mean["overlap_ns"],
-                 "exposed comm": mean["exposed_ns"],
-                 "memory only": mean["span_ns"] - mean["idle_ns"] - mean["compute_ns"] - mean["exposed_ns"],
-                 "idle": mean["idle_ns"]}
-        x = [f"rank {r}" for r in mean["rank"]]
-        for part, values in parts.items():
-            fig.add_bar(x=x, y=(values / MS).to_list(), name=part, marker_color=RANK_COLOURS[part], legendgroup=part,
-                        showlegend=col == 1, row=1, col=col,
-                        hovertemplate=f"{part}: %{{y:.3f}} ms per iteration<extra>%{{x}}</extra>")
-    _finish(fig, "Time per rank and iteration", "rank", "GPU time per iteration (ms)", len(overlaps), barmode="stack")
-    caption = ("Each bar is one rank's mean iteration: computation, communication hidden under it, communication "
-               "the rank waited for (exposed), memory copies alone and idle time. Look for exposed communication "
-               "on every rank (the step waits on the network) and for one rank with less of it than the others: "
-               "the others waited for that rank, the straggler.")
-    return Chart("rank-time", fig, caption)
-
-
-def overlap_chart(overlaps: Frames) -> Chart:
-    """Per iteration, the share of each rank's communication hidden under computation.
-
-    Frames: `overlap.overlap_table`, None for a one-rank run.
-    """
-    fig = _panels(overlaps)
-    for col, (name, frame) in enumerate(overlaps.items(), start=1):
-        frame = None if frame is None else frame.filter(pl.col("iteration").is_not_null() & (pl.col("comm_ns") > 0))
-        if frame is None or frame.is_empty():
-            _panel_note(fig, col, ONE_RANK if frame is None else "no communication in iterations")
-            continue
-        for rank, ranked in frame.partition_by("rank", as_dict=True, maintain_order=True).items():
-            fig.add_scatter(x=ranked["iteration"].to_list(), y=ranked["hidden_pct"].to_list(), mode="lines+markers",
-                            name=f"rank {rank[0]}", legendgroup=f"rank {rank[0]}", showlegend=col == 1,
-                            line=dict(width=1), marker=dict(size=6), row=1, col=col,
-                            customdata=(ranked["exposed_ns"] / MS).to_list(),
-                            hovertemplate=f"rank {rank[0]}: %{{y:.1f}} % hidden, %{{customdata:.3f}} ms exposed"
-                                          "<extra>%{x}</extra>")
-    _finish(fig, "Communication hidden under computation per iteration", "iteration", "hidden (% of communication)",
-            len(overlaps))
-    fig.update_yaxes(range=[0, 105])
-    caption = ("The share of each rank's communication time during which computation also ran (HTA's "
-               "computation-communication overlap). Near 100 % the network costs no step time; low shares with "
-               "much communication (hover: exposed time) point at buckets too large, communication issued too "
-               "late in the backward pass, or one rank making the others wait.")
-    return Chart("overlap", fig, caption)
-
-
-def bandwidth_chart(collectives: Frames, links: Mapping[str, tuple[str, float] | None]) -> Chart:
-    """Bus bandwidth of each collective against its message size, under the link's peak.
-
-    Frames: `comm.comm_table(by='instance')`, None for a one-rank run; `links`: per panel,
-    (link description, one-direction peak in GB/s) or None where traceq does not know the GPU.
-    """
-    fig = _panels(collectives, shared_y=True)
-    fig.update_xaxes(type="log")
-    for col, (name, frame) in enumerate(collectives.items(), start=1):
-        sized = None if frame is None else frame.filter(pl.col("busbw_gbps").is_not_null())
-        if sized is None or sized.is_empty():
-            _panel_note(fig, col, ONE_RANK if frame is None else "the trace records no message sizes")
-            continue
-        for collective, part in sized.partition_by("collective", as_dict=True, maintain_order=True).items():
-            fig.add_scatter(x=part["bytes"].to_list(), y=part["busbw_gbps"].to_list(), mode="markers",
-                            name=collective[0].replace("_", "-"), legendgroup=collective[0], showlegend=col == 1,
-                            marker=dict(size=8, color=COLLECTIVE_COLOURS.get(collective[0], "#333")), row=1, col=col,
-                            customdata=(part["time_ns"] / 1e3).to_list(),
-                            hovertemplate="%{x:,} bytes in %{customdata:.1f} us: %{y:.2f} GB/s<extra></extra>")
-        link = links.get(name)
-        if link is not None:
-            fig.add_hline(y=link[1], line=dict(color="#d62728", dash="dash"), row=1, col=col,
-                          annotation_text=f"{link[0]} peak {link[1]:g} GB/s", annotation_position="top left")
-    _finish(fig, "Collective bus bandwidth against the link's peak", "message size (bytes)",
-            "bus bandwidth (GB/s)", len(collectives))
-    caption = ("Each point is one collective: its bytes, and its bus bandwidth (nccl-tests' definition, comparable "
-               "with one direction of the link) on the last rank to start it, so without waiting. Small messages "
-               "sit far below the dashed peak (latency bound); large ones should approach it, and a run that "
-               "stays far below on large messages did not use the fast link.")
-    return Chart("bandwidth", fig, caption)
-
-
-def skew_chart(kernels: Frames) -> Chart:
-    """How late each rank started each collective after the first rank did (a heatmap).
-
-    Frames: `comm.collective_kernels` with `comm.with_skew`'s columns, None for a one-rank run.
-    """
-    fig = _panels(kernels, shared_y=False)
-    for col, (name, frame) in enumerate(kernels.items(), start=1):
-        known = None if frame is None else frame.filter(pl.col("instance").is_not_null())
-        if known is None or known.is_empty():
-            _panel_note(fig, col, ONE_RANK if frame is None else "no collective matched across ranks")
-            continue
-        order = (known.group_by("collective", "group", "instance").agg(first=pl.col("first_start_ns").min())
-                 .sort("first").with_row_index("column"))
-        cells = known.join(order, on=["collective", "group", "instance"], nulls_equal=True)
-        ranks = sorted(cells["rank"].unique().to_list())
-        z = [[None] * order.height for _ in ranks]
-        for rank, column, late in cells.select("rank", "column", "late_ns").iter_rows():
-            z[ranks.index(rank)][column] = late / 1e3
-        labels = [f"{c.replace('_', '-')} {i}" for c, i in order.select("collective", "instance").iter_rows()]
-        fig.add_heatmap(z=z, x=labels, y=[f"rank {r}" for r in ranks], colorscale="Reds", row=1, col=col,
-                        colorbar=dict(title="late (us)"), showscale=col == 1,
-                        hovertemplate="%{y} started %{x} %{z:.1f} us after the first rank<extra></extra>")
-        fig.update_yaxes(autorange="reversed", row=1, col=col)
-    _finish(fig, "Start skew: how late each rank started each collective", "collective, in start order", "rank",
-            len(kernels), height=max(360, 120 + 22 * max((f["rank"].n_unique() for f in kernels.values()
-                                                          if f is not None), default=1)))
-    caption = ("Each cell is the time between the first rank starting a collective and this rank starting it: the "
-               "others waited that long. A row dark across many collectives is a straggler (`traceq ranks --by "
-               "collective` names what it was doing); a dark column is a collective every rank but one reached "
-               "late.")
-    return Chart("skew", fig, caption)

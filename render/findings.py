@@ -7,7 +7,7 @@ import textwrap
 
 import polars as pl
 
-from traceq.render.columns import format_duration
+from traceq.units import format_duration
 
 
 def render_findings(frame: pl.DataFrame, *, title: str | None = None, width: int | None = None) -> str:

@@ -1,5 +1,5 @@
 """The roofline figure of `traceq report`: each layer's convolution and GEMM kernels placed by
-their arithmetic intensity against DRAM and L2 bytes (DeLTA's traffic model, `analysis.traffic`)
+their arithmetic intensity against DRAM and L2 bytes (DeLTA's traffic model, `analysis.efficiency.traffic`)
 and by the FLOP/s they achieved, under the GPU's compute peak and its DRAM and L2 bandwidth
 lines. Like every figure it takes frames, never the store.
 """
@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import polars as pl
 
-from traceq.render.figures import PASS_COLOURS, Chart, Frames, _finish, _panel_note, _panels
+from traceq.render.figures import PASS_COLOURS, Chart, Frames, finish, panel_note, panels
 
 
 class Ceilings(NamedTuple):
@@ -33,12 +33,12 @@ def roofline_chart(traffic: Frames, ceilings: Mapping[str, Ceilings | None],
     the bandwidth roofs, the horizontal one the compute peak. `notes`: why a trace's panel is
     empty, said inside it.
     """
-    fig = _panels(traffic, shared_y=True, height=520)
+    fig = panels(traffic, shared_y=True, height=520)
     legend: set[str] = set()
     for col, (name, frame) in enumerate(traffic.items(), start=1):
         roof = ceilings.get(name)
         if frame is None or roof is None or frame.filter(pl.col("flops") > 0).is_empty():
-            _panel_note(fig, col, (notes or {}).get(name) or "no modelled convolution or GEMM layers")
+            panel_note(fig, col, (notes or {}).get(name) or "no modelled convolution or GEMM layers")
             continue
         frame = frame.filter((pl.col("flops") > 0) & (pl.col("measured_ns") > 0)).with_columns(
             achieved=pl.col("flops") / pl.col("measured_ns") * 1e9 / 1e12,
@@ -69,7 +69,7 @@ def roofline_chart(traffic: Frames, ceilings: Mapping[str, Ceilings | None],
                            y=1.0, showarrow=False, font=dict(size=11, color="#555"), xanchor="left")
         fig.update_xaxes(type="log", row=1, col=col)
         fig.update_yaxes(type="log", row=1, col=col)
-    _finish(fig, "Roofline per layer (DeLTA traffic model)", "arithmetic intensity (FLOP per byte)",
+    finish(fig, "Roofline per layer (DeLTA traffic model)", "arithmetic intensity (FLOP per byte)",
             "achieved TFLOP/s", len(traffic))
     caption = ("Each layer's convolution and GEMM kernels at the FLOP/s they achieved, placed by FLOPs per DRAM "
                "byte (filled) and per L2 byte (open) as the traffic model predicts them; a point near a roof is "

@@ -82,7 +82,7 @@ def source_count(path: Path, table: str, where: str = "") -> int:
 @pytest.fixture(scope="session")
 def sample_store(tmp_path_factory: pytest.TempPathFactory):
     """A store holding every bundled nsys sample, loaded once for the session (read-only use)."""
-    from traceq.ingest import load_trace
+    from traceq.api.loading import load_trace
     from traceq.store import open_store
 
     db = tmp_path_factory.mktemp("store") / "samples.duckdb"
@@ -97,7 +97,7 @@ def sample_store(tmp_path_factory: pytest.TempPathFactory):
 def resnet50_store(tmp_path_factory: pytest.TempPathFactory):
     """(connection, trace id) of the team's ResNet-50 emit_nvtx trace (26 MB, 107k NVTX ranges),
     loaded once for the session; skips without ../shared."""
-    from traceq.ingest import load_trace
+    from traceq.api.loading import load_trace
     from traceq.store import open_store
 
     path = shared("reference", "resnet50_b32_autograd_40it.sqlite")
@@ -114,7 +114,7 @@ DLRM = shared_files("realtraces/kineto_json", "facebookresearch__param__dlrm_kin
 def dlrm_store(tmp_path_factory: pytest.TempPathFactory):
     """(connection, run id) of a store holding the 8 DLRM rank files as the run 'dlrm8', loaded
     once for the session; skips without ../shared."""
-    from traceq.ingest import load_run
+    from traceq.api.loading import load_run
     from traceq.store import open_store
 
     if len(DLRM) != 8:

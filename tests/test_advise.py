@@ -7,9 +7,9 @@ import json
 import sqlite3
 
 import pytest
+from conftest import sample, trace_id
 from typer.testing import CliRunner
 
-from conftest import sample, trace_id
 from traceq.analysis.advise import MIN_SHARE, RULES, _telling_name, advise
 from traceq.cli import app
 

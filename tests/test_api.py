@@ -117,8 +117,8 @@ def test_compare_reads_both_traces_at_once_as_one_after_the_other(store: Path, m
     """`Trace.compare` attributes b in a thread of its own (`Trace._both`): the frames are
     `compare_runs`' on one connection, b's attribution is kept for b's next call, and an
     error on either side is the caller's."""
-    from traceq.analysis import layers
-    from traceq.analysis.compare import compare_runs
+    from traceq.analysis.compare.side_by_side import compare_runs
+    from traceq.analysis.structure import layers
 
     with traceq.open(store) as s:
         a, b = s.trace("alexnet_b256_cudnn"), s.trace("alexnet_b128_cudnn")
@@ -163,7 +163,7 @@ def _run_commands_give_the_api_frames(db: Path, run: traceq.Run) -> None:
 def test_layers_libs_top_ru_and_compare_group_the_launches_once(store: Path, monkeypatch) -> None:
     """A Trace keeps its launch groups: `layers`, `libs`, `top`'s context, `ru` by layer,
     `iterations` and `compare` all sum the same ones, made once per trace."""
-    from traceq.analysis import layers
+    from traceq.analysis.structure import layers
 
     made: list[int] = []
     launch_groups = layers.launch_groups
@@ -299,7 +299,7 @@ def test_dir_shows_the_public_api_and_imports_stay_lazy() -> None:
     import sys
 
     code = ("import sys, traceq; print(sorted(n for n in dir(traceq) if not n.startswith('_'))); "
-            "print('polars' in sys.modules, 'traceq.analysis.layers' in sys.modules); import traceq.analysis.layers")
+            "print('polars' in sys.modules, 'traceq.analysis.structure.layers' in sys.modules); import traceq.analysis.structure.layers")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert eval(out[0]) == ["MissingDataError", "NotFoundError", "RegressionError", "Run", "Store", "StoreError",
                             "Trace", "TraceFormatError", "TraceqError", "TraceqWarning", "load", "load_dataset", "occupancy", "open",

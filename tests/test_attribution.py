@@ -10,8 +10,9 @@ import polars as pl
 import pytest
 from conftest import trace_id
 
-from traceq.analysis.attribution import STAGES, gpu_activity, kernel_attribution
-from traceq.analysis.layers import attributed_kernels, library_times, stage_times
+from traceq.analysis.structure.attribution import gpu_activity, kernel_attribution
+from traceq.analysis.structure.conventions import STAGES
+from traceq.analysis.structure.layers import attributed_kernels, library_times, stage_times
 
 
 def _enclosing_counts(con, tid: int) -> dict[str, int]:

@@ -14,9 +14,16 @@ import pyarrow as pa
 import pytest
 from polars.testing import assert_frame_equal
 
-from traceq.analysis.attribution import (
-    _BY_TIME_CTES, _FOREVER, ITERATION_REGEX, STAGES, _name_flags, _paths_cte, _real_asof_joins, _result_sql,
-    _sql_string, attribute_points, kernel_attribution)
+from traceq.analysis.structure.attribution import _FOREVER, attribute_points, kernel_attribution
+from traceq.analysis.structure.attribution_sql import (
+    BY_TIME_CTES,
+    name_flags,
+    paths_cte,
+    real_asof_joins,
+    result_sql,
+    sql_string,
+)
+from traceq.analysis.structure.conventions import ITERATION_REGEX, STAGES
 from traceq.ingest.base import Names, nvtx_attributes, nvtx_batch
 from traceq.store import schema_sql
 
@@ -36,7 +43,7 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str, paths
         -- hash(name), not name, breaks ties: sorting millions of long op names is the costly part
         SELECT CAST(row_number() OVER (ORDER BY pid, tid, start_ns, end_ns DESC, hash(name)) AS BIGINT) AS rid,
                pid, tid, {"name" if paths else "NULL::VARCHAR AS name"}, start_ns, end_ns,
-               {_name_flags("name", iteration_regex)}
+               {name_flags("name", iteration_regex)}
         FROM (SELECT pid, tid, coalesce(name, '') AS name, start_ns,
                      coalesce(end_ns, {_FOREVER}) AS end_ns
               FROM nvtx WHERE trace_id = {t} AND kind = 'pushpop')
@@ -65,7 +72,7 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str, paths
         FROM rd c ASOF LEFT JOIN rd p
           ON c.pid = p.pid AND c.tid = p.tid AND p.depth = c.depth - 1 AND c.start_ns >= p.start_ns
     ),
-    {_paths_cte(paths)},
+    {paths_cte(paths)},
     pd AS MATERIALIZED (SELECT pts.*, depth.depth FROM pts JOIN depth USING (id)),
     inner_range AS (
         SELECT pd.id, rd.rid
@@ -73,13 +80,13 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str, paths
           ON pd.pid = rd.pid AND pd.tid = rd.tid AND rd.depth = pd.depth AND pd.t >= rd.start_ns
     ),
     by_time_ranges AS MATERIALIZED (
-        SELECT pid, tid, kind, name, start_ns, end_ns, {_name_flags("name", iteration_regex)}
+        SELECT pid, tid, kind, name, start_ns, end_ns, {name_flags("name", iteration_regex)}
         FROM (SELECT pid, tid, kind, coalesce(name, '') AS name, start_ns, coalesce(end_ns, {_FOREVER}) AS end_ns
               FROM nvtx WHERE trace_id = {t} AND kind IN ('pushpop', 'startend'))
-        WHERE kind = 'startend' OR regexp_matches(name, {_sql_string(iteration_regex)})
-           OR lower(name) IN ({", ".join(_sql_string(s) for s in STAGES)})
+        WHERE kind = 'startend' OR regexp_matches(name, {sql_string(iteration_regex)})
+           OR lower(name) IN ({", ".join(sql_string(s) for s in STAGES)})
     ),
-    {_BY_TIME_CTES},
+    {BY_TIME_CTES},
     forward_names AS (SELECT DISTINCT nm FROM r WHERE NOT is_iter AND NOT is_stage),
     joined AS (
         SELECT pts.id, {"coalesce(inner_name.name, bt.time_innermost)" if paths else "NULL::VARCHAR"} AS innermost,
@@ -93,7 +100,7 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str, paths
         LEFT JOIN r layer_range ON layer_range.rid = paths.layer_rid
         LEFT JOIN by_time bt USING (id)
     ),
-    {_result_sql(paths)}
+    {result_sql(paths)}
     """
 
 NAMES = ["conv1", "bconv1", "relu", "brelu", "fc6", "aten::add_, seq = 5, op_id = 3",
@@ -171,7 +178,7 @@ def _store(rows: list[tuple]) -> duckdb.DuckDBPyConnection:
 def _all_sql(con: duckdb.DuckDBPyConnection, points: pl.DataFrame, paths: bool) -> pl.DataFrame:
     con.register("pts_table", points)
     sql = _attribution_sql(1, "SELECT id, pid, tid, t FROM pts_table WHERE t IS NOT NULL", ITERATION_REGEX, paths)
-    with _real_asof_joins(con):
+    with real_asof_joins(con):
         return con.sql(f"""
             SELECT p.id, a.layer, a.pass, a.iteration, coalesce(a.stage, 'other') AS stage, a.nvtx_path,
                    a.nvtx_innermost

@@ -1,4 +1,4 @@
-"""Kernel classification by name: traceq.analysis.classify and kernel_rules.toml.
+"""Kernel classification by name: traceq.analysis.kernels.classify and kernel_rules.toml.
 
 CASES are real kernel names copied from the traces in ../shared (the comment above each names the
 trace, relative to ../shared/realtraces unless it starts with reference/ or method/), with what
@@ -23,8 +23,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from traceq.analysis.classify import (Classification, RuleSet, classify, classify_names,
-                                      default_rules, load_rules)
+from traceq.analysis.kernels.classify import (
+    Classification,
+    RuleSet,
+    classify,
+    classify_names,
+    default_rules,
+    load_rules,
+)
 from traceq.errors import TraceqError
 
 TESTS = Path(__file__).resolve().parent
@@ -64,7 +70,7 @@ def test_every_packaged_rule_decides_a_case() -> None:
 
 
 def test_every_packaged_rule_names_its_trace_in_a_comment() -> None:
-    text = resources.files("traceq.analysis").joinpath("kernel_rules.toml").read_text("utf-8")
+    text = resources.files("traceq.analysis.kernels").joinpath("kernel_rules.toml").read_text("utf-8")
     headers = [line for line in text.splitlines() if line.startswith("[[")]
     assert headers and all("#" in line for line in headers)
 

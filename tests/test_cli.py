@@ -155,7 +155,7 @@ def test_export_runs_nsys_on_a_report(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_progress_bar_appears_on_a_terminal_after_a_delay(monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
-    from traceq import cli
+    from traceq.cli import base as cli
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:
@@ -181,7 +181,7 @@ def test_a_spinner_shows_on_a_terminal_after_the_first_second_only(monkeypatch: 
     a terminal."""
     import time
 
-    from traceq.cli import _working
+    from traceq.cli.base import _working
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -6,11 +6,11 @@ import json
 
 import polars as pl
 import pytest
+from conftest import sample, trace_id
 from typer.testing import CliRunner
 
-from conftest import sample, trace_id
-from traceq.analysis.compare import compare_runs
-from traceq.analysis.layers import layer_times, stage_times
+from traceq.analysis.compare.side_by_side import compare_runs
+from traceq.analysis.structure.layers import layer_times, stage_times
 from traceq.cli import app
 
 runner = CliRunner()

@@ -48,7 +48,7 @@ RUNS = {"ddp": DDP, "dlrm": DLRM}
 def client():
     import dask
 
-    from traceq.ingest.parallel import dask_client
+    from traceq.api.datasets import dask_client
 
     # A rank whose worker dies fails at once (Dask's default retries it on another worker), so
     # that the killing test sees the failure the way a rank that kills every worker would.
@@ -69,7 +69,7 @@ def loaded(client, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     """The one-file DDP sample (2 ranks), and as runs of several files the 2-GPU DDP recording
     (run ddp) and the 8 DLRM ranks (run dlrm), in a dataset (by the CLI's code path on `client`)
     and in a store (by `traceq load`, `--run` for the runs)."""
-    from traceq.ingest.parallel import load_dataset, plan_load
+    from traceq.api.datasets import load_dataset, plan_load
 
     if not DLRM:
         pytest.skip("../shared is absent: the DLRM ranks are there")
@@ -247,8 +247,8 @@ def test_a_killed_worker_leaves_no_parquet_and_its_rank_is_loaded_again(client, 
     """The 8 DLRM ranks loaded as run dlrm, rank 1's worker killed mid-file: its rank is said to
     have failed, the run waits for it (the other ranks read as traces of their own), and the
     same command again loads what failed and makes the run: as the store's."""
+    from traceq.api.datasets import load_dataset, plan_load
     from traceq.dataset import open_dataset, read_catalog, read_runs
-    from traceq.ingest.parallel import load_dataset, plan_load
 
     dataset = tmp_path / "ds"
     marker = tmp_path / "victim.pid"

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import SAMPLES, sample, trace_id
 from typer.testing import CliRunner
 
-from conftest import SAMPLES, sample, trace_id
-from traceq.analysis.efficiency import GroupBy, device_limits, launch_ru, ru_table
+from traceq.analysis.efficiency.ce import GroupBy
+from traceq.analysis.efficiency.ru import device_limits, launch_ru, ru_table
 from traceq.cli import app
 from traceq.errors import MissingDataError
 
@@ -105,7 +106,7 @@ def test_grouped_launches_give_the_per_launch_means(sample_store, name: str, by:
     and dominant limiter as summed here launch by launch over `launch_ru`."""
     from polars.testing import assert_frame_equal
 
-    from traceq.analysis.layers import launch_groups
+    from traceq.analysis.structure.layers import launch_groups
 
     t = trace_id(sample_store, name)
     keys = {GroupBy.kernel: ["name"], GroupBy.layer: ["layer", "pass"], GroupBy.library: ["library"]}[by]
@@ -170,8 +171,8 @@ H200_TF32_PEAK = 2048 * 1.98e9 * 132  # Hopper whitepaper: 2048 dense TF32 FLOP 
 
 
 def test_batch_is_inferred_from_the_input_copies(sample_store) -> None:
-    from traceq.analysis.efficiency import infer_batch
-    from traceq.analysis.layers import attributed_kernels
+    from traceq.analysis.efficiency.ce import infer_batch
+    from traceq.analysis.structure.layers import attributed_kernels
 
     for name, sample_bytes, batch in (("alexnet_b256_cudnn", 3 * 227 * 227 * 4, 256),
                                       ("alexnet_b128_cudnn", 3 * 227 * 227 * 4, 128),
@@ -186,9 +187,9 @@ def test_ce_by_layer_is_equation_8_against_the_kernels_precision(sample_store) -
     """The paper's equation 8, FLOPs over time over peak, with the peak of the precision the
     layer's kernels ran at: cuDNN's convolutions run TF32 tensor cores (their names say
     tf32f32_tf32f32 or f32f32_tf32f32), cuBLAS's fully connected GEMMs FP32 FMAs (ffma, simt)."""
-    from traceq.analysis.efficiency import ce_table
-    from traceq.analysis.flops import spec_layer_flops
-    from traceq.analysis.layers import attributed_kernels
+    from traceq.analysis.efficiency.ce import ce_table
+    from traceq.analysis.efficiency.flops import spec_layer_flops
+    from traceq.analysis.structure.layers import attributed_kernels
 
     t = trace_id(sample_store, "alexnet_b256_cudnn")
     frame = ce_table(sample_store, t, "layer", spec=ALEXNET)
@@ -219,7 +220,7 @@ def test_paper_finding_cudnn_conv_ce_beats_cublas(sample_store) -> None:
     """The paper: cuDNN's convolution CE is about 2x cuBLAS's, both against the FP32 peak, i.e. in
     achieved FLOP/s (here: far more, TF32 tensor cores). Against each one's own precision's peak
     both stay below 100 %."""
-    from traceq.analysis.compare import compare_runs
+    from traceq.analysis.compare.side_by_side import compare_runs
 
     a, b = trace_id(sample_store, "alexnet_b256_cudnn"), trace_id(sample_store, "alexnet_b256_nocudnn")
     frame, _ = compare_runs(sample_store, a, b, "layer", spec=ALEXNET)
@@ -244,7 +245,7 @@ def test_ce_without_flops_says_how_to_get_them(tmp_path: Path) -> None:
 
 
 def test_ce_from_recorded_shapes(resnet50_store) -> None:
-    from traceq.analysis.efficiency import ce_table
+    from traceq.analysis.efficiency.ce import ce_table
 
     con, t = resnet50_store
     frame = ce_table(con, t, "layer")
@@ -290,7 +291,7 @@ def _corpus_with_shapes() -> list[Path]:
 
 def _assert_ce_at_most_1(con, t: int, spec: Path | None) -> int:
     """Every CE of the trace, by layer, kernel and library, is at most 1; returns the rows seen."""
-    from traceq.analysis.efficiency import ce_table, kernel_ce
+    from traceq.analysis.efficiency.ce import ce_table, kernel_ce
 
     per_kernel = kernel_ce(con, t, spec=spec)
     rows = 0
@@ -311,7 +312,7 @@ def test_ce_never_exceeds_the_peak_on_the_samples(sample_store, name: str) -> No
 def test_ce_never_exceeds_the_peak_with_recorded_shapes(resnet50_store, tmp_path: Path) -> None:
     """The reference ResNet-50 (emit_nvtx shapes), and every nsys or nvprof corpus export with
     shapes (none today: the corpus's PyTorch captures under nsys record no shapes)."""
-    from traceq.ingest import load_trace
+    from traceq.api.loading import load_trace
     from traceq.store import open_store
 
     con, t = resnet50_store
@@ -340,8 +341,8 @@ def test_ce_never_exceeds_the_peak_on_kineto_traces(tmp_path: Path) -> None:
     """Every Kineto trace CE can be computed for: the samples (fp32 and fp16 autocast AlexNet) and
     the corpus's (H100 transformers, DLRM, HTA's, ResNet-50 on V100); the others lack a CUDA
     compute capability (AMD, B200 without device properties) or FLOP-bearing operators. ~10 s."""
+    from traceq.api.loading import load_trace
     from traceq.errors import MissingDataError
-    from traceq.ingest import load_trace
     from traceq.store import open_store
 
     store = open_store(tmp_path / "kineto.duckdb", create=True)
@@ -360,8 +361,8 @@ def test_an_operators_recorded_dtype_decides_where_the_name_says_nothing(tmp_pat
     """Kineto records each operator's input types: under fp16 autocast, cuDNN's workspace
     kernels (names without a type) launched by convolutions on c10::Half inputs are fp16; the
     same kernels in the fp32 run are TF32 (float on tensor cores)."""
-    from traceq.analysis.efficiency import kernel_ce
-    from traceq.ingest import load_trace
+    from traceq.analysis.efficiency.ce import kernel_ce
+    from traceq.api.loading import load_trace
     from traceq.store import open_store
 
     store = open_store(tmp_path / "kineto.duckdb", create=True)
@@ -385,7 +386,7 @@ def test_gemms_launched_by_convolutions_are_cudnn(resnet50_store) -> None:
     kernel whose innermost op range (found here with SQL: the latest range on the launching
     thread that encloses the launch) is aten::cudnn_convolution or aten::convolution_backward is
     cuDNN's; its name's library stays its implementation."""
-    from traceq.analysis.layers import attributed_kernels
+    from traceq.analysis.structure.layers import attributed_kernels
 
     con, t = resnet50_store
     innermost = con.sql(f"""
@@ -408,8 +409,8 @@ def test_ce_by_library_counts_only_the_kernels_that_carry_flops(resnet50_store) 
     2048 x 1000 forward, twice that backward (data and weight gradients), 40 iterations. Each
     library's time is its FLOP-carrying kernels; the others' (batch norm, elementwise) is
     no_flops_ns, and the two add up to all kernel time."""
-    from traceq.analysis.efficiency import ce_table
-    from traceq.analysis.layers import attributed_kernels
+    from traceq.analysis.efficiency.ce import ce_table
+    from traceq.analysis.structure.layers import attributed_kernels
 
     con, t = resnet50_store
     frame = ce_table(con, t, "library")
@@ -428,9 +429,9 @@ def test_amp_ce_is_against_the_fp16_peak(sample_store) -> None:
     """AlexNet under fp16 autocast: cuDNN's and cuBLAS's kernels say f16 (xmma f16f16_f16f32,
     nvjet hsh), and their fastest reach 700 TFLOP/s, above the TF32 peak a float32 reading would
     divide by (CE 130 %); against the FP16 peak every CE stays below 100 %."""
-    from traceq.analysis.efficiency import ce_table
-    from traceq.analysis.flops import spec_layer_flops
-    from traceq.analysis.layers import attributed_kernels
+    from traceq.analysis.efficiency.ce import ce_table
+    from traceq.analysis.efficiency.flops import spec_layer_flops
+    from traceq.analysis.structure.layers import attributed_kernels
 
     t = trace_id(sample_store, "alexnet_b256_amp")
     by_layer = ce_table(sample_store, t, "layer", spec=ALEXNET)
@@ -450,7 +451,7 @@ def test_amp_ce_is_against_the_fp16_peak(sample_store) -> None:
 def test_amp_ce_from_recorded_shapes(sample_store) -> None:
     """ResNet-50 under fp16 autocast and emit_nvtx: the convolutions' FLOPs from the recorded
     shapes (4.09 G multiply-adds per image, batch 32, 5 iterations), CE against the FP16 peak."""
-    from traceq.analysis.efficiency import ce_table
+    from traceq.analysis.efficiency.ce import ce_table
 
     frame = ce_table(sample_store, trace_id(sample_store, "resnet50_b32_amp_ops"), "layer")
     forward = frame.filter(pl.col("layer") == "aten::cudnn_convolution").row(0, named=True)
@@ -466,8 +467,8 @@ def test_flops_add_up_to_the_spec(sample_store, name: str) -> None:
     """Every FLOP of the spec lands in some row, by layer, kernel and library: the spec's
     per-step FLOPs (its own formulas, tests/test_flops.py) times the steps, here one range per
     layer and iteration."""
-    from traceq.analysis.efficiency import ce_table
-    from traceq.analysis.flops import spec_layer_flops
+    from traceq.analysis.efficiency.ce import ce_table
+    from traceq.analysis.efficiency.flops import spec_layer_flops
 
     spec = SPECS[name.split("_")[0]]
     t = trace_id(sample_store, name)
@@ -490,7 +491,7 @@ def test_spec_layers_without_kernels_are_said_and_kept(tmp_path: Path) -> None:
     result = runner.invoke(app, ["ce", "--spec", str(spec), "--db", str(db), "-f", "json"])
     assert result.exit_code == 0, result.output
     rows = {(r["layer"], r["pass"]): r for r in json.loads(result.stdout)}
-    from traceq.analysis.flops import spec_layer_flops
+    from traceq.analysis.efficiency.flops import spec_layer_flops
 
     step = spec_layer_flops(spec, 256)
     for layer, pass_ in (("convA", "forward"), ("bconvA", "backward")):
@@ -523,8 +524,8 @@ def test_precision_option_sets_every_kernels_peak(tmp_path: Path) -> None:
 def test_no_op_with_flops_is_refused_before_any_kernel_is_read(sample_store, monkeypatch) -> None:
     """Without a spec, a trace whose ops carry no FLOPs (no shapes recorded) is refused before
     every launch is classified and given a peak (seconds at ten million launches)."""
-    import traceq.analysis.efficiency as efficiency
-    from traceq.analysis.efficiency import NO_FLOPS, ce_table
+    import traceq.analysis.efficiency.ce as efficiency
+    from traceq.analysis.efficiency.ce import NO_FLOPS, ce_table
     from traceq.errors import MissingDataError
 
     def unread(*args, **kwargs):

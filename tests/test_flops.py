@@ -1,4 +1,4 @@
-"""FLOP counts against ground truth computed here, independently of analysis/flops.py:
+"""FLOP counts against ground truth computed here, independently of analysis/efficiency/flops.py:
 
 - AlexNet: the shapes PyTorch's profiler recorded (Kineto JSON `Input Dims`, `Concrete Inputs`);
 - ResNet-50: the architecture's analytic count (torchvision's ResNet-50 v1.5);
@@ -16,10 +16,16 @@ import polars as pl
 import pytest
 from conftest import sample, trace_id
 
-from traceq.analysis.classify import classify_names
-from traceq.analysis.flops import (kernel_flops, layer_flops, load_spec, op_flops,
-                                   spec_layer_flops, _range_flops)
-from traceq.analysis.layers import attributed_kernels
+from traceq.analysis.efficiency.flops import (
+    _range_flops,
+    kernel_flops,
+    layer_flops,
+    load_spec,
+    op_flops,
+    spec_layer_flops,
+)
+from traceq.analysis.kernels.classify import classify_names
+from traceq.analysis.structure.layers import attributed_kernels
 from traceq.errors import MissingDataError, TraceFormatError
 
 ALEXNET = "alexnet.model.toml"

@@ -9,10 +9,10 @@ import itertools
 import random
 
 import pytest
+from conftest import SAMPLES, sample, trace_id
 from typer.testing import CliRunner
 
-from conftest import SAMPLES, sample, trace_id
-from traceq.analysis.gate import iteration_times, mann_whitney_greater
+from traceq.analysis.compare.gate import iteration_times, mann_whitney_greater
 from traceq.cli import app
 
 
@@ -49,7 +49,7 @@ def test_normal_approximation_is_close_to_exact() -> None:
     rng = random.Random(3)
     a = [rng.gauss(10, 1) for _ in range(21)]
     b = [rng.gauss(10.6, 1) for _ in range(21)]  # 441 pairs: past the exact limit
-    from traceq.analysis import gate
+    from traceq.analysis.compare import gate
 
     approximate = mann_whitney_greater(a, b)
     limit = gate.EXACT_MAX
@@ -102,7 +102,7 @@ def test_iteration_spans_alone_equal_the_stages(sample_store, name: str) -> None
     """Without the stages, the gate finds each operation's iteration alone (as the gaps do) and
     takes its spans: the same times as `stage_times`' full attribution, on one and two GPUs and
     CUDA graph replays."""
-    from traceq.analysis.layers import stage_times
+    from traceq.analysis.structure.layers import stage_times
 
     t = trace_id(sample_store, name)
     alone = iteration_times(sample_store, t)

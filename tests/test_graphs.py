@@ -13,10 +13,11 @@ import sqlite3
 from collections import Counter
 
 import polars as pl
-
 from conftest import sample, trace_id
-from traceq.analysis.attribution import ITERATION_REGEX, STAGES, kernel_attribution
-from traceq.analysis.layers import stage_times
+
+from traceq.analysis.structure.attribution import kernel_attribution
+from traceq.analysis.structure.conventions import ITERATION_REGEX, STAGES
+from traceq.analysis.structure.layers import stage_times
 
 GRAPH = "alexnet_b64_graph"
 
@@ -90,7 +91,7 @@ def test_graph_nodes_are_loaded(sample_store) -> None:
 
 def test_idle_gaps_take_the_capture_layers(sample_store) -> None:
     """`traceq idle --by layer` puts a gap before a replayed kernel in the layer it was captured in."""
-    from traceq.analysis.idle import idle_split
+    from traceq.analysis.timeline.idle import idle_split
 
     frame = idle_split(sample_store, trace_id(sample_store, GRAPH), "layer")
     assert {"conv1", "fc6", "bconv1", "bfc8"} <= set(frame["layer"].drop_nulls())

@@ -9,13 +9,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import polars as pl
-from polars.testing import assert_frame_equal
 import pytest
+from conftest import sample, shared, trace_id
+from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
-from conftest import sample, shared, trace_id
-from traceq.analysis.gaps import CAUSES, idle_gaps
-from traceq.analysis.idle import idle_causes, idle_split
+from traceq.analysis.timeline.gaps import CAUSES, idle_gaps
+from traceq.analysis.timeline.idle import idle_causes, idle_split
 from traceq.cli import app
 
 
@@ -115,7 +115,7 @@ def test_a_gap_goes_to_the_first_of_the_work_that_ends_it(tmp_path) -> None:
     in the store's row order): the reference sorts that list stably by start with Python's
     sort and walks it. Three gaps of this trace went to another of the operations when the
     order was the one DuckDB's joins happened to return."""
-    from traceq.ingest import load_trace
+    from traceq.api.loading import load_trace
     from traceq.store import open_store
 
     path = shared("realtraces", "kineto_json", "facebookresearch__HolisticTraceAnalysis__trace_diff__test.json.gz")
@@ -148,7 +148,7 @@ def test_layers_found_per_time_class_equal_those_found_per_gap(sample_store, mon
     NVTX boundaries) rather than of each gap: the table equals the one with every gap's own
     time, on traces with layer ranges, inferred layers (the loss, weight gradients after their
     range) and CUDA graph replays."""
-    import traceq.analysis.idle as idle_module
+    import traceq.analysis.timeline.idle as idle_module
 
     tid = trace_id(sample_store, name)
     by_class = idle_split(sample_store, tid, "layer")
@@ -177,7 +177,7 @@ def test_a_time_and_its_class_compare_alike_with_every_boundary(seed: int) -> No
     replayed kernel's times and unknown times stay as they are."""
     import random
 
-    from traceq.analysis.idle import _time_classes
+    from traceq.analysis.timeline.idle import _time_classes
 
     rng = random.Random(seed)
     bounds = sorted({rng.randrange(1000, 2000) for _ in range(30)})

@@ -11,9 +11,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-
 from conftest import sample, trace_id
-from traceq.analysis.gaps import idle_gaps
+
+from traceq.analysis.timeline.gaps import idle_gaps
 
 ITERATION = re.compile(r"(?i)^\s*(iteration|iter|step|ProfilerStep)[\s_#]*\d+\s*$")
 SYNC = re.compile(r"^(cuda|cu)(Device|Stream|Event|Thread|Ctx)Synchronize|^(cudaFree|cuMemFree)")

@@ -1,4 +1,4 @@
-"""Layers for kernels launched outside every layer range (analysis.inference), checked against
+"""Layers for kernels launched outside every layer range (analysis.structure.inference), checked against
 what the NVTX ranges and launch records say, counted with plain SQL on the sample traces."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import polars as pl
 import pytest
 from conftest import SAMPLES, trace_id
 
-from traceq.analysis.attribution import attribute_points, kernel_attribution
-from traceq.analysis.graphs import kernel_points_sql
-from traceq.analysis.layers import layer_times
+from traceq.analysis.structure.attribution import attribute_points, kernel_attribution
+from traceq.analysis.structure.graphs import kernel_points_sql
+from traceq.analysis.structure.layers import layer_times
 
 WITH_LAYER_RANGES = [p.stem for p in sorted(SAMPLES.glob("*.sqlite")) if not p.stem.startswith("ddp")]
 HOOKED = [name for name in WITH_LAYER_RANGES if name.startswith(("alexnet", "lenet"))]  # module-hook ranges

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import SAMPLES, sample
 
+from traceq.api.loading import load_trace
 from traceq.errors import TraceqError
-from traceq.ingest import arrow_sqlite, load_trace
+from traceq.ingest import arrow_sqlite
 from traceq.store import event_tables, open_store
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import SAMPLES, shared_files, source_count
 
-from traceq.ingest import load_trace
+from traceq.api.loading import load_trace
 from traceq.store import open_store
 
 pytestmark = pytest.mark.xdist_group("ingest_nsys")  # one worker builds its module fixtures once (--dist loadgroup)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import sample, shared, shared_files
 
-from traceq.ingest import load_trace
+from traceq.api.loading import load_trace
 from traceq.store import open_store
 
 CORPUS = shared_files("realtraces/kineto_json", "*.json*")
@@ -137,7 +137,7 @@ def test_alexnet_occupancy_agrees_with_nsys_and_kineto(alexnet) -> None:
     the Kineto column of `ru` shows the estimate as recorded, the nsys trace's our emulation."""
     import polars as pl
 
-    from traceq.analysis.efficiency import launch_ru, ru_table
+    from traceq.analysis.efficiency.ru import launch_ru, ru_table
 
     con, kineto, nsys = alexnet
     ours = launch_ru(con, kineto).join(
@@ -164,7 +164,7 @@ def test_alexnet_operator_flops_equal_the_model_spec(alexnet) -> None:
     layer shapes of sample_traces/alexnet.model.toml times the trace's two iterations."""
     import polars as pl
 
-    from traceq.analysis.flops import op_flops, spec_layer_flops
+    from traceq.analysis.efficiency.flops import op_flops, spec_layer_flops
 
     con, kineto, _ = alexnet
     got = op_flops(con, kineto).group_by("pass").agg(pl.col("flops").sum())

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from conftest import shared
 
-from traceq.ingest import load_trace
+from traceq.api.loading import load_trace
 from traceq.store import open_store
 
 pytestmark = pytest.mark.xdist_group("kineto_hta")  # one worker builds its module fixtures once (--dist loadgroup)

@@ -12,9 +12,9 @@ import pytest
 from conftest import sample, trace_id
 from typer.testing import CliRunner
 
-from traceq.analysis.compare import compare_runs
-from traceq.analysis.flops import FLOP_OPS, op_flops
-from traceq.analysis.layers import layer_times, stage_times
+from traceq.analysis.compare.side_by_side import compare_runs
+from traceq.analysis.efficiency.flops import FLOP_OPS, op_flops
+from traceq.analysis.structure.layers import layer_times, stage_times
 from traceq.cli import app
 from traceq.store import open_store
 
@@ -103,7 +103,7 @@ def test_compare_by_layer_pairs_the_layers(store) -> None:
 def test_ce_on_the_layered_trace(store) -> None:
     """`ce` on the Kineto trace: FLOPs per layer from the operators' shapes, a CE for each conv
     and fc layer of both passes."""
-    from traceq.analysis.efficiency import ce_table
+    from traceq.analysis.efficiency.ce import ce_table
 
     con, ids, _ = store
     frame = ce_table(con, ids["alexnet_b256_fp32_layers_kineto"], "layer")

@@ -12,9 +12,9 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 import pytest
+from conftest import SAMPLES, sample, shared, shared_files, source_count, source_rows, trace_id
 from polars.testing import assert_frame_equal
 
-from conftest import SAMPLES, sample, shared, shared_files, source_count, source_rows, trace_id
 from traceq.ingest.launches import LAUNCH_COLUMNS, CallIndex, call_keys
 
 NSYS = sorted(p.name for p in SAMPLES.glob("*.sqlite"))
@@ -53,7 +53,7 @@ def test_stored_calls_are_the_exports_join(sample_store, tmp_path, name: str) ->
     if name in NSYS:
         con, t = sample_store, trace_id(sample_store, path.stem)
     else:
-        from traceq.ingest import load_trace
+        from traceq.api.loading import load_trace
         from traceq.store import open_store
 
         con = open_store(tmp_path / "s.duckdb", create=True)
@@ -151,7 +151,7 @@ def test_analyses_without_stored_calls_are_the_same(tmp_path, name: str) -> None
 def _gap_iterations_against_sql(con, t: int, like: str) -> list[tuple]:
     """(the gap's iteration, the range of its process named `like` (SQL) around its call's start,
     gaps) over the trace's gaps."""
-    from traceq.analysis.gaps import gap_frame
+    from traceq.analysis.timeline.gaps import gap_frame
 
     gaps, names = gap_frame(con, t)
     gaps = gaps.select("pid", "call_start_ns", "iteration").collect()
@@ -184,7 +184,7 @@ def test_a_range_of_no_process_holds_no_call(tmp_path) -> None:
     """Kineto puts a copy of each ProfilerStep on the GPU's track, with no process: on this ROCm
     trace it ends 8 ms before the CPU's, and the gaps whose calls came after its end were taken
     out of the iteration (8 of 15) while attribution, stages and the SQL here keep them in."""
-    from traceq.ingest import load_trace
+    from traceq.api.loading import load_trace
     from traceq.store import open_store
 
     path = shared("realtraces", "kineto_json",

@@ -6,10 +6,10 @@ from __future__ import annotations
 import sqlite3
 
 import polars as pl
+from conftest import sample, trace_id
 from typer.testing import CliRunner
 
-from conftest import sample, trace_id
-from traceq.analysis.launches import launch_table
+from traceq.analysis.timeline.launches import launch_table
 from traceq.cli import app
 
 

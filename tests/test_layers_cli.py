@@ -88,7 +88,7 @@ def test_top_context_columns(db: Path) -> None:
 def test_user_rules_file_for_every_command(db: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     rules = tmp_path / "rules.toml"
     rules.write_text("[[library]]\nmatch = '^sm80_xmma_fprop'\nvalue = \"MyLib\"\n")
-    from traceq.analysis.classify import use_rules
+    from traceq.analysis.kernels.classify import use_rules
 
     request.addfinalizer(lambda: use_rules(None))  # later tests classify with the packaged rules
     rows = json.loads(runner.invoke(app, ["--rules", str(rules), "libs", "-t", "alexnet_b256_cudnn",
@@ -104,9 +104,9 @@ def test_user_rules_file_for_every_command(db: Path, tmp_path: Path, request: py
 
 
 def test_top_leaves_attribution_out_on_big_traces(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import traceq.api
+    import traceq.api.trace
 
-    monkeypatch.setattr(traceq.api, "AUTO_CONTEXT_MAX_KERNELS", 100)  # the samples have more
+    monkeypatch.setattr(traceq.api.trace, "AUTO_CONTEXT_MAX_KERNELS", 100)  # the samples have more
     result = runner.invoke(app, ["top", "-k", "2", "-t", "alexnet_b256_cudnn", "--db", str(db), "-f", "json"])
     rows = json.loads(result.stdout)
     assert list(rows[0])[-2:] == ["name", "library"] and rows[0]["library"] == "cuDNN"

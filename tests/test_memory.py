@@ -11,8 +11,8 @@ import pytest
 from conftest import sample, source_rows, trace_id
 from typer.testing import CliRunner
 
-from traceq.analysis.attribution import kernel_attribution
 from traceq.analysis.memory import memory_by_layer, memory_events, memory_summary, memory_timeline
+from traceq.analysis.structure.attribution import kernel_attribution
 from traceq.cli import app
 from traceq.errors import MissingDataError
 
@@ -99,7 +99,7 @@ def planted(tmp_path_factory: pytest.TempPathFactory):
     index, and the next launch's call frees it (with 0 bytes, as some drivers report), so the
     memory events' attribution can be compared with the kernels' own.
     """
-    from traceq.ingest import load_trace
+    from traceq.api.loading import load_trace
     from traceq.store import open_store
 
     con = open_store(tmp_path_factory.mktemp("planted") / "p.duckdb", create=True)

@@ -18,10 +18,10 @@ import polars as pl
 import pytest
 from conftest import DLRM, sample, shared
 
-from traceq.analysis.comm import comm_table
-from traceq.analysis.overlap import overlap_table
-from traceq.analysis.ranks import IDLE, late_collectives, rank_iterations
-from traceq.ingest import load_trace
+from traceq.analysis.multigpu.comm import comm_table
+from traceq.analysis.multigpu.overlap import overlap_table
+from traceq.analysis.multigpu.ranks import IDLE, late_collectives, rank_iterations
+from traceq.api.loading import load_trace
 from traceq.store import open_store, resolve_run
 
 DDP = sample("ddp_resnet18_2gpu.sqlite")
@@ -349,18 +349,19 @@ def test_report_draws_the_run_figures(ddp, dlrm) -> None:
     time per rank add up to the rank's mean iteration span, the peak line is its GPU's link."""
     import re
 
-    from traceq.analysis.links import link_for
-    from traceq.render.report import FIGURE_KEYS, RUN_FIGURE_KEYS, build_report
+    from traceq.analysis.multigpu.links import link_for
+    from traceq.api.report import build_report
+    from traceq.render.report import FIGURE_KEYS, RUN_FIGURE_KEYS
 
     con, run = ddp
     page = build_report(con, [1])
     ids = re.findall(r'id="fig-([a-z-]+)"', page)
     assert ids[-4:] == list(RUN_FIGURE_KEYS) and set(ids[:-4]) <= set(FIGURE_KEYS)
     assert "the trace records no message sizes" in page
-    from traceq.render import figures
+    from traceq.render import rank_figures
 
     overlap = overlap_table(con, run)
-    chart = figures.rank_time_chart({"ddp": overlap})
+    chart = rank_figures.rank_time_chart({"ddp": overlap})
     stacked = defaultdict(float)
     for bar in chart.figure.data:
         for x, y in zip(bar.x, bar.y):
@@ -368,7 +369,7 @@ def test_report_draws_the_run_figures(ddp, dlrm) -> None:
     spans = overlap.filter(pl.col("iteration").is_not_null()).group_by("rank").agg(pl.col("span_ns").mean())
     assert stacked == pytest.approx({f"rank {r}": s / 1e6 for r, s in spans.iter_rows()})
     dcon, drun = dlrm
-    chart = figures.bandwidth_chart({"dlrm": comm_table(dcon, drun, by="instance")},
+    chart = rank_figures.bandwidth_chart({"dlrm": comm_table(dcon, drun, by="instance")},
                                     {"dlrm": ("NVLink 2", link_for("Tesla V100-SXM2-32GB").gbps)})
     assert [shape.y0 for shape in chart.figure.layout.shapes] == [150.0]
     assert sum(len(d.x) for d in chart.figure.data) == 8  # every DLRM collective has its size
@@ -378,7 +379,7 @@ def test_compare_runs_of_different_gpu_counts(ddp, tmp_path: Path) -> None:
     """The 2-GPU DDP run against a 1-GPU trace: its forward and backward time per GPU and
     iteration is the SQLite sum of the work launched in those ranges / 2 GPUs / 5 iterations,
     and scaling is the 1-GPU time over it."""
-    from traceq.analysis.scaling import compare_scaling
+    from traceq.analysis.compare.scaling import compare_scaling
 
     con, run = ddp
     load_trace(con, sample("alexnet_b256_cudnn.sqlite"))

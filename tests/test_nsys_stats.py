@@ -7,7 +7,7 @@ import csv
 import pytest
 from conftest import sample, trace_id
 
-from traceq.analysis.kernels import NameBy, top_kernels
+from traceq.analysis.kernels.top import NameBy, top_kernels
 
 
 def _rows(name: str) -> list[dict[str, str]]:

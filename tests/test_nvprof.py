@@ -19,8 +19,9 @@ from conftest import assert_load_refused
 from conftest import source_rows as query
 from typer.testing import CliRunner
 
+from traceq.api.loading import load_trace
 from traceq.cli import app
-from traceq.ingest import cupti_cbid, load_trace
+from traceq.ingest import cupti_cbid
 from traceq.ingest.nvprof import base_name, demangle
 from traceq.store import open_store
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from traceq.analysis.gpu_specs import GpuLimits, known_ccs, limits_for_cc
-from traceq.analysis.occupancy import (
+from traceq.analysis.efficiency.gpu_specs import GpuLimits, known_ccs, limits_for_cc
+from traceq.analysis.efficiency.occupancy import (
     UNLIMITED,
     kineto_occupancy,
     launch_occupancy,

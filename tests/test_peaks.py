@@ -7,7 +7,14 @@ import pytest
 from conftest import trace_id
 
 from traceq.analysis.choices import PRECISIONS
-from traceq.analysis.peaks import DTYPES, dtype_precision, fp32_peak_flops, peak_flops, tensor_peak_flops, trace_peaks
+from traceq.analysis.efficiency.peaks import (
+    DTYPES,
+    dtype_precision,
+    fp32_peak_flops,
+    peak_flops,
+    tensor_peak_flops,
+    trace_peaks,
+)
 from traceq.errors import TraceqError
 
 T = 1e12

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from traceq.analysis.intervals import last_at_or_before
-from traceq.analysis.projection import _thread_tree
+from traceq.analysis.timeline.projection import _thread_tree
 
 
 def _nested(rng: random.Random, start: int, end: int, depth: int) -> list[tuple[int, int]]:

@@ -24,7 +24,7 @@ from conftest import sample
 from test_multigpu import around, independent_overlap, kineto_work
 from typer.testing import CliRunner
 
-from traceq.analysis.links import run_link
+from traceq.analysis.multigpu.links import run_link
 from traceq.cli import app
 from traceq.store import open_store, resolve_run
 

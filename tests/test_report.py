@@ -14,9 +14,10 @@ import pytest
 from conftest import sample, trace_id
 from typer.testing import CliRunner
 
+from traceq.api.report import build_report
 from traceq.cli import app
 from traceq.render import figures
-from traceq.render.report import FIGURE_KEYS, RUN_FIGURE_KEYS, build_report
+from traceq.render.report import FIGURE_KEYS, RUN_FIGURE_KEYS
 
 pytestmark = pytest.mark.xdist_group("report")  # one worker builds its module fixtures once (--dist loadgroup)
 
@@ -168,8 +169,8 @@ def test_activation_estimates_match_the_allocations_measured_without_caching(sam
     each of the trace's two iterations (max pooling also keeps its indices; convolutions, workspaces)."""
     import polars as pl
 
+    from traceq.analysis.efficiency.modelspec import spec_activations
     from traceq.analysis.memory import memory_by_layer
-    from traceq.analysis.modelspec import spec_activations
 
     measured = memory_by_layer(sample_store, trace_id(sample_store, "alexnet_b64_nocache"))
     estimate = dict(spec_activations(SPEC, 64).iter_rows())
@@ -280,7 +281,7 @@ def test_ce_figure_reads_fp32_tf32_and_fp16_on_one_axis(sample_store) -> None:
     the AMP bars went to 130 % and 1,000 %, flattening the others); hover names the precision."""
     import json
 
-    from traceq.analysis.efficiency import ce_table
+    from traceq.analysis.efficiency.ce import ce_table
 
     frames = {name: ce_table(sample_store, trace_id(sample_store, name), "layer", spec=SPEC)
               for name in ("alexnet_b256_cudnn", "alexnet_b256_amp")}

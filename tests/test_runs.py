@@ -19,9 +19,9 @@ import pytest
 from conftest import DLRM, assert_load_refused, sample, shared, shared_files
 from typer.testing import CliRunner
 
-from traceq.analysis.comm import comm_table
+from traceq.analysis.multigpu.comm import comm_table
+from traceq.api.loading import load_run, load_trace
 from traceq.cli import app
-from traceq.ingest import load_run, load_trace
 from traceq.store import open_store, resolve_run
 
 QCU = shared_files("realtraces/nvprof_sqlite", "ZhangXin8069__qcu__test__log_x99-Yang_12368*.nvvp")

@@ -14,10 +14,10 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import SAMPLES, sample, trace_id
 from typer.testing import CliRunner
 
-from conftest import SAMPLES, sample, trace_id
-from traceq.analysis.stats import REPORTS, stats_report
+from traceq.analysis.timeline.stats import REPORTS, stats_report
 from traceq.cli import app
 
 _STATISTICS = ["Avg", "Med", "Min", "Max", "StdDev"]

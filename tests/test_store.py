@@ -214,7 +214,7 @@ def test_two_loads_at_once_both_land(tmp_path: Path) -> None:
 
 def test_interrupted_load_keeps_the_store(tmp_path: Path) -> None:
     """Ctrl-C half-way through a load: the transaction is rolled back, the store is as before."""
-    from traceq.ingest import load_trace
+    from traceq.api.loading import load_trace
 
     db = tmp_path / "s.duckdb"
     assert _invoke("load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db)).exit_code == 0
@@ -262,7 +262,7 @@ def test_a_load_refused_after_writing_leaves_the_store_byte_for_byte(
     import shutil
     import sqlite3
 
-    import traceq.cli
+    import traceq.api.store
     import traceq.ingest
 
     monkeypatch.setitem(traceq.ingest.LOAD_SETTINGS, "memory_limit", "50MB")
@@ -277,8 +277,8 @@ def test_a_load_refused_after_writing_leaves_the_store_byte_for_byte(
     con.close()
     before, size = _digest(db), db.stat().st_size
     grew: list[int] = []
-    real_restore = traceq.api.restore_size
-    monkeypatch.setattr(traceq.api, "restore_size", lambda path, n: (grew.append(path.stat().st_size - n),
+    real_restore = traceq.api.store.restore_size
+    monkeypatch.setattr(traceq.api.store, "restore_size", lambda path, n: (grew.append(path.stat().st_size - n),
                                                                     real_restore(path, n)))
     result = _invoke("load", str(damaged), "--db", str(db))
     assert result.exit_code == 1 and "durations add up to" in result.stderr
@@ -330,7 +330,7 @@ def test_ctrl_c_inside_a_query_is_one_line_and_the_store_as_it_was(
     import signal
     import threading
 
-    import traceq.ingest
+    import traceq.api.loading
 
     db = tmp_path / "s.duckdb"
     assert _invoke("load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db)).exit_code == 0
@@ -349,7 +349,7 @@ def test_ctrl_c_inside_a_query_is_one_line_and_the_store_as_it_was(
         finally:
             done.set()
 
-    monkeypatch.setattr(traceq.ingest, "build_kernel_summary", slow_summary)
+    monkeypatch.setattr(traceq.api.loading, "build_kernel_summary", slow_summary)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in a shell
     try:
         result = _invoke("load", str(sample("alexnet_b128_cudnn.sqlite")), "--db", str(db))

@@ -12,9 +12,9 @@ from conftest import SAMPLES, sample, shared
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
-import traceq.analysis.stored as stored
-from traceq.analysis.attribution import ITERATION_REGEX
-from traceq.analysis.layers import attributed_kernels, kernel_groups, launch_groups, stage_times
+import traceq.analysis.structure.stored as stored
+from traceq.analysis.structure.conventions import ITERATION_REGEX
+from traceq.analysis.structure.layers import attributed_kernels, kernel_groups, launch_groups, stage_times
 from traceq.cli import app
 from traceq.store import open_store
 
@@ -126,7 +126,7 @@ def test_kept_attribution_is_read_only_while_its_options_hold(tmp_path: Path, mo
     assert not stored.is_kept(con, 1)
     monkeypatch.delenv("TRACEQ_RULES")
     stored._code_digest.cache_clear()
-    monkeypatch.setattr(stored, "_CODE", (*stored._CODE, "kernels.py"))  # traceq's attributing code changed
+    monkeypatch.setattr(stored, "_CODE", (*stored._CODE, "kernels/top.py"))  # traceq's attributing code changed
     assert not stored.is_kept(con, 1)
     stored._code_digest.cache_clear()
     monkeypatch.undo()
@@ -178,7 +178,7 @@ def test_kept_precision_is_the_one_ce_reads(tmp_path: Path) -> None:
         t = traceq.load(sample(name), store=db)
         kept = dict(t.con.execute("SELECT kernel_id, precision FROM kernels_attributed WHERE trace_id = ?",
                                   [t.id]).fetchall())
-        from traceq.analysis.efficiency import kernel_ce
+        from traceq.analysis.efficiency.ce import kernel_ce
 
         ce = kernel_ce(t.con, t.id).filter(pl.col("kernel_id").is_not_null())
         assert kept == dict(ce.select("kernel_id", "precision").iter_rows()), name

@@ -75,16 +75,22 @@ def _tables(args: list[str], monkeypatch: pytest.MonkeyPatch) -> dict[int, str]:
     """The command's table at every width: printed by the command itself at the narrowest and the
     widest, and between them the frame and title it rendered, through the same renderer (the
     analyses are what takes time, and they do not depend on the width)."""
-    import traceq.cli
-    from traceq.render import Format
+    import importlib
+    import pkgutil
 
-    real, seen = traceq.cli.render, {}
+    import traceq.cli
+    from traceq.render import Format, render
+
+    real, seen = render, {}
 
     def spy(frame, fmt, **kwargs):  # records what the command rendered
         seen.update(frame=frame.pl() if hasattr(frame, "pl") else frame, kwargs=kwargs)
         return real(frame, fmt, **kwargs)
 
-    monkeypatch.setattr(traceq.cli, "render", spy)
+    for module in pkgutil.iter_modules(traceq.cli.__path__):  # each family of commands renders
+        commands = importlib.import_module(f"traceq.cli.{module.name}")
+        if hasattr(commands, "render"):
+            monkeypatch.setattr(commands, "render", spy)
     tables = {}
     for width in (WIDTHS[0], WIDTHS[-1]):
         result = runner.invoke(app, args, env={"COLUMNS": str(width)})

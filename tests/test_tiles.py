@@ -1,4 +1,4 @@
-"""Tile rules (analysis/tile_rules.toml) on every convolution and GEMM kernel name of the samples
+"""Tile rules (analysis/efficiency/tile_rules.toml) on every convolution and GEMM kernel name of the samples
 and of ../shared's reference and real traces: each gets a tile read from its name, a reason it
 is not modelled, or the stated default with a flag; and a tile the name spells out is the one
 read. The tile and the implicit GEMM dimensions are checked against the grids Nsight Compute
@@ -14,10 +14,10 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
 from conftest import SAMPLES, ncu_layer, ncu_rows, shared_files
-from traceq.analysis.classify import classify
-from traceq.analysis.tiles import DEFAULT_TILE, kernel_tile
+
+from traceq.analysis.efficiency.tiles import DEFAULT_TILE, kernel_tile
+from traceq.analysis.kernels.classify import classify
 
 pytestmark = pytest.mark.xdist_group("tiles")  # one worker builds its module fixtures once (--dist loadgroup)
 

@@ -15,8 +15,13 @@ import pytest
 from conftest import sample, trace_id
 from polars.testing import assert_frame_equal
 
-from traceq.analysis.kernels import (NameBy, kernel_statistics, kernel_time_total, top_instances_relation,
-                                     top_kernels_relation)
+from traceq.analysis.kernels.top import (
+    NameBy,
+    kernel_statistics,
+    kernel_time_total,
+    top_instances_relation,
+    top_kernels_relation,
+)
 from traceq.render import Format, render
 
 SAMPLES = ["alexnet_b256_cudnn", "alexnet_b256_nocudnn", "lenet_b256_cudnn", "ddp_resnet18_2gpu",
@@ -61,7 +66,7 @@ def test_the_cli_builds_without_analyses_or_polars() -> None:
 
 
 def test_top_with_the_library_column_needs_no_polars(tmp_path) -> None:
-    from traceq.ingest import load_trace
+    from traceq.api.loading import load_trace
     from traceq.store import open_store
 
     db = tmp_path / "s.duckdb"
@@ -70,8 +75,8 @@ def test_top_with_the_library_column_needs_no_polars(tmp_path) -> None:
     con.close()
     for extra in (["--no-context"], [], ["--instances"]):  # above the limit: the library column only
         out, loaded = _run(
-            "import sys, traceq.api, traceq.cli\n"
-            "traceq.api.AUTO_CONTEXT_MAX_KERNELS = 100\n"
+            "import sys, traceq.api.trace, traceq.cli\n"
+            "traceq.api.trace.AUTO_CONTEXT_MAX_KERNELS = 100\n"
             f"sys.argv = ['traceq', 'top', '--db', {str(db)!r}, *{extra!r}]\n"
             "try:\n    traceq.cli.main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n")
         assert "polars" not in loaded, extra

@@ -1,4 +1,4 @@
-"""`traceq traffic` and `analysis.traffic` on real traces: the GEMM each launch is given, the whole
+"""`traceq traffic` and `analysis.efficiency.traffic` on real traces: the GEMM each launch is given, the whole
 path from an nsys trace to bytes checked against Nsight Compute's counters of the same run, the
 what-if on another GPU, and the command's output and refusals. About 6 s."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import SAMPLES, ncu_layer, ncu_rows, sample
 from typer.testing import CliRunner
 
-from conftest import SAMPLES, ncu_layer, ncu_rows, sample
 from traceq.cli import app
 
 runner = CliRunner()
@@ -24,7 +24,7 @@ SPEC = SAMPLES / "alexnet.model.toml"
 def store(tmp_path_factory: pytest.TempPathFactory):
     """A store with the AlexNet sample (H200, cuDNN) and the AlexNet FP32 trace Nsight Compute
     recorded the counters of (same GPU, same network)."""
-    from traceq.ingest import load_trace
+    from traceq.api.loading import load_trace
     from traceq.store import open_store
 
     db = tmp_path_factory.mktemp("traffic") / "t.duckdb"
@@ -59,12 +59,12 @@ def test_hand_written_spec_gives_the_gemms_of_the_recorded_shapes(store) -> None
     """The AlexNet sample with sample_traces/alexnet.model.toml (written from a Kineto trace):
     every convolution and GEMM kernel of every layer gets the GEMM that the shapes recorded by
     module hooks on the same network give."""
-    from traceq.analysis.traffic import launch_traffic
+    from traceq.analysis.efficiency.traffic import launch_traffic
 
     con, ids, _ = store
     expected = _expected_gemms(json.loads((NCU / "alexnet_b256_fp32_shapes.json").read_text()))
     launches = launch_traffic(con, ids["alexnet_b256_cudnn"], spec=SPEC).filter(pl.col("m").is_not_null())
-    # conv1's weight gradient runs after bconv1's range closed (bconv1 by rule, analysis/inference.py)
+    # conv1's weight gradient runs after bconv1's range closed (bconv1 by rule, analysis/structure/inference.py)
     # on the 3 input channels padded to 4: its grid has 4 tiles of 128 along C x R x S (363 needs 3)
     m, n, k = expected[("bconv1", "wgrad")]
     expected[("bconv1", "wgrad")] = (m, n // 3 * 4, k)
@@ -89,7 +89,7 @@ def test_from_the_trace_alone_dram_bytes_match_nsight_compute(store) -> None:
     """The whole path: the nsys trace, its layer ranges, the layer-shapes file, no cluster sizes
     (nsys records none): each modelled kernel's DRAM bytes against what Nsight Compute counted
     for the same kernel of the same layer in the same run, median error within 20 %."""
-    from traceq.analysis.traffic import launch_traffic
+    from traceq.analysis.efficiency.traffic import launch_traffic
 
     con, ids, _ = store
     measured = _ncu_layers(NCU / "alexnet_b256_fp32_ncu.csv.gz")
@@ -103,7 +103,7 @@ def test_from_the_trace_alone_dram_bytes_match_nsight_compute(store) -> None:
 
 
 def test_layer_rows_sum_their_launches(store) -> None:
-    from traceq.analysis.traffic import launch_traffic, traffic_table
+    from traceq.analysis.efficiency.traffic import launch_traffic, traffic_table
 
     con, ids, _ = store
     trace = ids["alexnet_b256_cudnn"]
@@ -118,7 +118,7 @@ def test_layer_rows_sum_their_launches(store) -> None:
 
 
 def test_what_if_on_another_gpu(store) -> None:
-    from traceq.analysis.traffic import traffic_table
+    from traceq.analysis.efficiency.traffic import traffic_table
 
     con, ids, _ = store
     here = traffic_table(con, ids["alexnet_b256_cudnn"], "layer", spec=SPEC)
@@ -165,7 +165,7 @@ def test_shapes_recorded_by_emit_nvtx(resnet50_store) -> None:
     the convolution and GEMM time a GEMM, and every forward convolution's is ResNet-50's at
     batch 32 (output sides 112, 56, 28, 14, 7; filters 7x7, 3x3, 1x1): N P Q x K x C R S when
     implicit, K x P Q x C for a 1x1 convolution cuDNN runs as a GEMM. ~3 s."""
-    from traceq.analysis.traffic import launch_traffic
+    from traceq.analysis.efficiency.traffic import launch_traffic
 
     con, trace = resnet50_store
     launches = launch_traffic(con, trace)

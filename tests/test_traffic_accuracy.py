@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import SAMPLES, ncu_layer, ncu_rows
-from traceq.analysis.classify import classify
-from traceq.analysis.gpu_products import gpu_product
-from traceq.analysis.tiles import kernel_tile
-from traceq.analysis.traffic import predict_launch
-from traceq.analysis.traffic_shapes import recorded_candidates
+
+from traceq.analysis.efficiency.gpu_products import gpu_product
+from traceq.analysis.efficiency.tiles import kernel_tile
+from traceq.analysis.efficiency.traffic import predict_launch
+from traceq.analysis.efficiency.traffic_shapes import recorded_candidates
+from traceq.analysis.kernels.classify import classify
 
 RECORDINGS = sorted((SAMPLES / "ncu").glob("*_ncu.csv.gz"))
 

@@ -1,5 +1,5 @@
-"""The traffic model's equations (analysis/traffic_model.py, D1 to D9) on cases worked by hand
-here, and the GPU product table (analysis/gpu_products.py) against the datasheets."""
+"""The traffic model's equations (analysis/efficiency/traffic_model.py, D1 to D9) on cases worked by hand
+here, and the GPU product table (analysis/efficiency/gpu_products.py) against the datasheets."""
 
 from __future__ import annotations
 
@@ -7,10 +7,19 @@ import math
 
 import pytest
 
-from traceq.analysis.gpu_products import gpu_product, known_gpus
-from traceq.analysis.tiles import kernel_tile
-from traceq.analysis.traffic_model import (ACHIEVABLE, LAUNCH_OVERHEAD_S, Conv, Problem, _gather, _used,
-                                           _valid_fraction, conv_problem, predict)
+from traceq.analysis.efficiency.gpu_products import gpu_product, known_gpus
+from traceq.analysis.efficiency.tiles import kernel_tile
+from traceq.analysis.efficiency.traffic_model import (
+    ACHIEVABLE,
+    LAUNCH_OVERHEAD_S,
+    Conv,
+    Problem,
+    _gather,
+    _used,
+    _valid_fraction,
+    conv_problem,
+    predict,
+)
 from traceq.errors import TraceqError
 
 CONV2 = Conv(256, 64, 27, 27, 192, 5, 5, 27, 27, (1, 1), (2, 2))  # AlexNet conv2

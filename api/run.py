@@ -1,0 +1,96 @@
+"""`Run`: a run of several ranks, one method per multi-GPU command (`comm`, `overlap`, `ranks`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from traceq.analysis.choices import CommBy, CompareBy, RanksBy
+from traceq.store import first_row
+
+if TYPE_CHECKING:
+    import duckdb
+    import polars as pl
+
+    from traceq.api.store import Store
+    from traceq.ingest import LoadResult
+
+from traceq.api.options import _regex, _run_traces
+from traceq.api.trace import Trace
+
+
+class Run:
+    """One run of a store: the ranks of one job (one trace per rank or node, or one trace's
+    processes and GPUs) on one clock, and one method per multi-GPU command on it (docs/multigpu.md).
+    Use `Store.run` or `Store.load_run`.
+
+    `world_size` is its number of ranks, `clock` how their times were put on one clock ('one
+    trace', or 'collective ends': each rank file shifted so the collectives it shares with rank
+    0's end when rank 0's do), `max_shift_ns` the largest shift applied. Methods take the
+    command's options as keywords and return polars DataFrames with the columns csv and json
+    give; `progress`, where taken, is called with (steps done, steps) over the run's traces.
+    """
+
+    def __init__(self, store: Store, run_id: int, name: str, *, con: duckdb.DuckDBPyConnection | None = None):
+        """`con`: a connection of its own (a dataset's views over the run's traces' files), else the store's."""
+        self.store = store
+        self.id = run_id
+        self.name = name
+        self.load_results: list[LoadResult] | None = None
+        self._con = con
+        world, clock, shift = first_row(self.con, "SELECT world_size, clock, max(abs(k.shift_ns)) FROM runs "
+                                        "JOIN ranks k USING (run_id) WHERE run_id = ? GROUP BY ALL", [run_id])
+        self.world_size, self.clock, self.max_shift_ns = int(world), str(clock), int(shift)
+
+    def __repr__(self) -> str:
+        return f"<traceq.Run {self.id} {self.name!r} ({self.world_size} ranks)>"
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        return self.store.con if self._con is None else self._con
+
+    def traces(self) -> list[Trace]:
+        """The run's traces, by their first rank."""
+        rows = self.con.execute("SELECT k.trace_id, any_value(t.name) FROM ranks k JOIN traces t USING (trace_id) "
+                                "WHERE k.run_id = ? GROUP BY 1 ORDER BY min(k.rank)", [self.id]).fetchall()
+        over = (lambda t: None) if self.store.dataset is None else (lambda t: self.store._over([t]))
+        return [Trace(self.store, int(t), str(n), con=over(int(t))) for t, n in rows]
+
+    def comm(self, by: CommBy | str = CommBy.rank, *, iteration_regex: str | None = None,
+             progress: Callable[[int, int], None] | None = None) -> pl.DataFrame:
+        """`traceq comm`: collective communication per collective, iteration and rank (`by='rank'`),
+        or per collective instance across ranks (`by='instance'`): time, bytes, algorithm and
+        bus bandwidth, skew (`analysis.multigpu.comm.comm_table`)."""
+        from traceq.analysis.multigpu.comm import comm_table
+
+        return comm_table(self.con, self.id, CommBy(by).value, _regex(iteration_regex), progress)
+
+    def overlap(self, *, iteration_regex: str | None = None,
+                progress: Callable[[int, int], None] | None = None) -> pl.DataFrame:
+        """`traceq overlap`: per rank and iteration, computation, communication, the share of it
+        hidden under computation, exposed communication and idle time (`analysis.multigpu.overlap`)."""
+        from traceq.analysis.multigpu.overlap import overlap_table
+
+        return overlap_table(self.con, self.id, _regex(iteration_regex), progress)
+
+    def ranks(self, by: RanksBy | str = RanksBy.iteration, *, k: int = 10, iteration_regex: str | None = None,
+              progress: Callable[[int, int], None] | None = None) -> pl.DataFrame:
+        """`traceq ranks`: iteration time, wait, work and shift per iteration and rank
+        (`by='iteration'`), or the `k` collectives that started latest on their last rank and
+        what delayed them (`by='collective'`) (`analysis.multigpu.ranks`)."""
+        from traceq.analysis.multigpu.ranks import late_collectives, rank_iterations
+
+        if RanksBy(by) is RanksBy.collective:
+            return late_collectives(self.con, self.id, k, _regex(iteration_regex), progress)
+        return rank_iterations(self.con, self.id, _regex(iteration_regex), progress)
+
+    def compare(self, other: Run | str | int, by: CompareBy | str = CompareBy.layer, *, k: int | None = None,
+                iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq compare A B` on runs of different GPU counts: GPU time per GPU and iteration
+        side by side, with weak-scaling efficiency (`analysis.compare.scaling.compare_scaling`)."""
+        from traceq.analysis.compare.scaling import compare_scaling
+
+        other = other if isinstance(other, Run) else self.store.run(other)
+        both = self.store._over([t for r in (self, other) for t in _run_traces(r.con, r.id)])  # a dataset: their files
+        frame = compare_scaling(both, self.id, other.id, by, _regex(iteration_regex))
+        return frame if k is None else frame.head(k)

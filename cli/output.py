@@ -1,0 +1,81 @@
+"""Commands that write a file to open elsewhere: report (HTML) and export (Perfetto)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from traceq.analysis.choices import ExportFormat
+from traceq.cli.base import (
+    BatchOpt,
+    DatasetOpt,
+    DbOpt,
+    IterOpt,
+    SpecOpt,
+    _emit,
+    _err,
+    _global,
+    _LazyProgress,
+    _store,
+    _working,
+    app,
+    user_errors,
+)
+
+
+@app.command()
+def report(
+    traces: Annotated[Optional[list[str]], typer.Argument(
+        help="Traces or runs (names or ids), side by side [default: the latest loaded]", metavar="[TRACE]...",
+        show_default=False)] = None,
+    out: Annotated[Optional[Path], typer.Option("--output", "-o", callback=_global, show_default=False,
+                                                help="The HTML file to write [default: report.html]")] = None,
+    top_k: Annotated[int, typer.Option("--k", "-k", min=1, help="Rows of the longest-launches table")] = 15,
+    title: Annotated[Optional[str], typer.Option("--title", help="Page title [default: the trace names]")] = None,
+    spec: SpecOpt = None,
+    batch: BatchOpt = None,
+    db: DbOpt = None,
+    dataset: DatasetOpt = None,
+    iteration_regex: IterOpt = None,
+) -> None:
+    """One self-contained HTML report (Plotly, works offline): stages, layers, CE/RU, memory, timeline."""
+    out = out or Path("report.html")
+    with user_errors():
+        started = time.monotonic()
+        with _working(", ".join(traces or []) or "the latest trace"):
+            page = _store(db, dataset).report(traces, k=top_k, title=title, spec=spec, batch=batch,
+                                              iteration_regex=iteration_regex)
+        _emit(page, out)
+        figures = page.count('class="figure"')
+        _err(f"{len(page) / 1e6:.1f} MB, {figures} figures, "
+             f"in {time.monotonic() - started:.1f} s; open it in a browser (no network needed)")
+
+
+@app.command()
+def export(
+    trace: Annotated[Optional[str], typer.Argument(help="Trace name or id [default: the latest loaded]",
+                                                   metavar="[TRACE]", show_default=False)] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        "--output", "-o", callback=_global, show_default=False,
+        help="The file to write; .gz compresses it [default: TRACE.json.gz]")] = None,
+    export_format: Annotated[ExportFormat, typer.Option(
+        "--format", "-f", help="perfetto: Chrome trace events (Perfetto, chrome://tracing)")] = ExportFormat.perfetto,
+    db: DbOpt = None,
+    dataset: DatasetOpt = None,
+) -> None:
+    """Write a trace's kernels, memcpys, API calls and NVTX ranges as a timeline Perfetto opens."""
+    with user_errors():
+        started = time.monotonic()
+        t = _store(db, dataset).trace(trace)
+        out = out or Path(f"{t.name}.json.gz")
+        progress = _LazyProgress(f"exporting {t.name}")
+        try:
+            written = t.export(out, format=export_format.value, progress=progress)
+        finally:
+            progress.close()
+        typer.echo(f"wrote {out}: {written['kernel']:,} kernels, {written['memop']:,} memory operations, "
+                   f"{written['cuda_api']:,} API calls, {written['nvtx_range'] + written['nvtx_async'] // 2:,} NVTX "
+                   f"ranges, {written['flow'] // 2:,} launch flows in {time.monotonic() - started:.1f} s")
