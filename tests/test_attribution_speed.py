@@ -23,7 +23,8 @@ from traceq.analysis.structure.attribution_sql import (
     result_sql,
     sql_string,
 )
-from traceq.analysis.structure.conventions import ITERATION_REGEX, STAGES
+from traceq.analysis.structure.conventions import ITERATION_REGEX, stage_of
+from traceq.analysis.structure.operators import OP_NAME_REGEX
 from traceq.ingest.base import Names, nvtx_attributes, nvtx_batch
 from traceq.store import schema_sql
 
@@ -47,7 +48,7 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str, paths
         FROM (SELECT pid, tid, coalesce(name, '') AS name, start_ns,
                      coalesce(end_ns, {_FOREVER}) AS end_ns
               FROM nvtx WHERE trace_id = {t} AND kind = 'pushpop')
-        WHERE end_ns > start_ns
+        WHERE end_ns > start_ns AND NOT regexp_matches(name, {sql_string(OP_NAME_REGEX)})  -- operators are no layers
     ),
     ev AS (
         SELECT pid, tid, start_ns AS ts, 1 AS o, 1 AS d, rid, NULL::BIGINT AS point_id FROM r
@@ -84,7 +85,7 @@ def _attribution_sql(trace_id: int, points_sql: str, iteration_regex: str, paths
         FROM (SELECT pid, tid, kind, coalesce(name, '') AS name, start_ns, coalesce(end_ns, {_FOREVER}) AS end_ns
               FROM nvtx WHERE trace_id = {t} AND kind IN ('pushpop', 'startend'))
         WHERE kind = 'startend' OR regexp_matches(name, {sql_string(iteration_regex)})
-           OR lower(name) IN ({", ".join(sql_string(s) for s in STAGES)})
+           OR {stage_of("name")} IS NOT NULL
     ),
     {BY_TIME_CTES},
     forward_names AS (SELECT DISTINCT nm FROM r WHERE NOT is_iter AND NOT is_stage),
@@ -193,7 +194,7 @@ def test_same_as_the_all_sql_form_on_random_traces(seed: int) -> None:
     frame = pl.DataFrame(points, schema={"id": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "t": pl.Int64},
                          orient="row")
     for paths in (True, False):
-        got = attribute_points(con, 1, frame, paths=paths, infer=False).drop("attribution")
+        got = attribute_points(con, 1, frame, paths=paths, infer=False, operators=False).drop("attribution")
         assert_frame_equal(got, _all_sql(con, frame, paths), check_dtypes=False)
 
 

@@ -69,9 +69,10 @@ def test_operator_flops_equal_pytorchs(store, name: str) -> None:
 
 def test_layers_and_stages_match_the_nsys_capture(store) -> None:
     """The Kineto trace's record_function ranges carry the nsys capture's NVTX names: the same
-    (layer, pass) rows, the weight update aside: the Kineto trace has PyTorch's own
-    Optimizer.step range around it, the nsys capture none (its kernels get the 'optimizer' layer
-    by rule); the same iterations, every stage with GPU time in both."""
+    (layer, pass) rows, the weight update too: the Kineto trace has PyTorch's own Optimizer.step
+    range around it, the nsys capture none, and both name its kernels' layer 'optimizer' (an
+    optimizer's range is a stage, not a layer); the same iterations, every stage with GPU time
+    in both."""
     con, ids, _ = store
     kineto, nsys = ids["alexnet_b256_fp32_layers_kineto"], ids["alexnet_b256_cudnn"]
 
@@ -80,8 +81,8 @@ def test_layers_and_stages_match_the_nsys_capture(store) -> None:
 
     both = layers(kineto) & layers(nsys)
     assert len(both) >= 35
-    assert layers(nsys) - both == {("optimizer", None)}
-    assert layers(kineto) - both == {("Optimizer.step#SGD.step", None)}
+    assert ("optimizer", None) in both
+    assert layers(nsys) == layers(kineto)
     stages = {t: stage_times(con, t) for t in (kineto, nsys)}
     assert stages[kineto]["iteration"].to_list() == ["iteration 0", "iteration 1"]
     for column in ("data_copy_ns", "forward_ns", "backward_ns", "weight_update_ns"):

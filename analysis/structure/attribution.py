@@ -49,6 +49,7 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
+from traceq.analysis.kernels.classify import default_rules
 from traceq.analysis.structure.attribution_sql import (
     BY_TIME_CTES,
     name_flags,
@@ -61,6 +62,8 @@ from traceq.analysis.structure.conventions import APPLICATION_DOMAINS, ITERATION
 from traceq.analysis.structure.graphs import kernel_points_sql, replay_iterations
 from traceq.analysis.structure.inference import infer_layers
 from traceq.analysis.structure.nesting import in_start_order, null_if_negative, thread_chains
+from traceq.analysis.structure.operators import OP_NAME_REGEX, launcher_ops, operator_ranges, top_ops, with_operators
+from traceq.analysis.structure.steps import step_iterations
 from traceq.store import registered
 
 _FOREVER = 9_223_372_036_854_775_807
@@ -223,7 +226,7 @@ def kernel_launches(
 
 def attribute_points(
     con: duckdb.DuckDBPyConnection, trace_id: int, points: pl.DataFrame,
-    iteration_regex: str = ITERATION_REGEX, *, paths: bool = True, infer: bool = True,
+    iteration_regex: str = ITERATION_REGEX, *, paths: bool = True, infer: bool = True, operators: bool = True,
 ) -> pl.DataFrame:
     """The NVTX context of each point of `points` (columns id, pid, tid, t: the launching
     call's process, thread and start in ns, t null when there is none; optionally time: where
@@ -235,24 +238,32 @@ def attribute_points(
     says otherwise). With `paths=False`, nvtx_path and nvtx_innermost are null; `infer` as for
     `kernel_attribution`.
     """
-    index, contexts = point_contexts(con, trace_id, points, iteration_regex, paths=paths, infer=infer)
+    index, contexts = point_contexts(con, trace_id, points, iteration_regex, paths=paths, infer=infer,
+                                     operators=operators)
     return pl.DataFrame({"id": points["id"], **{c: contexts[c].gather(index) for c in _RESULT}})
 
 
 def point_contexts(
     con: duckdb.DuckDBPyConnection, trace_id: int, points: pl.DataFrame,
-    iteration_regex: str = ITERATION_REGEX, *, paths: bool = True, infer: bool = True,
+    iteration_regex: str = ITERATION_REGEX, *, paths: bool = True, infer: bool = True, operators: bool = True,
 ) -> tuple[pl.Series, pl.DataFrame]:
     """`attribute_points` before it is spread over the points: (index, contexts). contexts has
     one row per distinct context (columns layer, pass, iteration, stage, nvtx_path,
     nvtx_innermost, attribution), a few thousand at most on real traces; index (one per point)
     is the row of the point's context. Grouping points by index costs no string per point.
-    With `infer`, `inference.infer_layers` gives layers to the points outside every layer range;
-    without, their attribution is null."""
+    With `operators` (the default), PyTorch's operators give the pass of the points under an
+    autograd op and, in a trace with no layer ranges, a layer (`operators`). With `infer`,
+    `inference.infer_layers` gives layers to the points outside every layer range; without,
+    their attribution is null (but for the operators')."""
     t = int(trace_id)
     names = _range_names(con, t, iteration_regex)
     ranges = _ranges(con, t, names)
+    optimizers = ranges.filter(pl.col("name_id").is_in(names.filter("is_optimizer")["name_id"].implode()))
     threads, by_time_ranges, forward_names = _split_ranges(ranges, names)
+    if not optimizers.is_empty():  # a trace without iteration ranges: its optimizer steps
+        first = pl.concat([ranges.select("pid", first_ns="start_ns"), points.select("pid", first_ns="t")])
+        by_time_ranges = step_iterations(by_time_ranges, optimizers, names,
+                                         first.group_by("pid").agg(pl.col("first_ns").min()))
     del ranges
     replay = points["time"] if "time" in points.columns else None
     points = points.select("pid", "tid", "t").with_row_index("pos")
@@ -271,11 +282,23 @@ def point_contexts(
     contexts = _contexts(con, names, chains, by_time, combos, forward_names, paths)
     if replay is not None:  # kernels replayed from CUDA graphs: the iteration of the replay
         index, contexts = replay_iterations(by_time_ranges, points, replay, index, contexts)
+    candidates = names.filter(~pl.col("is_iter") & ~pl.col("is_stage") & ~pl.col("is_optimizer") & ~pl.col("is_op"))
+    ops = operator_ranges(con, t) if operators and _may_have_operators(con, t, names) else None
+    if ops is not None and not ops.is_empty():
+        tops = top_ops(ops, optimizers.select("pid", "start_ns", "end_ns"),
+                       by_time_ranges.filter(pl.col("is_iter")).select("pid", "start_ns", "end_ns", "nm"))
+        index, contexts = with_operators(
+            index, contexts, points, tops, layers=not _has_layer_ranges(con, t, candidates),
+            stage_ranges=by_time_ranges.filter(pl.col("is_stage") & ~pl.col("is_iter")).height > 0,
+            launchers=launcher_ops(ops, default_rules().launches))
     if not infer:
+        if "attribution" in contexts.columns:
+            return index, contexts
         return index, contexts.with_columns(attribution=pl.lit(None, pl.String))
 
     def layer_ranges() -> pl.DataFrame:  # read again only when a launch needs them
-        candidates = names.filter(~pl.col("is_iter") & ~pl.col("is_stage")).select("name_id", "nm")
+        candidates = names.filter(~pl.col("is_iter") & ~pl.col("is_stage") & ~pl.col("is_optimizer")
+                                  & ~pl.col("is_op")).select("name_id", "nm")
         return (_ranges(con, t, names, application=True)
                 .filter(~pl.col("startend") & (pl.col("end_ns") > pl.col("start_ns")))
                 .join(candidates, on="name_id").select("pid", "start_ns", "end_ns", "nm"))
@@ -290,9 +313,10 @@ def point_contexts(
 def _range_names(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str) -> pl.DataFrame:
     """Every distinct name of the trace's push/pop and start/end ranges, classified: name_id
     (its row number), h (hash of the name), name, nm (without the emit_nvtx suffix), is_iter,
-    is_stage, is_backward, is_optimizer."""
+    is_stage, is_backward, is_optimizer, is_op (a PyTorch operator: `operators`)."""
     return con.sql(f"""
-        SELECT hash(name) AS h, name, {name_flags("name", iteration_regex)}
+        SELECT hash(name) AS h, name, {name_flags("name", iteration_regex)},
+               regexp_matches(name, {sql_string(OP_NAME_REGEX)}) AND NOT starts_with(name, 'Optimizer.') AS is_op
         FROM (SELECT DISTINCT coalesce(name, '') AS name FROM nvtx
               WHERE trace_id = {trace_id} AND kind IN ('pushpop', 'startend'))
     """).pl().with_row_index("name_id")
@@ -311,8 +335,8 @@ def _ranges(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame, 
     attributes = con.sql(f"SELECT attributes_id, pid, tid, kind = 'startend' AS startend, domain FROM nvtx_attributes "
                          f"WHERE trace_id = {trace_id} AND kind IN ('pushpop', 'startend')"
                          f"{f' AND (domain IS NULL OR domain IN ({domains}))' if application else ''}").pl()
-    if _annotated_layers(con, trace_id, attributes, names):  # Kineto: operators are not layers then
-        attributes = attributes.filter(pl.col("domain").fill_null("") != "cpu_op")
+    # operators (Kineto's cpu_op, emit_nvtx's op ranges) are not layers: `operators` reads them
+    attributes = attributes.filter(pl.col("domain").fill_null("") != "cpu_op")
     by_hash = names["h"].is_unique().all()
     frame = con.sql(f"""
         SELECT attributes_id, start_ns, coalesce(end_ns, {_FOREVER}) AS end_ns,
@@ -328,22 +352,32 @@ def _ranges(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame, 
     def look_up(key: str, keys: pl.Series, values: pl.Series) -> pl.Expr:
         return pl.col(key).replace_strict(keys, values, return_dtype=values.dtype).alias(values.name)
 
+    ops = names.filter(pl.col("is_op"))["h" if by_hash else "name"]
+    if not ops.is_empty():
+        frame = frame.filter(~pl.col("key").is_in(ops.implode()))
     return frame.select(look_up("attributes_id", ids, attributes["pid"]), look_up("attributes_id", ids, attributes["tid"]),
                         "start_ns", "end_ns", look_up("attributes_id", ids, attributes["startend"]),
                         look_up("key", names["h" if by_hash else "name"], names["name_id"]))
 
 
-def _annotated_layers(con: duckdb.DuckDBPyConnection, trace_id: int, attributes: pl.DataFrame,
-                      names: pl.DataFrame) -> bool:
-    """Whether a Kineto trace has `record_function` ranges (user_annotation) other than
-    iteration and stage ranges: its layers then, where its operators' ranges (cpu_op) would
-    otherwise be the innermost ones."""
-    annotation = attributes.filter(pl.col("domain") == "user_annotation")["attributes_id"]
-    if annotation.is_empty() or not (attributes["domain"] == "cpu_op").any():
+def _may_have_operators(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame) -> bool:
+    """Whether the trace records PyTorch's operators: Kineto's (the operators table) or
+    emit_nvtx's ranges (a range named like an operator)."""
+    if names["is_op"].any():
+        return True
+    return bool(con.execute("SELECT EXISTS (SELECT 1 FROM operators WHERE trace_id = ?)", [trace_id]).fetchall()[0][0])
+
+
+def _has_layer_ranges(con: duckdb.DuckDBPyConnection, trace_id: int, candidates: pl.DataFrame) -> bool:
+    """Whether the application opened ranges of its own that can be layers (module hooks,
+    record_function layers): push/pop or start/end ranges of its domains named neither as an
+    iteration, a stage, an optimizer nor an operator."""
+    if candidates.is_empty():
         return False
-    hashes = con.sql(f"SELECT DISTINCT hash(coalesce(name, '')) AS h FROM nvtx_events WHERE trace_id = {trace_id} "
-                     f"AND attributes_id IN ({', '.join(map(str, annotation))})").pl()
-    return not names.join(hashes, on="h").filter(~pl.col("is_iter") & ~pl.col("is_stage")).is_empty()
+    domains = ", ".join(sql_string(d) for d in APPLICATION_DOMAINS if d != "cpu_op")
+    used = con.sql(f"SELECT DISTINCT hash(coalesce(name, '')) AS h FROM nvtx WHERE trace_id = {int(trace_id)} "
+                   f"AND kind IN ('pushpop', 'startend') AND (domain IS NULL OR domain IN ({domains}))").pl()
+    return not candidates.join(used, on="h").is_empty()
 
 
 def _split_ranges(

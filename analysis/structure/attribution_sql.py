@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import duckdb
 
-from traceq.analysis.structure.conventions import STAGES, SUFFIX_REGEX
+from traceq.analysis.structure.conventions import SUFFIX_REGEX, stage_of
 
 
 def sql_string(text: str) -> str:
@@ -18,29 +18,28 @@ def sql_string(text: str) -> str:
 
 def name_flags(name: str, iteration_regex: str) -> str:
     """SQL select-list items classifying the range name expression `name`."""
-    stages = ", ".join(sql_string(s) for s in STAGES)
     return (f"regexp_replace({name}, '{SUFFIX_REGEX}', '') AS nm, "
             f"regexp_matches({name}, {sql_string(iteration_regex)}) AS is_iter, "
-            f"lower({name}) IN ({stages}) AS is_stage, "
+            f"{stage_of(name)} IS NOT NULL AS is_stage, "
             f"{name} LIKE '%Backward%' AS is_backward, "
-            f"{name} LIKE 'Optimizer.step%' AS is_optimizer")
+            f"({name} LIKE 'Optimizer.step%' OR {name} LIKE 'Optimizer.zero_grad%') AS is_optimizer")
 
 
 def paths_cte(paths: bool) -> str:
     """`paths`: for every row of `rp` (rid, parent, nm, is_iter, is_stage, is_backward,
     is_optimizer; parent null at the roots), its path from the root, the rid of its layer (the
-    nearest range up from it that is not an iteration or stage range) and whether it lies in an
+    nearest range up from it that is not an iteration, stage or optimizer range) and whether it lies in an
     autograd backward op or an optimizer step."""
     return f"""
     paths AS (
         SELECT rid, {"nm" if paths else "NULL::VARCHAR"} AS path,
-               CASE WHEN is_iter OR is_stage THEN NULL ELSE rid END AS layer_rid,
+               CASE WHEN is_iter OR is_stage OR is_optimizer THEN NULL ELSE rid END AS layer_rid,
                is_backward AS autograd_backward,
                is_optimizer AS optimizer
         FROM rp WHERE parent IS NULL
         UNION ALL
         SELECT c.rid, {"p.path || '/' || c.nm" if paths else "NULL::VARCHAR"},
-               CASE WHEN c.is_iter OR c.is_stage THEN p.layer_rid ELSE c.rid END,
+               CASE WHEN c.is_iter OR c.is_stage OR c.is_optimizer THEN p.layer_rid ELSE c.rid END,
                p.autograd_backward OR c.is_backward,
                p.optimizer OR c.is_optimizer
         FROM rp c JOIN paths p ON c.parent = p.rid
@@ -83,7 +82,7 @@ BY_TIME_CTES = """
                     WHEN sh_start < ih_start THEN nullif(concat_ws('/', sh_part, ih_part), '')
                     ELSE nullif(concat_ws('/', ih_part, sh_part), '') END AS prefix
         FROM (
-            SELECT p.id, ih.nm AS iteration, lower(sh.nm) AS stage, oa.nm AS startend_layer,
+            SELECT p.id, ih.nm AS iteration, __STAGE_OF_SH_NM__ AS stage, oa.nm AS startend_layer,
                    ih.start_ns AS ih_start, sh.start_ns AS sh_start, ih.name AS ih_name, sh.name AS sh_name,
                    CASE WHEN ih.kind = 'startend' OR ih.tid IS DISTINCT FROM p.tid THEN ih.nm END AS ih_part,
                    CASE WHEN sh.kind = 'startend' OR sh.tid IS DISTINCT FROM p.tid THEN sh.nm END AS sh_part,
@@ -100,7 +99,7 @@ BY_TIME_CTES = """
             LEFT JOIN stage_hits sh USING (id)
             LEFT JOIN other_agg oa USING (id)
         )
-    )"""
+    )""".replace("__STAGE_OF_SH_NM__", stage_of("sh.nm"))
 
 
 def result_sql(paths: bool) -> str:

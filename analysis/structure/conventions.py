@@ -3,8 +3,27 @@ suffixes an autograd op name carries, the range domains that are the application
 
 from __future__ import annotations
 
-ITERATION_REGEX = r"(?i)^\s*(iteration|iter|step|ProfilerStep)[\s_#]*\d+\s*$"
-"""Range names that mark one training step: 'iteration 0', 'step 12', Kineto's 'ProfilerStep#3'."""
+ITERATION_REGEX = (r"(?i)^\s*(((train(ing)?|global)[\s_-]*)?(iteration|iter|step|ProfilerStep)[\s_#:-]*"
+                   r"|decode[\s_-]*(step)?[\s_#:-]*)\d+\s*$")
+"""Range names that mark one step: 'iteration 0', 'step 12', Kineto's 'ProfilerStep#3', the
+common 'train_step 5' and 'training step 5', and an inference loop's 'decode 7'."""
+
+STAGE_NAMES = {
+    "data_copy": r"data[\s_-]*(copy|load|loading)|h2d|batch[\s_-]*(copy|load)",
+    "forward": r"forward|fwd|forward[\s_-]*(compute|pass|step)",
+    "backward": r"backward|bwd|backward[\s_-]*(compute|pass|step)",
+    "weight_update": r"weight[\s_-]*update|optimizer|optimizer[\s_-]*step|optim[\s_-]*step|opt[\s_-]*step",
+}
+"""Stage range names, by the stage they mark (whole names, any case): the paper's own
+(`data_copy`, `forward`, `backward`, `weight_update`) and the ones Megatron-style training loops
+use (`forward-compute`, `backward-compute`, `optimizer-step`)."""
+
+
+def stage_of(name: str) -> str:
+    """SQL: the stage the range name expression `name` marks (STAGE_NAMES), else NULL."""
+    cases = " ".join(f"WHEN regexp_full_match(lower({name}), '{pattern}') THEN '{stage}'"
+                     for stage, pattern in STAGE_NAMES.items())
+    return f"(CASE {cases} END)"
 
 APPLICATION_DOMAINS = ("user_annotation", "cpu_op", "python_function")
 """Range domains that are the application's besides NVTX's default one (NULL): Kineto's

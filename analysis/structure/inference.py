@@ -58,7 +58,11 @@ def infer_layers(
     called when some launch needs them.
     """
     stage = pl.col("stage")
-    contexts = contexts.with_columns(attribution=pl.when(pl.col("layer").is_not_null()).then(pl.lit(RANGE))
+    if "attribution" not in contexts.columns:  # else some were placed already (`operators`)
+        contexts = contexts.with_columns(attribution=pl.lit(None, pl.String))
+    contexts = contexts.with_columns(attribution=pl.when(pl.col("attribution").is_not_null())
+                                     .then(pl.col("attribution"))
+                                     .when(pl.col("layer").is_not_null()).then(pl.lit(RANGE))
                                      .when(stage == "weight_update").then(pl.lit(UPDATE))
                                      .when(stage.is_in(["forward", "backward"])).then(pl.lit(None, pl.String))
                                      .otherwise(pl.lit(NO_STAGE)))

@@ -42,14 +42,16 @@ def _classified(names: pl.DataFrame) -> pl.DataFrame:
 def _libraries(index: pl.Series, name_row: pl.Series, contexts: pl.DataFrame,
                names: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
     """(code per kernel, libraries): each kernel's library by the operation that launched it
-    (`classify` [[launcher]] rules over its context's innermost range, `layer`), as a row number
+    (`classify` [[launcher]] rules over its context's launcher op, else its innermost range,
+    `layer`), as a row number
     into the small `libraries` table. Where no rule applies it is the name's library."""
     rules = default_rules()
     libraries = names["library"].unique(maintain_order=True)
     code_of = {library: code for code, library in enumerate(libraries.to_list())}
     by_name = names["library"].replace_strict(code_of, return_dtype=pl.UInt32).cast(pl.UInt32).gather(name_row)
-    launching = contexts.with_row_index("context").filter(
-        pl.col("layer").map_elements(rules.launches, return_dtype=pl.Boolean, skip_nulls=True).fill_null(False))
+    launcher = pl.coalesce("launcher", "layer") if "launcher" in contexts.columns else pl.col("layer")
+    launching = contexts.with_row_index("context").with_columns(launcher=launcher).filter(
+        pl.col("launcher").map_elements(rules.launches, return_dtype=pl.Boolean, skip_nulls=True).fill_null(False))
     if launching.is_empty():
         return by_name, libraries
     # the distinct (context, name) pairs that a rule's operations launched: a few hundred
@@ -57,9 +59,9 @@ def _libraries(index: pl.Series, name_row: pl.Series, contexts: pl.DataFrame,
     key = index.cast(pl.UInt64) * n + name_row.cast(pl.UInt64)
     pairs = pl.DataFrame({"key": key.filter(index.is_in(launching["context"].implode()))}).unique()
     pairs = pairs.with_columns(context=(pl.col("key") // n).cast(pl.UInt32), name_row=(pl.col("key") % n).cast(pl.UInt32))
-    pairs = pairs.join(launching.select("context", "layer"), on="context")
-    relabelled = [rules.launcher_library(layer, names["library"][row]) for layer, row in
-                  pairs.select("layer", "name_row").iter_rows()]
+    pairs = pairs.join(launching.select("context", "launcher"), on="context")
+    relabelled = [rules.launcher_library(launcher, names["library"][row]) for launcher, row in
+                  pairs.select("launcher", "name_row").iter_rows()]
     for library in relabelled:
         code_of.setdefault(library, len(code_of))
     codes = pl.Series([code_of[library] for library in relabelled], dtype=pl.UInt32)

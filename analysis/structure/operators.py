@@ -1,0 +1,220 @@
+"""Structure from PyTorch's operators, for traces whose only ranges are the framework's own: a
+plain `torch.profiler` trace (Kineto's `cpu_op` events), or an Nsight Systems trace recorded
+under `torch.autograd.profiler.emit_nvtx` (an NVTX range per op, `aten::conv2d, seq = 12, ...`).
+
+Operators nest on their thread; the outermost one around a launch (its *top op*) is the call
+the model made: `aten::conv2d`, `aten::linear`, `aten::layer_norm`, or on autograd's thread
+`autograd::engine::evaluate_function: ConvolutionBackward0`. From those:
+
+- **pass**: a launch under an autograd engine op (`autograd::engine::evaluate_function: ...`,
+  an op named `...Backward0`, `AccumulateGrad`) is backward, whatever the ranges around it say;
+  under any other op, forward.
+- **layer** (only for traces with no layer ranges of their own): a forward top op is named by
+  its op and its place among the ops of that name in its iteration: `conv2d #3` is the third
+  `aten::conv2d` the iteration called (`op sequence`). A backward op carries its forward op's
+  autograd *sequence number* (Kineto's `Sequence number`, emit_nvtx's `seq = N`), and so does
+  the forward op (or one inside it) that made the autograd node: the backward op takes that
+  forward op's layer (`autograd link`). A backward op whose forward op the trace lacks keeps its
+  own name (`AccumulateGrad`, `autograd op`).
+
+Ops inside an optimizer's range (`Optimizer.step#...`, `Optimizer.zero_grad#...`) are the weight
+update's, not layers. Everything is a sort and a few as-of joins over the operators (a few per
+launch at most), never a loop over launches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import duckdb
+import polars as pl
+
+OP_SEQUENCE = "op sequence"
+AUTOGRAD_LINK = "autograd link"
+AUTOGRAD_OP = "autograd op"
+
+OP_NAME_REGEX = r"^(aten|autograd|torch|prim|c10d|inductor|triton)::|Backward\d*(,|$)|^AccumulateGrad|, (seq|op_id) = "
+"""Range names that are PyTorch operators: ATen and autograd ops as Kineto and emit_nvtx name them."""
+
+DATA_OPS = ("to", "_to_copy", "copy_")
+"""Forward top ops that move data (`x.to(device)`): their work is the data copy stage."""
+
+_SEQ_REGEX = r",\s*seq\s*=\s*(\d+)"
+_SUFFIX_REGEX = r",\s*(seq|op_id|sizes|input_op_ids)\s*=.*$"
+_BACKWARD = r"^autograd::engine::evaluate_function|Backward\d*$|AccumulateGrad"
+
+
+def operator_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
+    """The trace's operators as ranges: pid, tid, start_ns, end_ns, name (without emit_nvtx's
+    suffix), seq (the autograd sequence number, null where none). Kineto's `operators` table where
+    it has rows, else the NVTX push/pop ranges of the default domain named like operators."""
+    t = int(trace_id)
+    ops = con.sql(f"SELECT pid, tid, start_ns, end_ns, name, sequence_number AS seq FROM operators "
+                  f"WHERE trace_id = {t} AND pid IS NOT NULL AND tid IS NOT NULL").pl()
+    if ops.is_empty():
+        ops = con.sql(f"""
+            SELECT pid, tid, start_ns, end_ns, regexp_replace(name, '{_SUFFIX_REGEX}', '') AS name,
+                   TRY_CAST(regexp_extract(name, '{_SEQ_REGEX}', 1) AS BIGINT) AS seq
+            FROM nvtx WHERE trace_id = {t} AND kind = 'pushpop' AND domain IS NULL AND end_ns IS NOT NULL
+              AND pid IS NOT NULL AND tid IS NOT NULL AND regexp_matches(name, '{OP_NAME_REGEX}')
+              AND NOT starts_with(name, 'Optimizer.')""").pl()
+    return ops.with_columns(pl.col("seq").cast(pl.Int64))
+
+
+def top_ops(ops: pl.DataFrame, optimizer_ranges: pl.DataFrame, iteration_ranges: pl.DataFrame) -> pl.DataFrame:
+    """The outermost operator of every nest on each thread, with what it says: pid, tid,
+    start_ns, end_ns, label (the layer it names), pass, how (OP_SEQUENCE, AUTOGRAD_LINK,
+    AUTOGRAD_OP; null inside an optimizer's range), backward, data (a forward op of DATA_OPS),
+    sorted by (pid, tid, start_ns).
+
+    optimizer_ranges: pid, start_ns, end_ns of the optimizers' ranges; iteration_ranges: pid,
+    start_ns, end_ns, nm of the iteration ranges (forward ops are numbered per iteration)."""
+    ops = (ops.sort("pid", "tid", "start_ns", pl.col("end_ns"), descending=[False, False, False, True])
+           .with_columns(prev_end=pl.col("end_ns").cum_max().shift(1).over("pid", "tid")))
+    ops = ops.with_columns(top=pl.col("prev_end").is_null() | (pl.col("start_ns") >= pl.col("prev_end")))
+    ops = ops.with_columns(top_id=pl.col("top").cum_sum())
+    tops = ops.filter("top").select("top_id", "pid", "tid", "start_ns", "end_ns", "name",
+                                    backward=pl.col("name").str.contains(_BACKWARD))
+    tops = _within(tops, optimizer_ranges, "in_optimizer")
+    tops = _iteration_of(tops, iteration_ranges)
+    # the autograd sequence number each backward top op carries: its first op named ...Backward with one
+    link = (ops.filter(pl.col("seq").is_not_null() & pl.col("name").str.contains(r"Backward\d*$")
+                       & ~pl.col("name").str.starts_with("autograd::"))
+            .group_by("top_id").agg(link_seq=pl.col("seq").sort_by("start_ns").first()))
+    forward = tops.filter(~pl.col("backward") & ~pl.col("in_optimizer"))
+    forward = forward.with_columns(
+        op=_short(pl.col("name")),
+    ).with_columns(label=pl.col("op") + " #" + (pl.col("start_ns").rank("ordinal").over("iteration", "op"))
+                   .cast(pl.String))
+    # every sequence number recorded inside a forward top op names that op's layer
+    # ... the last to record it: ops before the one that makes the node record the number it will
+    # get too (BatchNorm's `num_batches_tracked.add_(1)`, the input's `.to(device)`)
+    made = (ops.filter(pl.col("seq").is_not_null()).join(forward.select("top_id", "label"), on="top_id")
+            .group_by("pid", "seq").agg(pl.col("label").sort_by("start_ns").last()))
+    backward = (tops.filter(pl.col("backward")).join(link, on="top_id", how="left")
+                .join(made.rename({"seq": "link_seq", "label": "linked"}), on=["pid", "link_seq"], how="left"))
+    labels = pl.concat([
+        forward.select("top_id", "label", pass_=pl.lit("forward"), how=pl.lit(OP_SEQUENCE),
+                       data=pl.col("op").is_in(DATA_OPS)),
+        backward.select("top_id", label=pl.coalesce("linked", _short(pl.col("name"))), pass_=pl.lit("backward"),
+                        how=pl.when(pl.col("linked").is_not_null()).then(pl.lit(AUTOGRAD_LINK))
+                        .otherwise(pl.lit(AUTOGRAD_OP)), data=pl.lit(False)),
+    ])
+    return (tops.join(labels, on="top_id", how="left")
+            .select("pid", "tid", "start_ns", "end_ns", "label", pl.col("pass_").alias("pass"), "how",
+                    "backward", "data")
+            .sort("pid", "tid", "start_ns"))
+
+
+def _short(name: pl.Expr) -> pl.Expr:
+    """An op's name as a layer reads it: `aten::conv2d` -> `conv2d`; autograd's evaluate_function
+    prefix off (`ConvolutionBackward0`)."""
+    return (name.str.replace(r"^autograd::engine::evaluate_function:\s*", "").str.replace(r"^aten::", "")
+            .str.replace(r"^torch::autograd::", ""))
+
+
+def _within(tops: pl.DataFrame, ranges: pl.DataFrame, column: str) -> pl.DataFrame:
+    """tops with `column`: whether a range of `ranges` (pid, start_ns, end_ns; none nest) of its
+    process encloses its start."""
+    if ranges.is_empty():
+        return tops.with_columns(pl.lit(False).alias(column))
+    bounds = ranges.select("pid", r_start="start_ns", r_end="end_ns").sort("r_start")
+    return (tops.sort("start_ns").join_asof(bounds, left_on="start_ns", right_on="r_start", by="pid",
+                                             strategy="backward", check_sortedness=False)
+            .with_columns((pl.col("r_end").is_not_null() & (pl.col("start_ns") < pl.col("r_end"))).alias(column))
+            .drop("r_start", "r_end"))
+
+
+def _iteration_of(tops: pl.DataFrame, iterations: pl.DataFrame) -> pl.DataFrame:
+    """tops with `iteration`: the name of the iteration range of its process open at its start
+    (null outside all)."""
+    if iterations.is_empty():
+        return tops.with_columns(iteration=pl.lit(None, pl.String))
+    bounds = iterations.select("pid", i_start="start_ns", i_end="end_ns", i_name="nm").sort("i_start")
+    return (tops.sort("start_ns").join_asof(bounds, left_on="start_ns", right_on="i_start", by="pid",
+                                             strategy="backward", check_sortedness=False)
+            .with_columns(iteration=pl.when(pl.col("start_ns") < pl.col("i_end")).then(pl.col("i_name")))
+            .drop("i_start", "i_end", "i_name"))
+
+
+def point_tops(points: pl.DataFrame, tops: pl.DataFrame) -> pl.DataFrame:
+    """For each point (pos, pid, tid, t), the top op around it: pos, label, pass, how, backward,
+    data (null columns where no top op of its thread encloses t)."""
+    at = points.drop_nulls("t").sort("t")
+    found = at.join_asof(tops.rename({"start_ns": "o_start", "end_ns": "o_end"}).sort("o_start"),
+                         left_on="t", right_on="o_start", by=["pid", "tid"], strategy="backward",
+                         check_sortedness=False)
+    inside = pl.col("t") < pl.col("o_end")
+    return found.select("pos", *[pl.when(inside).then(pl.col(c)).alias(c)
+                                 for c in ("label", "pass", "how", "backward", "data")])
+
+
+def launcher_ops(ops: pl.DataFrame, launches: Callable[[str], bool]) -> pl.DataFrame:
+    """The operators whose name a [[launcher]] rule names (`launches`: `RuleSet.launches`):
+    pid, tid, start_ns, end_ns, name. The rules are tried once per distinct name."""
+    names = ops.select(pl.col("name").unique())["name"]
+    wanted = [name for name in names.to_list() if name and launches(name)]
+    return ops.filter(pl.col("name").is_in(wanted)).select("pid", "tid", "start_ns", "end_ns", "name")
+
+
+def point_launchers(points: pl.DataFrame, launchers: pl.DataFrame) -> pl.DataFrame:
+    """For each point (pos, pid, tid, t), the launcher op around it (the last of its thread to
+    begin at or before t, if still open): pos, launcher."""
+    at = points.drop_nulls("t").sort("t")
+    found = at.join_asof(launchers.rename({"start_ns": "l_start", "end_ns": "l_end"}).sort("l_start"),
+                         left_on="t", right_on="l_start", by=["pid", "tid"], strategy="backward",
+                         check_sortedness=False)
+    return found.select("pos", launcher=pl.when(pl.col("t") < pl.col("l_end")).then(pl.col("name")))
+
+
+def with_operators(
+    index: pl.Series, contexts: pl.DataFrame, points: pl.DataFrame, tops: pl.DataFrame, *,
+    layers: bool, stage_ranges: bool, launchers: pl.DataFrame | None = None,
+) -> tuple[pl.Series, pl.DataFrame]:
+    """`attribution.point_contexts`' (index, contexts) with what the top ops say: a point under
+    an autograd op is backward; with `layers` (the trace has no layer ranges of its own), a point
+    of no layer (and not in the weight update) takes its top op's label, pass and `how` as its
+    attribution. Without `stage_ranges`, a changed pass is the point's stage too, and the work of
+    a forward op that moves data (DATA_OPS) is the data copy stage. The few distinct
+    results become new contexts (as `inference.infer_layers` does), so no string is built per point.
+    `launchers` (`launcher_ops`): contexts gain a `launcher` column, the launcher op around the
+    point, for the [[launcher]] rules that decide a kernel's library by the op that launched it."""
+    found = point_tops(points, tops)
+    if launchers is not None and not launchers.is_empty():
+        found = found.join(point_launchers(points, launchers), on="pos", how="left")
+    else:
+        found = found.with_columns(launcher=pl.lit(None, pl.String))
+    found = found.filter(pl.col("label").is_not_null() | pl.col("backward").fill_null(False)
+                         | pl.col("launcher").is_not_null())
+    if found.is_empty():
+        return index, contexts
+    for column in ("attribution", "launcher"):
+        if column not in contexts.columns:
+            contexts = contexts.with_columns(pl.lit(None, pl.String).alias(column))
+    old = contexts.with_row_index("context").join(
+        found.with_columns(context=index.gather(found["pos"])), on="context")
+    old = old.with_columns(takes=pl.lit(layers) & pl.col("layer").is_null() & (pl.col("stage") != "weight_update")
+                           & pl.col("label").is_not_null())
+    takes = pl.col("takes")
+    new_pass = (pl.when(pl.col("backward").fill_null(False)).then(pl.lit("backward"))
+                .when(takes & pl.col("pass").is_null()).then(pl.col("pass_right")).otherwise(pl.col("pass")))
+    changed = old.with_columns(
+        launcher=pl.coalesce("launcher_right", "launcher"),
+        layer=pl.when(takes).then(pl.col("label")).otherwise(pl.col("layer")),
+        attribution=pl.when(takes).then(pl.col("how")).otherwise(pl.col("attribution")),
+        new_pass=new_pass,
+    ).with_columns(
+        stage=pl.col("stage") if stage_ranges else
+        pl.when(pl.col("stage").is_in(["weight_update", "data_copy"])).then(pl.col("stage"))
+        .when(takes & pl.col("data").fill_null(False)).then(pl.lit("data_copy"))
+        .otherwise(pl.coalesce("new_pass", "stage")),
+    ).with_columns(pl.col("new_pass").alias("pass")).select("pos", "context", *contexts.columns)
+    keys = contexts.columns
+    known = contexts.with_row_index("row").unique(subset=keys, keep="first", maintain_order=True)
+    rows = changed.select(keys).unique(maintain_order=True).join(known, on=keys, how="left", nulls_equal=True,
+                                                                  maintain_order="left")
+    table = pl.concat([contexts, rows.filter(pl.col("row").is_null()).drop("row").cast(contexts.schema)],
+                      rechunk=True)
+    numbered = table.with_row_index("row").unique(subset=keys, keep="first", maintain_order=True)
+    moved = changed.join(numbered, on=keys, how="left", nulls_equal=True, maintain_order="left")
+    return index.scatter(moved["pos"], moved["row"].cast(index.dtype)), table
