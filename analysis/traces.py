@@ -11,9 +11,12 @@ def list_traces(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
 
     Columns: trace_id, name, format, tool, source_schema_version, gpus, kernel_count,
     span_ns, loaded_at, load_seconds, source_path, sha256, run (the run it is a rank of:
-    docs/multigpu.md).
+    docs/multigpu.md), structure (the conventions its structure was recorded with:
+    `structure.recognised`).
     """
-    return con.sql(
+    from traceq.analysis.structure.recognised import recognised
+
+    frame = con.sql(
         """
         SELECT trace_id, t.name, format, tool, source_schema_version, gpus, kernel_count,
                span_ns, loaded_at, load_seconds, source_path, sha256,
@@ -21,3 +24,4 @@ def list_traces(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
         FROM traces t ORDER BY trace_id
         """
     ).pl()
+    return frame.join(recognised(con), on="trace_id", how="left", maintain_order="left")

@@ -129,7 +129,8 @@ class Store:
     def traces(self) -> pl.DataFrame:
         """`traceq traces`: one row per loaded trace, oldest first (trace_id, name, format, tool,
         source_schema_version, gpus, kernel_count, span_ns, loaded_at, load_seconds, source_path,
-        sha256, run: the run it is a rank of)."""
+        sha256, run: the run it is a rank of, structure: the conventions its structure was
+        recorded with)."""
         from traceq.analysis.traces import list_traces
 
         return list_traces(self.con)

@@ -40,6 +40,7 @@ COLUMNS: dict[str, Column] = {
     # identity: what a row is
     "rank": Column("Rank", "id", 1),
     "run": Column("Run", "name", 2),
+    "structure": Column("Structure", "label", 3),
     "trace_id": Column("ID", "id", 1),
     "name": Column("Name", "name", 1),
     "short_name": Column("Name", "name", 1),

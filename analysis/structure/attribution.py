@@ -59,7 +59,7 @@ from traceq.analysis.structure.attribution_sql import (
     sql_string,
 )
 from traceq.analysis.structure.conventions import APPLICATION_DOMAINS, ITERATION_REGEX
-from traceq.analysis.structure.graphs import kernel_points_sql, replay_iterations
+from traceq.analysis.structure.graphs import kernel_points_sql, replay_iterations, replay_layers
 from traceq.analysis.structure.inference import infer_layers
 from traceq.analysis.structure.nesting import in_start_order, null_if_negative, thread_chains
 from traceq.analysis.structure.operators import OP_NAME_REGEX, launcher_ops, operator_ranges, top_ops, with_operators
@@ -91,7 +91,8 @@ def kernel_attribution(
     nvtx_path and nvtx_innermost are null and the work lighter (analyses that group by layer,
     pass, iteration or stage do not need them).
     """
-    points = con.sql(f"SELECT kernel_id AS id, pid, point_tid AS tid, point_ns AS t, time_ns AS time "
+    points = con.sql(f"SELECT kernel_id AS id, pid, point_tid AS tid, point_ns AS t, time_ns AS time, "
+                     f"launch_tid AS time_tid "
                      f"FROM ({kernel_points_sql(con, trace_id)}) ORDER BY kernel_id").pl()
     return attribute_points(con, trace_id, points, iteration_regex, paths=paths, infer=infer).rename(
         {"id": "kernel_id"})
@@ -123,7 +124,8 @@ def gpu_operations(
     t = int(trace_id)
     kernels, kernel_names = kernel_launches(con, t, ("device_id", "start_ns", "end_ns", "dur_ns"), ordered=False)
     memops = _memops(con, t)
-    points = pl.concat([kernels.select("pid", "tid", "t", "time"), memops.select("pid", "tid", "t", time="t")])
+    points = pl.concat([kernels.select("pid", "tid", "t", "time", "time_tid"),
+                        memops.select("pid", "tid", "t", time="t", time_tid="tid")])
     index, contexts = point_contexts(con, t, points, iteration_regex, paths=False)
     contexts = _with_copy_stages(contexts.select("layer", "pass", "iteration", "stage"))
     kinds = pl.concat([pl.Series(["kernel"]), memops["kind"].unique(maintain_order=True)])
@@ -213,7 +215,8 @@ def kernel_launches(
         hashes = "name AS name_h, short_name AS short_h"
     else:
         hashes = "hash(name) AS name_h, hash(short_name) AS short_h"
-    kernels = con.sql(f"SELECT kernel_id AS id, pid, point_tid AS tid, point_ns AS t, time_ns AS time"
+    kernels = con.sql(f"SELECT kernel_id AS id, pid, point_tid AS tid, point_ns AS t, time_ns AS time, "
+                      f"launch_tid AS time_tid"
                       f"{''.join(', ' + c for c in columns)}, {hashes} FROM ({kernel_points_sql(con, t)})"
                       f"{' ORDER BY kernel_id' if ordered else ''}").pl()
     key = pl.struct("name_h", "short_h")  # a lookup, not a join: joins copy every column
@@ -266,6 +269,7 @@ def point_contexts(
                                          first.group_by("pid").agg(pl.col("first_ns").min()))
     del ranges
     replay = points["time"] if "time" in points.columns else None
+    replay_tid = points["time_tid"] if "time_tid" in points.columns else None
     points = points.select("pid", "tid", "t").with_row_index("pos")
     chains, located, segments = _locate(threads, points.drop_nulls("t"), by_time_ranges, names)
     by_time, by_time_of_segment = _by_time(con, segments, by_time_ranges)
@@ -291,6 +295,13 @@ def point_contexts(
             index, contexts, points, tops, layers=not _has_layer_ranges(con, t, candidates),
             stage_ranges=by_time_ranges.filter(pl.col("is_stage") & ~pl.col("is_iter")).height > 0,
             launchers=launcher_ops(ops, default_rules().launches))
+    if replay is not None and replay_tid is not None:  # replayed work its capture placed nowhere
+
+        def contexts_at(at: pl.DataFrame) -> tuple[pl.Series, pl.DataFrame]:
+            return point_contexts(con, t, at.select("pid", "tid", "t"), iteration_regex, paths=paths, infer=False,
+                                  operators=operators)
+
+        index, contexts = replay_layers(index, contexts, points, replay, replay_tid, contexts_at)
     if not infer:
         if "attribution" in contexts.columns:
             return index, contexts

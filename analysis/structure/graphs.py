@@ -19,6 +19,8 @@ the result by (process, node). Traces without graph nodes skip it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import duckdb
 import polars as pl
 
@@ -100,3 +102,40 @@ def replay_iterations(
     table = contexts.gather(keys // (len(names) + 1)).with_columns(
         iteration=pl.concat([pl.Series([None], dtype=pl.String), names]).gather(keys % (len(names) + 1)))
     return keys.search_sorted(key).cast(pl.UInt32), table
+
+
+GRAPH_LAUNCH = "graph launch"
+GRAPH_LAYER = "CUDA graph"
+"""The layer of replayed work that no range names, at its capture or around its replay."""
+
+
+def replay_layers(
+    index: pl.Series, contexts: pl.DataFrame, points: pl.DataFrame, replay: pl.Series, replay_tid: pl.Series,
+    contexts_at: Callable[[pl.DataFrame], tuple[pl.Series, pl.DataFrame]],
+) -> tuple[pl.Series, pl.DataFrame]:
+    """Replayed work captured outside every layer and training stage (an inference step captured
+    once, then replayed inside `decode N`): it takes the layer, pass and stage of the ranges
+    around its replay's launch call (`contexts_at` attributes points: pos, pid, tid, t), or the
+    layer GRAPH_LAYER where none names one; attribution GRAPH_LAUNCH either way. Work captured
+    inside a layer or a stage keeps what its capture says."""
+    from traceq.analysis.structure.operators import recontext
+
+    moved = points["t"].is_not_null() & replay.is_not_null() & (points["t"] != replay)
+    if not moved.any():
+        return index, contexts
+    current = contexts.gather(index)
+    loose = moved & current["layer"].is_null() & (current["stage"] == "other")
+    if not loose.any():
+        return index, contexts
+    at = pl.DataFrame({"pos": points["pos"], "pid": points["pid"], "tid": replay_tid, "t": replay}).filter(loose)
+    there_index, there = contexts_at(at.with_row_index("row").select(pos="row", pid="pid", tid="tid", t="t"))
+    found = there.gather(there_index)
+    if "attribution" not in contexts.columns:
+        contexts = contexts.with_columns(attribution=pl.lit(None, pl.String))
+    changed = current.filter(loose).with_columns(
+        pos=at["pos"], layer=found["layer"].fill_null(GRAPH_LAYER), attribution=pl.lit(GRAPH_LAUNCH),
+        **{"pass": found["pass"].fill_null(current.filter(loose)["pass"])},
+        stage=pl.when(found["stage"] != "other").then(found["stage"]).otherwise(pl.col("stage")))
+    if "launcher" in contexts.columns and "launcher" not in changed.columns:
+        changed = changed.with_columns(launcher=pl.lit(None, pl.String))
+    return recontext(index, contexts, changed.select("pos", *contexts.columns))

@@ -209,6 +209,13 @@ def with_operators(
         .when(takes & pl.col("data").fill_null(False)).then(pl.lit("data_copy"))
         .otherwise(pl.coalesce("new_pass", "stage")),
     ).with_columns(pl.col("new_pass").alias("pass")).select("pos", "context", *contexts.columns)
+    return recontext(index, contexts, changed)
+
+
+def recontext(index: pl.Series, contexts: pl.DataFrame, changed: pl.DataFrame) -> tuple[pl.Series, pl.DataFrame]:
+    """(index, contexts) with the points of `changed` (pos and the columns of contexts) given
+    the contexts it says: a known row where one is equal, else a new row, one per distinct
+    context (a handful), so no string is built per point."""
     keys = contexts.columns
     known = contexts.with_row_index("row").unique(subset=keys, keep="first", maintain_order=True)
     rows = changed.select(keys).unique(maintain_order=True).join(known, on=keys, how="left", nulls_equal=True,
@@ -216,5 +223,5 @@ def with_operators(
     table = pl.concat([contexts, rows.filter(pl.col("row").is_null()).drop("row").cast(contexts.schema)],
                       rechunk=True)
     numbered = table.with_row_index("row").unique(subset=keys, keep="first", maintain_order=True)
-    moved = changed.join(numbered, on=keys, how="left", nulls_equal=True, maintain_order="left")
+    moved = changed.select("pos", *keys).join(numbered, on=keys, how="left", nulls_equal=True, maintain_order="left")
     return index.scatter(moved["pos"], moved["row"].cast(index.dtype)), table
