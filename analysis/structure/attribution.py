@@ -376,7 +376,8 @@ def _may_have_operators(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl
     emit_nvtx's ranges (a range named like an operator)."""
     if names["is_op"].any():
         return True
-    return bool(con.execute("SELECT EXISTS (SELECT 1 FROM operators WHERE trace_id = ?)", [trace_id]).fetchall()[0][0])
+    return bool(con.execute("SELECT EXISTS (SELECT 1 FROM nvtx_attributes WHERE trace_id = ? AND domain = 'cpu_op')",
+                            [trace_id]).fetchall()[0][0])
 
 
 def _has_layer_ranges(con: duckdb.DuckDBPyConnection, trace_id: int, candidates: pl.DataFrame) -> bool:

@@ -9,19 +9,21 @@ ITERATION_REGEX = (r"(?i)^\s*(((train(ing)?|global)[\s_-]*)?(iteration|iter|step
 common 'train_step 5' and 'training step 5', and an inference loop's 'decode 7'."""
 
 STAGE_NAMES = {
-    "data_copy": r"data[\s_-]*(copy|load|loading)|h2d|batch[\s_-]*(copy|load)",
+    "data_copy": r"data[\s_-]*(copy|load|loading)|h2d|batch[\s_-]*(copy|load)|enumerate\(dataloader\).*",
     "forward": r"forward|fwd|forward[\s_-]*(compute|pass|step)",
     "backward": r"backward|bwd|backward[\s_-]*(compute|pass|step)",
     "weight_update": r"weight[\s_-]*update|optimizer|optimizer[\s_-]*step|optim[\s_-]*step|opt[\s_-]*step",
 }
-"""Stage range names, by the stage they mark (whole names, any case): the paper's own
+"""Stage range names, by the stage they mark (whole names, any case, `#` and spaces around them
+aside, as PARAM's `## backward ##`): the paper's own
 (`data_copy`, `forward`, `backward`, `weight_update`) and the ones Megatron-style training loops
-use (`forward-compute`, `backward-compute`, `optimizer-step`)."""
+use (`forward-compute`, `backward-compute`, `optimizer-step`), and the profiler's
+`enumerate(DataLoader)#...` around fetching a batch."""
 
 
 def stage_of(name: str) -> str:
     """SQL: the stage the range name expression `name` marks (STAGE_NAMES), else NULL."""
-    cases = " ".join(f"WHEN regexp_full_match(lower({name}), '{pattern}') THEN '{stage}'"
+    cases = " ".join(f"WHEN regexp_full_match(trim(lower({name}), '# '), '{pattern}') THEN '{stage}'"
                      for stage, pattern in STAGE_NAMES.items())
     return f"(CASE {cases} END)"
 

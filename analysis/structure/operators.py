@@ -46,11 +46,19 @@ _BACKWARD = r"^autograd::engine::evaluate_function|Backward\d*$|AccumulateGrad"
 
 def operator_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
     """The trace's operators as ranges: pid, tid, start_ns, end_ns, name (without emit_nvtx's
-    suffix), seq (the autograd sequence number, null where none). Kineto's `operators` table where
-    it has rows, else the NVTX push/pop ranges of the default domain named like operators."""
+    suffix), seq (the autograd sequence number, null where none). Kineto's operator ranges (their
+    sequence numbers from the `operators` table, which holds those of traces recorded with
+    `record_shapes=True`), else the NVTX push/pop ranges of the default domain named like
+    operators (emit_nvtx's, which carry `seq = N` in their names)."""
     t = int(trace_id)
-    ops = con.sql(f"SELECT pid, tid, start_ns, end_ns, name, sequence_number AS seq FROM operators "
-                  f"WHERE trace_id = {t} AND pid IS NOT NULL AND tid IS NOT NULL").pl()
+    ops = con.sql(f"""
+        SELECT n.pid, n.tid, n.start_ns, n.end_ns, n.name, o.seq
+        FROM nvtx n LEFT JOIN (
+            SELECT pid, tid, start_ns, name, any_value(sequence_number) AS seq FROM operators
+            WHERE trace_id = {t} AND sequence_number IS NOT NULL GROUP BY ALL
+        ) o ON o.pid = n.pid AND o.tid = n.tid AND o.start_ns = n.start_ns AND o.name = n.name
+        WHERE n.trace_id = {t} AND n.domain = 'cpu_op' AND n.kind = 'pushpop' AND n.end_ns IS NOT NULL
+          AND n.pid IS NOT NULL AND n.tid IS NOT NULL""").pl()
     if ops.is_empty():
         ops = con.sql(f"""
             SELECT pid, tid, start_ns, end_ns, regexp_replace(name, '{_SUFFIX_REGEX}', '') AS name,

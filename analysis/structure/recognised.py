@@ -50,7 +50,7 @@ def recognised(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
             FROM names GROUP BY trace_id
         )
         SELECT t.trace_id, coalesce(f.layers, false) AS layers,
-               EXISTS (SELECT 1 FROM operators o WHERE o.trace_id = t.trace_id) AS kineto_ops,
+               EXISTS (SELECT 1 FROM nvtx_attributes a WHERE a.trace_id = t.trace_id AND a.domain = 'cpu_op') AS kineto_ops,
                coalesce(f.nvtx_ops, false) AS nvtx_ops, coalesce(f.iterations, false) AS iterations,
                coalesce(f.steps AND NOT f.iterations, false) AS steps, coalesce(f.stages, false) AS stages,
                coalesce(f.compiled, false) AS compiled,
