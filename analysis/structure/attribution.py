@@ -346,8 +346,6 @@ def _ranges(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame, 
     attributes = con.sql(f"SELECT attributes_id, pid, tid, kind = 'startend' AS startend, domain FROM nvtx_attributes "
                          f"WHERE trace_id = {trace_id} AND kind IN ('pushpop', 'startend')"
                          f"{f' AND (domain IS NULL OR domain IN ({domains}))' if application else ''}").pl()
-    # operators (Kineto's cpu_op, emit_nvtx's op ranges) are not layers: `operators` reads them
-    attributes = attributes.filter(pl.col("domain").fill_null("") != "cpu_op")
     by_hash = names["h"].is_unique().all()
     frame = con.sql(f"""
         SELECT attributes_id, start_ns, coalesce(end_ns, {_FOREVER}) AS end_ns,
@@ -363,9 +361,15 @@ def _ranges(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame, 
     def look_up(key: str, keys: pl.Series, values: pl.Series) -> pl.Expr:
         return pl.col(key).replace_strict(keys, values, return_dtype=values.dtype).alias(values.name)
 
-    ops = names.filter(pl.col("is_op"))["h" if by_hash else "name"]
-    if not ops.is_empty():
-        frame = frame.filter(~pl.col("key").is_in(ops.implode()))
+    # operators (Kineto's cpu_op ranges, emit_nvtx's op ranges) are not layers: `operators` reads
+    # them; but an old Kineto trace records its ProfilerStep#N (and optimizer) ranges as operators
+    key = "h" if by_hash else "name"
+    ops = names.filter(pl.col("is_op"))[key]
+    marks = names.filter(pl.col("is_iter") | pl.col("is_stage") | pl.col("is_optimizer"))[key]
+    cpu_op = attributes.filter(pl.col("domain") == "cpu_op")["attributes_id"]
+    if not ops.is_empty() or not cpu_op.is_empty():
+        frame = frame.filter(~pl.col("key").is_in(ops.implode())
+                             & ~(pl.col("attributes_id").is_in(cpu_op.implode()) & ~pl.col("key").is_in(marks.implode())))
     return frame.select(look_up("attributes_id", ids, attributes["pid"]), look_up("attributes_id", ids, attributes["tid"]),
                         "start_ns", "end_ns", look_up("attributes_id", ids, attributes["startend"]),
                         look_up("key", names["h" if by_hash else "name"], names["name_id"]))

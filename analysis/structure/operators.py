@@ -29,6 +29,9 @@ from collections.abc import Callable
 import duckdb
 import polars as pl
 
+from traceq.analysis.structure.attribution_sql import sql_string
+from traceq.analysis.structure.conventions import ITERATION_REGEX, stage_of
+
 OP_SEQUENCE = "op sequence"
 AUTOGRAD_LINK = "autograd link"
 AUTOGRAD_OP = "autograd op"
@@ -58,7 +61,8 @@ def operator_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFra
             WHERE trace_id = {t} AND sequence_number IS NOT NULL GROUP BY ALL
         ) o ON o.pid = n.pid AND o.tid = n.tid AND o.start_ns = n.start_ns AND o.name = n.name
         WHERE n.trace_id = {t} AND n.domain = 'cpu_op' AND n.kind = 'pushpop' AND n.end_ns IS NOT NULL
-          AND n.pid IS NOT NULL AND n.tid IS NOT NULL""").pl()
+          AND n.pid IS NOT NULL AND n.tid IS NOT NULL AND NOT starts_with(n.name, 'Optimizer.')
+          AND NOT regexp_matches(n.name, {sql_string(ITERATION_REGEX)}) AND {stage_of("n.name")} IS NULL""").pl()
     if ops.is_empty():
         ops = con.sql(f"""
             SELECT pid, tid, start_ns, end_ns, regexp_replace(name, '{_SUFFIX_REGEX}', '') AS name,
@@ -182,8 +186,9 @@ def with_operators(
     """`attribution.point_contexts`' (index, contexts) with what the top ops say: a point under
     an autograd op is backward; with `layers` (the trace has no layer ranges of its own), a point
     of no layer (and not in the weight update) takes its top op's label, pass and `how` as its
-    attribution. Without `stage_ranges`, a changed pass is the point's stage too, and the work of
-    a forward op that moves data (DATA_OPS) is the data copy stage. The few distinct
+    attribution. A point whose stage no stage range gave (`other`, or any without `stage_ranges`)
+    takes the pass as its stage, and the work of a forward op that moves data (DATA_OPS) is the
+    data copy stage. The few distinct
     results become new contexts (as `inference.infer_layers` does), so no string is built per point.
     `launchers` (`launcher_ops`): contexts gain a `launcher` column, the launcher op around the
     point, for the [[launcher]] rules that decide a kernel's library by the op that launched it."""
@@ -212,8 +217,9 @@ def with_operators(
         attribution=pl.when(takes).then(pl.col("how")).otherwise(pl.col("attribution")),
         new_pass=new_pass,
     ).with_columns(
-        stage=pl.col("stage") if stage_ranges else
-        pl.when(pl.col("stage").is_in(["weight_update", "data_copy"])).then(pl.col("stage"))
+        # a stage no range gave ('other', or with no stage ranges one read from the pass) follows the ops
+        stage=pl.when((pl.col("stage") != "other") & (pl.lit(stage_ranges) | pl.col("stage").is_in(
+            ["weight_update", "data_copy"]))).then(pl.col("stage"))
         .when(takes & pl.col("data").fill_null(False)).then(pl.lit("data_copy"))
         .otherwise(pl.coalesce("new_pass", "stage")),
     ).with_columns(pl.col("new_pass").alias("pass")).select("pos", "context", *contexts.columns)
