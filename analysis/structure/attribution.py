@@ -264,7 +264,8 @@ def point_contexts(
     optimizers = ranges.filter(pl.col("name_id").is_in(names.filter("is_optimizer")["name_id"].implode()))
     threads, by_time_ranges, forward_names = _split_ranges(ranges, names)
     if not optimizers.is_empty():  # a trace without iteration ranges: its optimizer steps
-        first = pl.concat([ranges.select("pid", first_ns="start_ns"), points.select("pid", first_ns="t")])
+        first = pl.concat([con.sql(f"SELECT pid, min(start_ns) AS first_ns FROM nvtx WHERE trace_id = {t} "
+                                   "AND pid IS NOT NULL GROUP BY pid").pl(), points.select("pid", first_ns="t")])
         by_time_ranges = step_iterations(by_time_ranges, optimizers, names,
                                          first.group_by("pid").agg(pl.col("first_ns").min()))
     del ranges
