@@ -62,7 +62,14 @@ from traceq.analysis.structure.conventions import APPLICATION_DOMAINS, ITERATION
 from traceq.analysis.structure.graphs import kernel_points_sql, replay_iterations, replay_layers
 from traceq.analysis.structure.inference import infer_layers
 from traceq.analysis.structure.nesting import in_start_order, null_if_negative, thread_chains
-from traceq.analysis.structure.operators import OP_NAME_REGEX, launcher_ops, operator_ranges, top_ops, with_operators
+from traceq.analysis.structure.operators import (
+    OP_NAME_REGEX,
+    OP_SEQUENCE,
+    launcher_ops,
+    operator_ranges,
+    top_ops,
+    with_operators,
+)
 from traceq.analysis.structure.steps import step_iterations
 from traceq.store import registered
 
@@ -127,7 +134,7 @@ def gpu_operations(
     points = pl.concat([kernels.select("pid", "tid", "t", "time", "time_tid"),
                         memops.select("pid", "tid", "t", time="t", time_tid="tid")])
     index, contexts = point_contexts(con, t, points, iteration_regex, paths=False)
-    contexts = _with_copy_stages(contexts.select("layer", "pass", "iteration", "stage"))
+    contexts = _with_copy_stages(contexts)
     kinds = pl.concat([pl.Series(["kernel"]), memops["kind"].unique(maintain_order=True)])
     names = pl.concat([kernel_names["name"], memops["name"].unique(maintain_order=True)])
     columns = ["pid", "device_id", "start_ns", "end_ns", "dur_ns"]
@@ -159,7 +166,7 @@ def copy_operations(
     memops = _memops(con, t)
     index, contexts = point_contexts(con, t, memops.select("pid", "tid", "t"), iteration_regex, paths=False,
                                      infer=False)
-    contexts = _with_copy_stages(contexts.select("layer", "pass", "iteration", "stage"))
+    contexts = _with_copy_stages(contexts)
     ops = memops.select("device_id", "start_ns", "end_ns", "dur_ns", context=_copy_context(index, contexts.height))
     return ops, contexts.select("iteration", "stage")
 
@@ -184,10 +191,15 @@ def _memops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
 
 
 def _with_copy_stages(contexts: pl.DataFrame) -> pl.DataFrame:
-    """`contexts` twice: the second time for copies to the device, which are data_copy outside
-    every stage range (`_copy_context` picks the half)."""
-    return pl.concat([contexts, contexts.with_columns(
-        stage=pl.when(pl.col("stage") != "other").then(pl.col("stage")).otherwise(pl.lit("data_copy")))])
+    """`contexts` (layer, pass, iteration, stage, attribution) twice, as layer, pass, iteration,
+    stage: the second time for copies to the device, which are data_copy outside every stage
+    range and wherever an operator placed them (`x.to(device)` in the forward pass: `operators`);
+    `_copy_context` picks the half."""
+    columns = ["layer", "pass", "iteration", "stage"]
+    by_op = pl.col("attribution").is_in([OP_SEQUENCE]).fill_null(False)
+    return pl.concat([contexts.select(columns), contexts.with_columns(
+        stage=pl.when((pl.col("stage") != "other") & ~by_op).then(pl.col("stage")).otherwise(pl.lit("data_copy")))
+        .select(columns)])
 
 
 def _copy_context(index: pl.Series, doubled: int) -> pl.Expr:
@@ -289,13 +301,16 @@ def point_contexts(
         index, contexts = replay_iterations(by_time_ranges, points, replay, index, contexts)
     candidates = names.filter(~pl.col("is_iter") & ~pl.col("is_stage") & ~pl.col("is_optimizer") & ~pl.col("is_op"))
     ops = operator_ranges(con, t) if operators and _may_have_operators(con, t, names) else None
+    tops = None
+    stage_ranges = by_time_ranges.filter(pl.col("is_stage") & ~pl.col("is_iter")).height > 0
     if ops is not None and not ops.is_empty():
         tops = top_ops(ops, optimizers.select("pid", "start_ns", "end_ns"),
                        by_time_ranges.filter(pl.col("is_iter")).select("pid", "start_ns", "end_ns", "nm"))
-        index, contexts = with_operators(
-            index, contexts, points, tops, layers=not _has_layer_ranges(con, t, candidates),
-            stage_ranges=by_time_ranges.filter(pl.col("is_stage") & ~pl.col("is_iter")).height > 0,
-            launchers=launcher_ops(ops, default_rules().launches))
+        layers = not _has_layer_ranges(con, t, candidates)
+        index, contexts = with_operators(index, contexts, points, tops, layers=layers, stage_ranges=stage_ranges,
+                                         launchers=launcher_ops(ops, default_rules().launches))
+        if layers:
+            tops = None  # every point an op could name has its op's layer already
     if replay is not None and replay_tid is not None:  # replayed work its capture placed nowhere
 
         def contexts_at(at: pl.DataFrame) -> tuple[pl.Series, pl.DataFrame]:
@@ -315,7 +330,12 @@ def point_contexts(
                 .filter(~pl.col("startend") & (pl.col("end_ns") > pl.col("start_ns")))
                 .join(candidates, on="name_id").select("pid", "start_ns", "end_ns", "nm"))
 
-    return infer_layers(points, index, contexts, by_time_ranges, layer_ranges)
+    index, contexts = infer_layers(points, index, contexts, by_time_ranges, layer_ranges)
+    if tops is not None:  # layer ranges, but outside them no rule placed some work: its op names it
+        placed = contexts["attribution"].str.starts_with("none").fill_null(True)
+        open_ = contexts.with_columns(layer=pl.when(placed).then(pl.lit(None, pl.String)).otherwise(pl.col("layer")))
+        return with_operators(index, open_, points, tops, layers=True, stage_ranges=stage_ranges)
+    return index, contexts
 
 
 # --------------------------------------------------------------------------------------------

@@ -39,9 +39,6 @@ AUTOGRAD_OP = "autograd op"
 OP_NAME_REGEX = r"^(aten|autograd|torch|prim|c10d|inductor|triton)::|Backward\d*(,|$)|^AccumulateGrad|, (seq|op_id) = "
 """Range names that are PyTorch operators: ATen and autograd ops as Kineto and emit_nvtx name them."""
 
-DATA_OPS = ("to", "_to_copy", "copy_")
-"""Forward top ops that move data (`x.to(device)`): their work is the data copy stage."""
-
 _SEQ_REGEX = r",\s*seq\s*=\s*(\d+)"
 _SUFFIX_REGEX = r",\s*(seq|op_id|sizes|input_op_ids)\s*=.*$"
 _BACKWARD = r"^autograd::engine::evaluate_function|Backward\d*$|AccumulateGrad"
@@ -76,8 +73,7 @@ def operator_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFra
 def top_ops(ops: pl.DataFrame, optimizer_ranges: pl.DataFrame, iteration_ranges: pl.DataFrame) -> pl.DataFrame:
     """The outermost operator of every nest on each thread, with what it says: pid, tid,
     start_ns, end_ns, label (the layer it names), pass, how (OP_SEQUENCE, AUTOGRAD_LINK,
-    AUTOGRAD_OP; null inside an optimizer's range), backward, data (a forward op of DATA_OPS),
-    sorted by (pid, tid, start_ns).
+    AUTOGRAD_OP; null inside an optimizer's range), backward, sorted by (pid, tid, start_ns).
 
     optimizer_ranges: pid, start_ns, end_ns of the optimizers' ranges; iteration_ranges: pid,
     start_ns, end_ns, nm of the iteration ranges (forward ops are numbered per iteration)."""
@@ -106,15 +102,14 @@ def top_ops(ops: pl.DataFrame, optimizer_ranges: pl.DataFrame, iteration_ranges:
     backward = (tops.filter(pl.col("backward")).join(link, on="top_id", how="left")
                 .join(made.rename({"seq": "link_seq", "label": "linked"}), on=["pid", "link_seq"], how="left"))
     labels = pl.concat([
-        forward.select("top_id", "label", pass_=pl.lit("forward"), how=pl.lit(OP_SEQUENCE),
-                       data=pl.col("op").is_in(DATA_OPS)),
+        forward.select("top_id", "label", pass_=pl.lit("forward"), how=pl.lit(OP_SEQUENCE)),
         backward.select("top_id", label=pl.coalesce("linked", _short(pl.col("name"))), pass_=pl.lit("backward"),
                         how=pl.when(pl.col("linked").is_not_null()).then(pl.lit(AUTOGRAD_LINK))
-                        .otherwise(pl.lit(AUTOGRAD_OP)), data=pl.lit(False)),
+                        .otherwise(pl.lit(AUTOGRAD_OP))),
     ])
     return (tops.join(labels, on="top_id", how="left")
             .select("pid", "tid", "start_ns", "end_ns", "label", pl.col("pass_").alias("pass"), "how",
-                    "backward", "data")
+                    "backward")
             .sort("pid", "tid", "start_ns"))
 
 
@@ -150,15 +145,15 @@ def _iteration_of(tops: pl.DataFrame, iterations: pl.DataFrame) -> pl.DataFrame:
 
 
 def point_tops(points: pl.DataFrame, tops: pl.DataFrame) -> pl.DataFrame:
-    """For each point (pos, pid, tid, t), the top op around it: pos, label, pass, how, backward,
-    data (null columns where no top op of its thread encloses t)."""
+    """For each point (pos, pid, tid, t), the top op around it: pos, label, pass, how, backward
+    (null columns where no top op of its thread encloses t)."""
     at = points.drop_nulls("t").sort("t")
     found = at.join_asof(tops.rename({"start_ns": "o_start", "end_ns": "o_end"}).sort("o_start"),
                          left_on="t", right_on="o_start", by=["pid", "tid"], strategy="backward",
                          check_sortedness=False)
     inside = pl.col("t") < pl.col("o_end")
     return found.select("pos", *[pl.when(inside).then(pl.col(c)).alias(c)
-                                 for c in ("label", "pass", "how", "backward", "data")])
+                                 for c in ("label", "pass", "how", "backward")])
 
 
 def launcher_ops(ops: pl.DataFrame, launches: Callable[[str], bool]) -> pl.DataFrame:
@@ -187,8 +182,8 @@ def with_operators(
     an autograd op is backward; with `layers` (the trace has no layer ranges of its own), a point
     of no layer (and not in the weight update) takes its top op's label, pass and `how` as its
     attribution. A point whose stage no stage range gave (`other`, or any without `stage_ranges`)
-    takes the pass as its stage, and the work of a forward op that moves data (DATA_OPS) is the
-    data copy stage. The few distinct
+    takes the pass as its stage (a copy to the device an op placed is the data copy stage all the
+    same: `attribution._with_copy_stages`). The few distinct
     results become new contexts (as `inference.infer_layers` does), so no string is built per point.
     `launchers` (`launcher_ops`): contexts gain a `launcher` column, the launcher op around the
     point, for the [[launcher]] rules that decide a kernel's library by the op that launched it."""
@@ -220,7 +215,6 @@ def with_operators(
         # a stage no range gave ('other', or with no stage ranges one read from the pass) follows the ops
         stage=pl.when((pl.col("stage") != "other") & (pl.lit(stage_ranges) | pl.col("stage").is_in(
             ["weight_update", "data_copy"]))).then(pl.col("stage"))
-        .when(takes & pl.col("data").fill_null(False)).then(pl.lit("data_copy"))
         .otherwise(pl.coalesce("new_pass", "stage")),
     ).with_columns(pl.col("new_pass").alias("pass")).select("pos", "context", *contexts.columns)
     return recontext(index, contexts, changed)
