@@ -394,7 +394,7 @@ CREATE TABLE kernel_contexts (
     stage VARCHAR,                         -- 'data_copy', 'forward', 'backward', 'weight_update' or 'other'
     library VARCHAR,                       -- by the operation that launched the kernel where a [[launcher]] rule says, else by its name (`traceq libs`)
     precision VARCHAR,                     -- 'fp64', 'fp32', 'tf32', 'fp16', 'bf16', 'fp8' or 'int8', as `traceq ce` reads it without --spec or --precision
-    precision_from VARCHAR,                -- 'kernel name', 'operator dtype' or 'assumed float32'
+    precision_from VARCHAR,                -- 'kernel name', 'operator dtype', 'assumed float32' or 'unknown' (attention, precision null)
     attribution VARCHAR                    -- 'range' (inside a layer range), 'rule: ...' (the rule that gave the layer) or 'none: ...' (why there is none)
 );
 

@@ -78,10 +78,18 @@ class _Facts:
         return trace_peaks(self.con, self.trace_id)
 
     @cached_property
+    def ru_launches(self) -> pl.DataFrame:
+        """`ru.kernel_launch_groups`: each kernel name's launch configurations with their RU."""
+        from traceq.analysis.efficiency.ru import kernel_launch_groups
+
+        return kernel_launch_groups(self.con, self.trace_id)
+
+    @cached_property
     def ru(self) -> pl.DataFrame:
         from traceq.analysis.efficiency.ru import ru_table
 
-        return ru_table(self.con, self.trace_id, "kernel", iteration_regex=self.iteration_regex)
+        return ru_table(self.con, self.trace_id, "kernel", iteration_regex=self.iteration_regex,
+                        launches=self.ru_launches)
 
     @cached_property
     def gemm_layers(self) -> tuple[pl.DataFrame, int]:
@@ -93,7 +101,7 @@ class _Facts:
         rule that reads the fact to meet again, on the calling thread."""
         own, self.con = self.con, con
         try:
-            for fact in ("launch_table", "classified", "peaks", "ru", "gemm_layers"):
+            for fact in ("launch_table", "classified", "peaks", "ru_launches", "ru", "gemm_layers"):
                 try:
                     getattr(self, fact)
                 except Exception:  # noqa: BLE001 (raised again where the rule reads it)
@@ -270,7 +278,10 @@ def _label(row: dict[str, object]) -> str:
 
 def _fp32_math(facts: _Facts) -> list[Finding]:
     """Convolution and GEMM kernels in FP32 (by name, or a name that says no precision) without
-    tensor cores, on a GPU that has them."""
+    tensor cores, on a GPU that has them. Attention kernels (FlashAttention, cuDNN's SDPA, fused
+    MHA: operation 'attention') and the math libraries' helpers (split-K reductions, workspace
+    initialisation, epilogues, offset tables: reduction, memset, elementwise, indexing) are
+    neither, by their classification (kernel_rules.toml)."""
     peaks = facts.peaks
     if peaks.is_empty():
         return []
@@ -280,8 +291,7 @@ def _fp32_math(facts: _Facts) -> list[Finding]:
         return []
     kernels = facts.classified.filter(pl.col("operation").is_in(["gemm", "convolution"])
                                       & ~pl.col("tensor_cores").fill_null(False)
-                                      & pl.col("precision").fill_null("fp32").eq("fp32")
-                                      & ~pl.col("name").str.contains("(?i)reduce|init|workspace"))
+                                      & pl.col("precision").fill_null("fp32").eq("fp32"))
     if kernels.is_empty():
         return []
     tf32 = cc >= TF32_CC
@@ -318,7 +328,7 @@ def _transposed_gemms(facts: _Facts) -> list[Finding]:
              .agg(layers=pl.col("layer").unique().sort().str.join("/"), launches=pl.len(), total_ns=pl.col("dur_ns").sum()))
     twins = gemms.filter(pl.col("gemm_variant") == "nn").select("base", nn_ns="total_ns")
     slow = (gemms.filter(pl.col("gemm_variant") != "nn").join(twins, on="base")
-            .filter(pl.col("total_ns") >= TRANSPOSED_RATIO * pl.col("nn_ns"))
+            .filter((pl.col("nn_ns") > 0) & (pl.col("total_ns") >= TRANSPOSED_RATIO * pl.col("nn_ns")))
             .with_columns(excess_ns=(pl.col("total_ns") - pl.col("nn_ns")) * scale)
             .sort("excess_ns", descending=True))
     if slow.is_empty():
@@ -387,19 +397,60 @@ def _low_ru(facts: _Facts) -> list[Finding]:
                                                    maintain_order="left"))
     if low.is_empty():
         return []
-    lines = []
+    lines, limiter = [], None
     for r in low.head(3).iter_rows(named=True):
+        configs = _configurations(facts.ru_launches, r["name"])
+        if configs.height > 1:  # several grids or block sizes: described by all of them, never by one
+            line, dominant = _several_configurations(r, configs)
+            lines.append(line)
+            limiter = limiter or dominant
+            continue
         why = ("its grid fills less than one wave" if (r["waves"] or 0) < 1 else "its last wave is partly empty")
         blocks = ("an unknown grid" if r["grid_blocks"] is None
                   else f"{r['grid_blocks']:,} block{'s' if r['grid_blocks'] != 1 else ''}")
         lines.append(f"{_label(r)}: RU {100 * r['ru']:.0f} %, {why} ({blocks} of {r['block_threads']} threads, "
                      f"{r['blocks_per_sm']} per SM, limiter {r['limiter']}), {_ms(r['total_ns'])}")
-    limiter = str(low.row(0, named=True)["limiter"] or "")
+        limiter = limiter or str(r["limiter"] or "")
+    limiter = limiter or ""
     fix = ("Fill the GPU: a larger batch, or fusing or batching small kernels, for grids under one wave; "
            "for the limiter, " + "; ".join(_LIMITER_FIX[part] for part in limiter.split("+") if part in _LIMITER_FIX)
            if limiter else "Fill the GPU: a larger batch, or fusing or batching small kernels")
     return [Finding("low_ru", "Kernels that leave GPU block slots empty (low RU)", float(low["waste_ns"].sum()),
                     "; ".join(lines), fix)]
+
+
+def _configurations(launches: pl.DataFrame, name: str) -> pl.DataFrame:
+    """The launch configurations (grid_blocks, block_threads) of kernel `name` in `launches`
+    (`ru.kernel_launch_groups`), most kernel time first: launches, total_ns, and the
+    blocks_per_sm, limiter and waves of the heaviest launch group among them."""
+    mine = launches.filter(pl.col("name") == name).sort("dur_ns", "first_kernel", descending=[True, False])
+    return (mine.group_by("grid_blocks", "block_threads", maintain_order=True)
+            .agg(launches=pl.col("instances").sum(), total_ns=pl.col("dur_ns").sum().cast(pl.Float64),
+                 blocks_per_sm=pl.col("blocks_per_sm").first(), limiter=pl.col("limiter").first(),
+                 waves=pl.col("waves").first())
+            .sort("total_ns", descending=True, maintain_order=True))
+
+
+def _several_configurations(r: dict[str, object], configs: pl.DataFrame) -> tuple[str, str]:
+    """A low-RU kernel that ran with several grids or block sizes: the range of its grids and
+    block sizes, then the configuration that took most of its time, with its share ("8 to 2,048
+    blocks of 128 threads; 86 % of its time with 8 blocks, under one wave (12 per SM, limiter
+    registers)"). Returns the line and that configuration's limiter."""
+    def span(column: str) -> str:
+        low, high = configs[column].min(), configs[column].max()
+        return "unknown" if low is None else f"{low:,}" if low == high else f"{low:,} to {high:,}"
+
+    top = configs.row(0, named=True)
+    share = 100 * top["total_ns"] / max(float(configs["total_ns"].sum()), 1.0)
+    threads = configs["block_threads"].n_unique() > 1
+    with_ = ("an unknown grid" if top["grid_blocks"] is None else f"{top['grid_blocks']:,} blocks"
+             + (f" of {top['block_threads']} threads" if threads else ""))
+    why = "under one wave" if (top["waves"] or 0) < 1 else "its last wave partly empty"
+    line = (f"{_label(r)}: RU {100 * float(r['ru']):.0f} %, {int(configs['launches'].sum()):,} launches in "
+            f"{configs.height} configurations, {span('grid_blocks')} blocks of {span('block_threads')} threads; "
+            f"{share:.0f} % of its time with {with_}, {why} ({top['blocks_per_sm']} per SM, limiter "
+            f"{top['limiter']}), {_ms(float(r['total_ns']))}")
+    return line, str(top["limiter"] or "")
 
 
 RULES: dict[str, Callable[[_Facts], list[Finding]]] = {

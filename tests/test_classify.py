@@ -658,7 +658,7 @@ CASES = [
      "cuDNN", "convolution", "forward", "implicit_gemm", None, None, True),
     # kineto_json/pytorch__kineto__resnet50_autograd_api_num_workers_0__worker0.pt.trace
     ("cask_cudnn::computeOffsetsKernel(cask_cudnn::ComputeOffsetsParams)",
-     "cuDNN", "convolution", None, None, None, None, False),
+     "cuDNN", "indexing", None, None, None, None, False),
     # reference/lenet_b256_cudnn
     (("void implicit_convolve_sgemm<float, float, (int)1024, (int)5, (int)5, (int)3, (in"
       "t)3, (int)3, (int)1, (bool)0, (bool)0, (bool)1>(int, int, int, const T1 *, int, T"
@@ -700,7 +700,7 @@ CASES = [
      "cuDNN", "convolution", None, "fft", None, None, False),
     # nsys_sqlite/MohanadOdema__DLProf__nsys_profile
     ("void flip_filter<float, float>(T2 *, const T1 *, int, int, int, int)",
-     "cuDNN", "convolution", None, None, None, None, False),
+     "cuDNN", "layout_transform", None, None, None, None, False),
     # kineto_json/pytorch__kineto__resnet50_autograd_api_num_workers_0__worker0.pt.trace
     (("void pointwise_mult_and_sum_complex<float2, 8, 4>(float2*, float2*, float2*, int,"
       " int, int, int, int, float2)"),
@@ -708,7 +708,7 @@ CASES = [
     # nsys_sqlite/MohanadOdema__DLProf__nsys_profile
     (("compute_gemm_pointers(float2 **, const float2 *, int, const float2 *, int, const "
       "float2 *, int, int)"),
-     "cuDNN", "convolution", None, "fft", None, None, False),
+     "cuDNN", "indexing", None, "fft", None, None, False),
     # nsys_sqlite/MohanadOdema__DLProf__w_Relu__nsys_profile
     ("volta_gcgemm_32x32_nt",
      "cuDNN", "convolution", None, "fft", None, "nt", False),
@@ -724,7 +724,7 @@ CASES = [
     (("void cublasLt::epilogue::impl::globalKernel<(int)8, (int)32, float, float, float,"
       " (bool)1, (bool)1, (int)1>(int, int, long, T3 *, cublasLtEpilogue_t, int, T4 *, l"
       "ong, void *, long, long, long, T5 *, long, int *)"),
-     "cuBLAS", "gemm", None, None, None, None, False),
+     "cuBLAS", "elementwise", None, None, None, None, False),
     # kineto_json/facebookresearch__param__dlrm_kineto__worker0_step_12.1694128201545.pt.trace
     (("void gemmSN_TN_kernel<float, 128, 16, 2, 4, 8, 9, false, cublasGemvTensorStridedB"
       "atched<float const>, cublasGemvTensorStridedBatched<float const>, cublasGemvTenso"
@@ -924,7 +924,7 @@ CASES = [
       "28, 128, 4, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits"
       "<64, 128, 128, 4, cutlass::bfloat16_t> >, false, true, false, false, false, true,"
       " false>(pytorch_flash::Flash_fwd_params)"),
-     "PyTorch ATen", "attention", None, None, None, None, False),
+     "PyTorch ATen", "attention", None, None, None, None, True),
     # nvprof_sqlite/josiahdavis__profiling-lm__net.sql
     (("void cunn_ClassNLLCriterion_updateOutput_kernel<float, float>(float*, float*, flo"
       "at*, long*, float*, int, int, int, int, long)"),
@@ -1113,7 +1113,60 @@ CASES = [
       "hread::LinearCombination<float, (int)4, float, float, (cutlass__5x_cudnn::epilogu"
       "e::thread::ScaleType::Kind)0, (cutlass__5x_cudnn::FloatRoundStyle)2>, cutlass__5x"
       "_cudnn::reduction::thread::ReduceAdd<float, float, (int)4>, (int)4>>(T1::Params)"),
-     "cuDNN", "convolution", None, None, None, None, False),
+     "cuDNN", "reduction", None, None, None, None, False),
+    # sample_traces/alexnet_b256_amp.sqlite: the split-K reduction stores half, adds in float
+    (("void cutlass__5x_cudnn::Kernel<cutlass__5x_cudnn::reduction::kernel::ReduceSplitK"
+      "<cutlass__5x_cudnn::MatrixShape<(int)4, (int)256>, cutlass__5x_cudnn::epilogue::t"
+      "hread::LinearCombination<cutlass__5x_cudnn::half_t, (int)8, float, float, (cutlas"
+      "s__5x_cudnn::epilogue::thread::ScaleType::Kind)0, (cutlass__5x_cudnn::FloatRoundS"
+      "tyle)2>, cutlass__5x_cudnn::reduction::thread::ReduceAdd<float, float, (int)8>, ("
+      "int)4>>(T1::Params)"),
+     "cuDNN", "reduction", None, None, None, None, False),
+    # reference/alexnet_b128_cudnn: cuDNN's workspace initialisation before an xmma convolution
+    (("void cask_plugin__5x_cudnn::xmma__5x_cudnn::init_device_workspace_kernel<xmma__5x_"
+      "cudnn::implicit_gemm::fprop::Warp_specialized_params_non_template<xmma__5x_cudnn::"
+      "Grid_constant_params>>(T1, bool)"),
+     "cuDNN", "memset", "forward", "implicit_gemm", None, None, False),
+    # reference/alexnet_b128_cudnn: cuBLASLt's split-K reduction
+    (("void cublasLt::splitKreduce_kernel<(int)32, (int)16, int, float, float, float, float,"
+      " (bool)0, float, float, float, (bool)1, (bool)0, (bool)0, (bool)0>(cublasLt::cublasS"
+      "plitKParams<T6>, const T4 *, const T10 *, T9 *, T5 *, const T6 *, const T6 *, const"
+      " T11 *, const T4 *, T11 *, void *, long, T6 *, int *, T6 *, T6 *, const T6 *, const "
+      "T6 *, const T6 *, const T6 *, const T6 *)"),
+     "cuBLAS", "reduction", None, None, None, None, False),
+    # sample_traces/resnet50_b32_amp_ops.sqlite: cuDNN's weight-gradient reduction
+    ("void cudnn::cnn::reduce_wgrad_nchw_helper<float, __half>(void *, const void *, T1, int, int)",
+     "cuDNN", "reduction", "weight_gradient", None, None, None, False),
+    # kineto_json/facebookresearch__param__dlrm_kineto__worker0: the second pass of cuBLAS's dot
+    (("void reduce_1Block_kernel<float, 128, 7, cublasGemvTensorStridedBatched<float>, cubla"
+      "sGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float> >(float"
+      " const*, float, cublasGemvTensorStridedBatched<float>, int, float const*, float, cubl"
+      "asGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float>, cubla"
+      "sPointerMode_t, cublasLtEpilogue_t, cublasGemvTensorStridedBatched<biasType<cublasGem"
+      "vTensorStridedBatched<float>::value_type, float>::type const>)"),
+     "cuBLAS", "reduction", None, None, None, None, False),
+    # sample_traces/conventions/gpt_nsys_graph_infer.sqlite (ours): cuDNN's fused attention, whose
+    # name says fprop like a convolution's
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64_4x1x1_cga1x1x1_kernel0_0",
+     "cuDNN", "attention", "forward", None, None, None, True),
+    # sample_traces/conventions/gpt_nsys_train_step.sqlite (ours): its backward
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_cga1x1x1_kernel0_0",
+     "cuDNN", "attention", None, None, None, None, True),
+    # sample_traces/multigpu/fsdp_transformer_2gpu_rank0.sqlite (ours): ATen's memory-efficient
+    # attention on float, 3xTF32 on tensor cores from sm80
+    (("fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float,"
+      " cutlass::arch::Sm80, (bool)1, (int)64, (int)64, (int)64, (bool)1, (bool)1>::Params)"),
+     "PyTorch ATen", "attention", None, None, None, None, True),
+    (("fmha_cutlassB_f32_aligned_64x64_k64_sm80(PyTorchMemEffAttention::AttentionBackwardKern"
+      "el<cutlass::arch::Sm80, float, (bool)1, (bool)0, (bool)0, (int)64, (int)64, (int)64, ("
+      "bool)0>::Params)"),
+     "PyTorch ATen", "attention", None, None, None, None, True),
+    # nsys_more/GindaChen__nsys-ai__fixtures__mfu_2gpu_before: the flash-attn package
+    (("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<(int)128, (int)128, (int)64, (in"
+      "t)4, (bool)0, (bool)0, cutlass::bfloat16_t, Flash_kernel_traits<(int)128, (int)128, ("
+      "int)64, (int)4, cutlass::bfloat16_t>>, (bool)0, (bool)0, (bool)0, (bool)0, (bool)0, ("
+      "bool)1, (bool)0, (bool)0>(flash::Flash_fwd_params)"),
+     "FlashAttention", "attention", None, None, None, None, True),
     # nsys_sqlite/wenscarl__cutlass_benchmark__report1
     (CUTLASS_GEMM,
      "CUTLASS", "gemm", None, None, None, None, True),

@@ -82,7 +82,7 @@ def kernels() -> dict[str, list[Kernel]]:
     found = {}
     for path in RECORDINGS:
         modelled, eligible = _kernels(path)
-        # the rest are helpers the rules name (workspace, split-K reductions): a few percent of the time
+        # the rest are kernels the tile rules leave out (split-K passes, GEMV, ...): a few percent of the time
         share = sum(k.measured["time"] for k in modelled) / eligible
         assert share >= 0.9, f"{path.name}: {100 * share:.1f} % of the convolution and GEMM time modelled"
         found[path.name[:-11]] = modelled

@@ -125,14 +125,15 @@ def kernel_ce(con: duckdb.DuckDBPyConnection, trace_id: int, *, spec: Path | Non
     `flops.op_flops` with op_row, when the caller has them).
 
     Columns: kernel_id, name, library, operation, tensor_cores, layer, pass, device_id, dur_ns,
-    precision (fp64 ... int8), precision_from ('--precision', 'kernel name', 'operator dtype' or
-    'assumed float32'), peak_flops (FLOP/s of that precision on the kernel's GPU; null where the
+    precision (fp64 ... int8), precision_from ('--precision', 'kernel name', 'operator dtype',
+    'assumed float32' or 'unknown'), peak_flops (FLOP/s of that precision on the kernel's GPU; null where the
     GPU has none), flops.
 
     A kernel's precision is `precision` when given, else what its name says
     (`[[precision]]` rules), else its operator's data type (the spec layer's dtype, or the
     recorded input type of the Kineto operator that launched it), else float32; float32 means
-    TF32 on a kernel whose name shows tensor cores.
+    TF32 on a kernel whose name shows tensor cores. An attention kernel is never assumed
+    float32: where neither its name nor its operator says, its precision is null ('unknown').
 
     FLOPs come from the model spec when given (a layer's FLOPs per step times the times its
     range occurs, spread over its convolution and GEMM kernels by `distribute_flops`; the batch
@@ -183,7 +184,8 @@ def kernel_precisions(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl
     from traceq.analysis.kernels.classify import classify_names
 
     names = (classify_names(kernels["name"].unique().cast(pl.String))  # names may come categorical
-             .select(pl.col("name").cast(kernels.schema["name"]), "tensor_cores", name_precision="precision"))
+             .select(pl.col("name").cast(kernels.schema["name"]), "operation", "tensor_cores",
+                     name_precision="precision"))
     dtypes = kernel_op_rows(con, trace_id).select("kernel_id", "dtype")
     k = kernels.select("kernel_id", "name").join(names, on="name", how="left").join(dtypes, on="kernel_id", how="left")
     return _with_precision(k, None).select("kernel_id", "tensor_cores", "precision", "precision_from")
@@ -234,16 +236,21 @@ def _spec_flops(con: duckdb.DuckDBPyConnection, trace_id: int, layers: pl.DataFr
 
 
 def _with_precision(k: pl.DataFrame, precision: str | None) -> pl.DataFrame:
-    """`k` (name_precision, dtype, tensor_cores) with precision and precision_from."""
+    """`k` (name_precision, dtype, tensor_cores, operation) with precision and precision_from.
+    Attention kernels (FlashAttention, cuDNN's SDPA, fused MHA) run fp16, bf16 or fp8 on tensor
+    cores: one whose name and operator say nothing is left unknown, not assumed float32."""
     if precision is not None:
         return k.with_columns(precision=pl.lit(precision), precision_from=pl.lit("--precision"))
     dtype = pl.col("dtype").replace_strict(_DTYPE_PRECISION, default=None)
     by_dtype = pl.when(dtype.eq("fp32") & pl.col("tensor_cores").fill_null(False)).then(pl.lit("tf32")).otherwise(dtype)
-    assumed = pl.when(pl.col("tensor_cores").fill_null(False)).then(pl.lit("tf32")).otherwise(pl.lit("fp32"))
+    attention = pl.col("operation").eq("attention").fill_null(False) if "operation" in k.columns else pl.lit(False)
+    assumed = (pl.when(attention).then(pl.lit(None, pl.String))
+               .when(pl.col("tensor_cores").fill_null(False)).then(pl.lit("tf32")).otherwise(pl.lit("fp32")))
     return k.with_columns(
         precision=pl.coalesce("name_precision", by_dtype, assumed),
         precision_from=pl.when(pl.col("name_precision").is_not_null()).then(pl.lit("kernel name"))
-        .when(dtype.is_not_null()).then(pl.lit("operator dtype")).otherwise(pl.lit("assumed float32")))
+        .when(dtype.is_not_null()).then(pl.lit("operator dtype"))
+        .when(attention).then(pl.lit("unknown")).otherwise(pl.lit("assumed float32")))
 
 
 def _unplaced_rows(k: pl.DataFrame, layers: pl.DataFrame, precision: str | None) -> pl.DataFrame:

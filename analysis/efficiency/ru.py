@@ -150,9 +150,11 @@ _KEYS = {GroupBy.kernel: ["name"], GroupBy.layer: ["layer", "pass"], GroupBy.lib
 
 def ru_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = GroupBy.kernel, *,
              cc: str | None = None, sms: int | None = None,
-             iteration_regex: str = ITERATION_REGEX, groups: pl.DataFrame | None = None) -> pl.DataFrame:
+             iteration_regex: str = ITERATION_REGEX, groups: pl.DataFrame | None = None,
+             launches: pl.DataFrame | None = None) -> pl.DataFrame:
     """RU and occupancy per kernel name, layer or library, heaviest first (`groups`: the trace's
-    `layers.launch_groups`, when the caller has them).
+    `layers.launch_groups`, when the caller has them; `launches`: by kernel, the trace's
+    `kernel_launch_groups`, when the caller has them).
 
     Columns: the keys (name | layer, pass | library), kernels, total_ns, then for `kernel`: the
     launch shape of the group's longest launch (grid_blocks, block_threads, registers_per_thread,
@@ -168,9 +170,12 @@ def ru_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: GroupBy | str = 
     their library, layer and pass (`layers.launch_groups`, `_attributed_groups`).
     """
     by = GroupBy(by)
-    if groups is None and (by is GroupBy.kernel or by is GroupBy.library and not _has_launchers(con, trace_id)):
+    if by is not GroupBy.kernel or groups is not None:
+        launches = None  # the kernel launch groups stand for the launches by kernel only
+    if launches is None and groups is None and (
+            by is GroupBy.kernel or by is GroupBy.library and not _has_launchers(con, trace_id)):
         launches = _launch_groups(con, trace_id, cc=cc, sms=sms, library=by is GroupBy.library)
-    else:
+    elif launches is None:
         if groups is None:
             groups = launch_groups(con, trace_id, iteration_regex)
         launches = _attributed_groups(con, trace_id, groups, cc=cc, sms=sms)
@@ -211,6 +216,18 @@ _SHAPE_SQL = ("c.grid_x::BIGINT * c.grid_y * c.grid_z AS grid_blocks, q.device_i
               "c.block_x * c.block_y * c.block_z AS block_threads, c.registers_per_thread, c.smem_static_bytes, "
               "c.smem_dynamic_bytes, c.smem_carveout_bytes, c.kineto_occupancy_pct")
 """A launch's grid, shape and Kineto occupancy from its configuration c and queue q, as `_with_ru` takes them."""
+
+
+def kernel_launch_groups(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | None = None,
+                         sms: int | None = None) -> pl.DataFrame:
+    """The trace's launches grouped per kernel name, launch shape, grid and device, each group
+    with its RU: name, grid_blocks, device_id, block_threads, registers_per_thread,
+    smem_static_bytes, smem_dynamic_bytes, smem_carveout_bytes, kineto_occupancy_pct, instances,
+    dur_ns (their total), longest_ns, first_kernel, then `_shape_occupancy`'s and `_with_ru`'s
+    columns (blocks_per_sm, limiter, occupancy, max_blocks, waves, ru, ...). A kernel name that
+    ran with several configurations has a row for each: `ru_table` by kernel sums them into one
+    row, `advise` tells them apart."""
+    return _launch_groups(con, trace_id, cc=cc, sms=sms, library=False)
 
 
 def _launch_groups(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | None, sms: int | None,
