@@ -42,12 +42,13 @@ PAIRS = [("alexnet_b256_cudnn", "alexnet_b64_nocache"), ("alexnet_b256_cudnn", "
 
 
 def commands() -> list[list[str]]:
-    """Every command line, without --db and -f json (added when run)."""
+    """Every command line, without --db and -f json (added when run); `SAMPLES/` stands for the
+    sample folder, wherever the checkout is, so the lines name the outputs the same everywhere."""
     out: list[list[str]] = [["traces"]]
     names = [Path(f).name.split(".")[0] for f in SINGLE]
     for name in names:
         out += [[*c, "-t", name] for c in TRACE_COMMANDS]
-    spec = str(SAMPLES / "alexnet.model.toml")
+    spec = "SAMPLES/alexnet.model.toml"  # the sample folder's path is put in when the command runs
     for name in ("alexnet_b256_cudnn", "alexnet_b128_cudnn"):
         out += [[*c, "-t", name, "--spec", spec] for c in SPEC_COMMANDS]
     for run in ("ddp_resnet18_2gpu", *RUNS):
@@ -58,7 +59,7 @@ def commands() -> list[list[str]]:
             ["compare", "ddp50", "ddp50k", "--by", "stage"]]
     out += [["occupancy", "--cc", "9.0", "--threads", "256", "--regs", "64", "--grid", "4096", "--sms", "132"],
             ["sql", "SELECT t.name, count(*) AS n FROM kernels k JOIN traces t USING (trace_id) GROUP BY ALL ORDER BY ALL"]]
-    lenet = str(SAMPLES / "lenet.model.toml")
+    lenet = "SAMPLES/lenet.model.toml"
     out += [[*c, "-t", "lenet_b256_cudnn", "--spec", lenet] for c in SPEC_COMMANDS]
     return out
 
@@ -84,6 +85,8 @@ def run(db: Path, command: list[str]) -> dict[str, object]:
     from traceq.cli import app
 
     store = [] if command[0] == "occupancy" else ["--db", str(db)]
+    command = [str(SAMPLES / word.removeprefix("SAMPLES/")) if word.startswith("SAMPLES/") else word
+               for word in command]
     result = CliRunner().invoke(app, [*command, *store, "-f", "json"])
     return {"exit": result.exit_code, "stdout": result.stdout if result.exit_code == 0 else result.stderr.strip()}
 
