@@ -63,8 +63,8 @@ from traceq.analysis.structure.graphs import kernel_points_sql, replay_iteration
 from traceq.analysis.structure.inference import infer_layers
 from traceq.analysis.structure.nesting import in_start_order, null_if_negative, thread_chains
 from traceq.analysis.structure.operators import (
-    OP_NAME_REGEX,
     OP_SEQUENCE,
+    is_operator,
     launcher_ops,
     operator_ranges,
     top_ops,
@@ -324,11 +324,9 @@ def point_contexts(
         return index, contexts.with_columns(attribution=pl.lit(None, pl.String))
 
     def layer_ranges() -> pl.DataFrame:  # read again only when a launch needs them
-        candidates = names.filter(~pl.col("is_iter") & ~pl.col("is_stage") & ~pl.col("is_optimizer")
-                                  & ~pl.col("is_op")).select("name_id", "nm")
         return (_ranges(con, t, names, application=True)
                 .filter(~pl.col("startend") & (pl.col("end_ns") > pl.col("start_ns")))
-                .join(candidates, on="name_id").select("pid", "start_ns", "end_ns", "nm"))
+                .join(candidates.select("name_id", "nm"), on="name_id").select("pid", "start_ns", "end_ns", "nm"))
 
     index, contexts = infer_layers(points, index, contexts, by_time_ranges, layer_ranges)
     if tops is not None:  # layer ranges, but outside them no rule placed some work: its op names it
@@ -348,7 +346,7 @@ def _range_names(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex:
     is_stage, is_backward, is_optimizer, is_op (a PyTorch operator: `operators`)."""
     return con.sql(f"""
         SELECT hash(name) AS h, name, {name_flags("name", iteration_regex)},
-               regexp_matches(name, {sql_string(OP_NAME_REGEX)}) AND NOT starts_with(name, 'Optimizer.') AS is_op
+               {is_operator("name")} AS is_op
         FROM (SELECT DISTINCT coalesce(name, '') AS name FROM nvtx
               WHERE trace_id = {trace_id} AND kind IN ('pushpop', 'startend'))
     """).pl().with_row_index("name_id")

@@ -25,6 +25,7 @@ import duckdb
 import polars as pl
 
 from traceq.analysis.intervals import last_at_or_before
+from traceq.analysis.structure.operators import recontext
 
 MAX_CLONES = 64
 """Clone chains are followed this deep at most (a graph cloned from a clone, ...)."""
@@ -118,8 +119,6 @@ def replay_layers(
     around its replay's launch call (`contexts_at` attributes points: pos, pid, tid, t), or the
     layer GRAPH_LAYER where none names one; attribution GRAPH_LAUNCH either way. Work captured
     inside a layer or a stage keeps what its capture says."""
-    from traceq.analysis.structure.operators import recontext
-
     moved = points["t"].is_not_null() & replay.is_not_null() & (points["t"] != replay)
     if not moved.any():
         return index, contexts

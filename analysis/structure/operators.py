@@ -29,18 +29,25 @@ from collections.abc import Callable
 import duckdb
 import polars as pl
 
+from traceq.analysis.intervals import last_at_or_before
 from traceq.analysis.structure.attribution_sql import sql_string
-from traceq.analysis.structure.conventions import ITERATION_REGEX, stage_of
+from traceq.analysis.structure.conventions import ITERATION_REGEX, SUFFIX_REGEX, stage_of
 
 OP_SEQUENCE = "op sequence"
 AUTOGRAD_LINK = "autograd link"
 AUTOGRAD_OP = "autograd op"
 
 OP_NAME_REGEX = r"^(aten|autograd|torch|prim|c10d|inductor|triton)::|Backward\d*(,|$)|^AccumulateGrad|, (seq|op_id) = "
-"""Range names that are PyTorch operators: ATen and autograd ops as Kineto and emit_nvtx name them."""
+"""Range names that are PyTorch operators: ATen and autograd ops as Kineto and emit_nvtx name them
+(emit_nvtx gives the optimizer's ranges an `op_id` too: `is_operator` leaves them out)."""
 
 _SEQ_REGEX = r",\s*seq\s*=\s*(\d+)"
-_SUFFIX_REGEX = r",\s*(seq|op_id|sizes|input_op_ids)\s*=.*$"
+
+
+def is_operator(name: str) -> str:
+    """SQL: whether the range name expression `name` is a PyTorch operator's (OP_NAME_REGEX, and
+    not an optimizer's range)."""
+    return f"(regexp_matches({name}, {sql_string(OP_NAME_REGEX)}) AND NOT starts_with({name}, 'Optimizer.'))"
 _BACKWARD = r"^autograd::engine::evaluate_function|Backward\d*$|AccumulateGrad"
 
 
@@ -62,11 +69,10 @@ def operator_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFra
           AND NOT regexp_matches(n.name, {sql_string(ITERATION_REGEX)}) AND {stage_of("n.name")} IS NULL""").pl()
     if ops.is_empty():
         ops = con.sql(f"""
-            SELECT pid, tid, start_ns, end_ns, regexp_replace(name, '{_SUFFIX_REGEX}', '') AS name,
+            SELECT pid, tid, start_ns, end_ns, regexp_replace(name, '{SUFFIX_REGEX}', '') AS name,
                    TRY_CAST(regexp_extract(name, '{_SEQ_REGEX}', 1) AS BIGINT) AS seq
             FROM nvtx WHERE trace_id = {t} AND kind = 'pushpop' AND domain IS NULL AND end_ns IS NOT NULL
-              AND pid IS NOT NULL AND tid IS NOT NULL AND regexp_matches(name, '{OP_NAME_REGEX}')
-              AND NOT starts_with(name, 'Optimizer.')""").pl()
+              AND pid IS NOT NULL AND tid IS NOT NULL AND {is_operator("name")}""").pl()
     return ops.with_columns(pl.col("seq").cast(pl.Int64))
 
 
@@ -120,40 +126,41 @@ def _short(name: pl.Expr) -> pl.Expr:
             .str.replace(r"^torch::autograd::", ""))
 
 
+def _open_at(ranges: pl.DataFrame, by: list[str], points: pl.DataFrame, time: pl.Series,
+             columns: list[str]) -> pl.DataFrame:
+    """For each point (row of `points`, at `time`), `columns` of the range of `ranges` (start_ns,
+    end_ns, `by`, `columns`; none nest within one group) with the same `by` values begun last
+    at or before the time, if the time is before its end; nulls elsewhere. One binary search per
+    point (`intervals.last_at_or_before`)."""
+    def group(frame: pl.DataFrame) -> pl.Series:
+        return frame[by[0]] if len(by) == 1 else frame.select(pl.struct(by).hash()).to_series()
+
+    ranges = ranges.drop_nulls(by)  # a range of no process or thread encloses nothing
+    row = last_at_or_before(group(ranges), ranges["start_ns"], group(points), time)
+    inside = ranges["end_ns"].gather(row) > time
+    return pl.DataFrame([pl.select(pl.when(inside).then(ranges[c].gather(row))).to_series().alias(c)
+                         for c in columns])
+
+
 def _within(tops: pl.DataFrame, ranges: pl.DataFrame, column: str) -> pl.DataFrame:
     """tops with `column`: whether a range of `ranges` (pid, start_ns, end_ns; none nest) of its
     process encloses its start."""
-    if ranges.is_empty():
-        return tops.with_columns(pl.lit(False).alias(column))
-    bounds = ranges.select("pid", r_start="start_ns", r_end="end_ns").sort("r_start")
-    return (tops.sort("start_ns").join_asof(bounds, left_on="start_ns", right_on="r_start", by="pid",
-                                             strategy="backward", check_sortedness=False)
-            .with_columns((pl.col("r_end").is_not_null() & (pl.col("start_ns") < pl.col("r_end"))).alias(column))
-            .drop("r_start", "r_end"))
+    found = _open_at(ranges.with_columns(inside=pl.lit(True)), ["pid"], tops, tops["start_ns"], ["inside"])
+    return tops.with_columns(found["inside"].fill_null(False).alias(column))
 
 
 def _iteration_of(tops: pl.DataFrame, iterations: pl.DataFrame) -> pl.DataFrame:
     """tops with `iteration`: the name of the iteration range of its process open at its start
     (null outside all)."""
-    if iterations.is_empty():
-        return tops.with_columns(iteration=pl.lit(None, pl.String))
-    bounds = iterations.select("pid", i_start="start_ns", i_end="end_ns", i_name="nm").sort("i_start")
-    return (tops.sort("start_ns").join_asof(bounds, left_on="start_ns", right_on="i_start", by="pid",
-                                             strategy="backward", check_sortedness=False)
-            .with_columns(iteration=pl.when(pl.col("start_ns") < pl.col("i_end")).then(pl.col("i_name")))
-            .drop("i_start", "i_end", "i_name"))
+    found = _open_at(iterations.cast({"nm": pl.String}), ["pid"], tops, tops["start_ns"], ["nm"])
+    return tops.with_columns(iteration=found["nm"])
 
 
 def point_tops(points: pl.DataFrame, tops: pl.DataFrame) -> pl.DataFrame:
     """For each point (pos, pid, tid, t), the top op around it: pos, label, pass, how, backward
     (null columns where no top op of its thread encloses t)."""
-    at = points.drop_nulls("t").sort("t")
-    found = at.join_asof(tops.rename({"start_ns": "o_start", "end_ns": "o_end"}).sort("o_start"),
-                         left_on="t", right_on="o_start", by=["pid", "tid"], strategy="backward",
-                         check_sortedness=False)
-    inside = pl.col("t") < pl.col("o_end")
-    return found.select("pos", *[pl.when(inside).then(pl.col(c)).alias(c)
-                                 for c in ("label", "pass", "how", "backward")])
+    found = _open_at(tops, ["pid", "tid"], points, points["t"], ["label", "pass", "how", "backward"])
+    return pl.concat([points.select("pos"), found], how="horizontal")
 
 
 def launcher_ops(ops: pl.DataFrame, launches: Callable[[str], bool]) -> pl.DataFrame:
@@ -167,11 +174,8 @@ def launcher_ops(ops: pl.DataFrame, launches: Callable[[str], bool]) -> pl.DataF
 def point_launchers(points: pl.DataFrame, launchers: pl.DataFrame) -> pl.DataFrame:
     """For each point (pos, pid, tid, t), the launcher op around it (the last of its thread to
     begin at or before t, if still open): pos, launcher."""
-    at = points.drop_nulls("t").sort("t")
-    found = at.join_asof(launchers.rename({"start_ns": "l_start", "end_ns": "l_end"}).sort("l_start"),
-                         left_on="t", right_on="l_start", by=["pid", "tid"], strategy="backward",
-                         check_sortedness=False)
-    return found.select("pos", launcher=pl.when(pl.col("t") < pl.col("l_end")).then(pl.col("name")))
+    found = _open_at(launchers, ["pid", "tid"], points, points["t"], ["name"])
+    return pl.concat([points.select("pos"), found.rename({"name": "launcher"})], how="horizontal")
 
 
 def with_operators(

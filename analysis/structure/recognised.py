@@ -9,7 +9,7 @@ import polars as pl
 
 from traceq.analysis.structure.attribution_sql import sql_string
 from traceq.analysis.structure.conventions import APPLICATION_DOMAINS, ITERATION_REGEX, stage_of
-from traceq.analysis.structure.operators import OP_NAME_REGEX
+from traceq.analysis.structure.operators import is_operator
 
 LABELS = {
     "layers": "layer ranges",
@@ -29,7 +29,7 @@ def recognised(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """trace_id, structure: for every trace, the conventions found in it (LABELS' values joined
     by ', '; 'none' for a trace with no ranges at all)."""
     domains = ", ".join(sql_string(d) for d in APPLICATION_DOMAINS if d != "cpu_op")
-    op = f"regexp_matches(name, {sql_string(OP_NAME_REGEX)}) AND NOT starts_with(name, 'Optimizer.')"
+    op = is_operator("name")
     frame = con.sql(f"""
         WITH names AS (
             SELECT DISTINCT trace_id, coalesce(name, '') AS name, domain FROM nvtx
