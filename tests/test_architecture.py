@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SKIP = {"tests", "bench", "tools", "build", "sample_traces", "docs"}
 
 LAYERS = [
-    ("base", ("traceq", "traceq.errors", "traceq.units")),
+    ("base", ("traceq", "traceq.errors", "traceq.units", "traceq.text")),
     ("store", ("traceq.store", "traceq.dataset")),
     ("ingest", ("traceq.ingest",)),
     ("analysis", ("traceq.analysis",)),

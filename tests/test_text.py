@@ -1,0 +1,22 @@
+"""text.visible shows control characters as escapes; the expectations are written out by hand."""
+
+from traceq.text import visible
+
+
+def test_escape_sequences_become_visible():
+    assert visible("\x1b[2Jgemm") == "\\x1b[2Jgemm"
+    assert visible("\x1b]0;title\x07k") == "\\x1b]0;title\\x07k"
+    assert visible("a\u202eb") == "a\\u202eb"
+    assert visible("\x9b31m") == "\\x9b31m"
+
+
+def test_line_breaks_escaped_unless_kept():
+    assert visible("a\nb\tc") == "a\\x0ab\\x09c"
+    assert visible("a\nb", keep_newlines=True) == "a\nb"
+    assert visible("a\x1bb", keep_newlines=True) == "a\\x1bb"
+
+
+def test_ordinary_text_unchanged():
+    name = "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(Params) µs ±"
+    assert visible(name) == name
+    assert visible(123) == "123"
