@@ -24,7 +24,7 @@ def test_every_subpackage_is_declared() -> None:
 
 def test_no_stray_root_modules() -> None:
     """Every root .py ships inside the wheel as traceq.<name> (caveat 1): keep only package modules."""
-    allowed = {"__init__.py", "__main__.py", "dataset.py", "errors.py", "store.py", "units.py"}
+    allowed = {"__init__.py", "__main__.py", "dataset.py", "errors.py", "store.py", "text.py", "units.py"}
     assert {p.name for p in ROOT.glob("*.py")} <= allowed
     assert not (ROOT / "tests" / "__init__.py").exists(), "tests/__init__.py brings back the double import"
 
