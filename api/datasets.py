@@ -87,7 +87,7 @@ def dask_client(scheduler: str | None = None, workers: int | None = None) -> Ite
         from distributed import Client, LocalCluster
     except ImportError:
         raise TraceqError("loading into a dataset runs on Dask, which is not installed here: "
-                          "pip install 'traceq[dask]'") from None
+                          "pip install 'traceq-gpu[dask]'") from None
     if scheduler is None:
         import logging
 

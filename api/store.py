@@ -350,7 +350,7 @@ def load_dataset(paths: list[str | Path], dataset: str | Path, *, run: str | Non
     ranks); `open(dataset=...)` reads the dataset.
 
     Raises TraceFormatError for a file traceq cannot read and TraceqError for a name taken,
-    before anything starts; TraceqError when Dask is not installed (`traceq[dask]`).
+    before anything starts; TraceqError when Dask is not installed (`traceq-gpu[dask]`).
     """
     from traceq.api.datasets import DatasetLoad, dask_client, plan_load
     from traceq.api.datasets import load_dataset as load_on

@@ -20,6 +20,7 @@ LAYERS = [
     ("analysis", ("traceq.analysis",)),
     ("render", ("traceq.render",)),
     ("api", ("traceq.api",)),
+    ("agents", ("traceq.agents",)),
     ("cli", ("traceq.cli", "traceq.__main__")),
 ]
 """Each layer imports only layers above it in this list, and itself."""

@@ -355,7 +355,7 @@ def test_without_dask_the_load_names_the_extra(tmp_path: Path, monkeypatch: pyte
     result = runner.invoke(app, ["load", str(sample("lenet_b256_cudnn.sqlite")), "--dataset", str(tmp_path / "ds")])
     assert result.exit_code == 1
     assert result.stderr == ("traceq: loading into a dataset runs on Dask, which is not installed here: "
-                             "pip install 'traceq[dask]'\n")
+                             "pip install 'traceq-gpu[dask]'\n")
 
 
 def test_dataset_options_are_checked(tmp_path: Path) -> None:
