@@ -30,13 +30,14 @@ from traceq.errors import TraceFormatError, TraceqError
 from traceq.ingest.base import LoadOptions, Reader, Sink, Source, SourceInfo
 from traceq.ingest.detect import reader_for
 from traceq.ingest.kineto import KinetoReader
+from traceq.ingest.xplane import XPlaneReader
 from traceq.ingest.nsys import NsysReader
 from traceq.ingest.nvprof import NvprofReader
 from traceq.ingest.sqlite_source import source_damage
 from traceq.ingest.validate import unlink_shared_correlations
 from traceq.store import delete_trace, first_row
 
-READERS: tuple[Reader, ...] = (NsysReader(), NvprofReader(), KinetoReader())
+READERS: tuple[Reader, ...] = (NsysReader(), NvprofReader(), KinetoReader(), XPlaneReader())
 
 LOAD_SETTINGS = {"memory_limit": "400MB", "threads": "1"}
 """DuckDB settings while a load runs (the connection's own are restored afterwards). Rows a load

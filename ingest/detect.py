@@ -52,6 +52,12 @@ def reader_for(path: Path, readers: tuple[Reader, ...]) -> Reader:
             f"`nsys export --type sqlite {path}` and load the .sqlite ({hint})"
         )
     text = _json_head(path, head)
+    if text is None:
+        with path.open("rb") as f:
+            probe = f.read(1 << 16)
+        for reader in readers:
+            if reader.container == "protobuf" and reader.sniff(probe):
+                return reader
     if text is not None:
         for reader in readers:
             if reader.container == "json" and reader.sniff(text):
@@ -59,7 +65,8 @@ def reader_for(path: Path, readers: tuple[Reader, ...]) -> Reader:
         raise TraceFormatError(f"{path} is JSON but not a PyTorch profiler (Kineto) trace: it has no traceEvents")
     raise TraceFormatError(
         f"{path} is not a trace traceq can read: expected an Nsight Systems SQLite export "
-        "(`nsys export --type sqlite`), an nvprof database or a PyTorch profiler (Kineto) JSON trace"
+        "(`nsys export --type sqlite`), an nvprof database, a PyTorch profiler (Kineto) JSON trace "
+        "or a JAX/TensorFlow profile (*.xplane.pb)"
     )
 
 

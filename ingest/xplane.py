@@ -1,0 +1,313 @@
+"""Reads a JAX / TensorFlow profile (`*.xplane.pb`, the `XSpace` protobuf that
+`jax.profiler.trace` and TensorFlow's profiler write under `plugins/profile/<run>/`).
+
+An XSpace holds planes; a plane holds lines (a GPU stream, a host thread) of events, each event
+naming its metadata (the kernel or function name) and carrying stats (key-value pairs whose keys,
+and string values given by reference, are the plane's stat metadata). Times: a line's
+`timestamp_ns` plus an event's `offset_ps`; durations in picoseconds (stored as whole ns).
+
+What goes where (docs/schema.md, "XPlane"):
+- `/device:GPU:N` planes: device N; the plane's stats give the GPU (vendor, cores, clock in kHz,
+  memory, bandwidth, compute capability or gfx version). Their `Stream #S(...)` lines hold kernels
+  of stream S (`kernel_details`: grid, block, registers, shared/group memory) and copies
+  (`memcpy_details`, or a name starting with Memcpy/Memset).
+- `/host:CPU`: an event with a `correlation_id` is a runtime API call (cuLaunchKernel,
+  hipModuleLaunchKernel, ...) of the line's thread; the other events with a duration are ranges of
+  that thread (TraceMe annotations, Python functions: kind 'pushpop', domain = the line's name
+  without its numeric suffix); MemoryAllocation/MemoryDeallocation events are memory events.
+- XLA's own structure, as xprof derives its "XLA Ops" and "XLA Modules" lines: each kernel's
+  `hlo_op` becomes a range `Thunk:#hlo_op=OP#` over the kernel (domain 'XLA Ops'), and runs of
+  kernels of one `hlo_module`/`program_id` a range `XlaModule:#hlo_module=M,program_id=P#`
+  (domain 'XLA Modules'; a new execution starts where the module's first op comes again): the
+  names XLA gives its NVTX ranges under nsys, so one recogniser reads both.
+The file has no process ids: every event is process 0 (kernels find their launches by
+correlation id within it).
+"""
+
+from __future__ import annotations
+
+import mmap
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from traceq.errors import TraceFormatError
+from traceq.ingest import protobuf as pb
+from traceq.ingest.base import LoadOptions, Sink, SourceInfo
+
+PID = 0
+"""XPlane records no process: every event is this process's."""
+_DEVICE = re.compile(r"^/device:GPU:(\d+)")
+_STREAM = re.compile(r"^Stream #(\d+)")
+_SUFFIX = re.compile(r"[/ ]?\d+$")
+
+
+@dataclass
+class Line:
+    id: int = 0
+    name: str = ""
+    timestamp_ns: int = 0
+    events: list[pb.Span] = field(default_factory=list)
+
+
+@dataclass
+class Plane:
+    name: str = ""
+    lines: list[Line] = field(default_factory=list)
+    event_names: dict[int, str] = field(default_factory=dict)
+    stat_names: dict[int, str] = field(default_factory=dict)
+    stats: list[pb.Span] = field(default_factory=list)
+
+
+@dataclass
+class Event:
+    """One event, decoded: start and end in ns, its name, and its stats by name."""
+
+    start_ns: int
+    end_ns: int | None
+    name: str
+    stats: dict[str, Any]
+
+
+class XPlaneSource:
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = path.open("rb")
+        try:
+            self.buf: Any = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            self._file.close()
+            raise TraceFormatError(f"{path} is empty (0 bytes), not a trace") from None
+
+    def close(self) -> None:
+        self.buf.close()
+        self._file.close()
+
+
+def looks_like_xspace(head: bytes) -> bool:
+    """True when `head` starts like an XSpace: field 1 (a plane, length-delimited) whose first
+    fields are a plane's (id, name), the name one the profilers write ('/host:', '/device:',
+    'Task Environment', ...)."""
+    try:
+        key, pos = pb.varint(head, 0)
+        if key != (1 << 3 | 2):  # field 1, length-delimited
+            return False
+        length, pos = pb.varint(head, pos)
+        end = min(pos + length, len(head))
+        key, inner = pb.varint(head, pos)
+        if key == (1 << 3 | 0):  # the plane's id first, then its name
+            _, inner = pb.varint(head, inner)
+            key, inner = pb.varint(head, inner)
+        if key != (2 << 3 | 2):
+            return False
+        size, inner = pb.varint(head, inner)
+        if inner + size > end:
+            return False
+        name = pb.text(head, (inner, inner + size))
+        return name.startswith(("/host:", "/device:", "/gpu:", "Task Environment", "/custom:"))
+    except (pb.WireError, ValueError):
+        return False
+    return False
+
+
+class XPlaneReader:
+    """Reads a JAX / TensorFlow XPlane profile (`*.xplane.pb`)."""
+
+    name: ClassVar[str] = "xplane"
+    container: ClassVar[str] = "protobuf"
+
+    def sniff(self, head: bytes) -> bool:
+        return looks_like_xspace(head)
+
+    def open(self, path: Path, options: LoadOptions) -> XPlaneSource:
+        return XPlaneSource(Path(path))
+
+    def estimate_rows(self, src: XPlaneSource) -> int:
+        return len(src.buf)
+
+    def read(self, src: XPlaneSource, sink: Sink) -> SourceInfo:
+        try:
+            planes, hosts = _planes(src.buf)
+        except pb.WireError as e:
+            raise TraceFormatError(f"{src.path} is a damaged XPlane protobuf ({e})") from None
+        tables = _Tables()
+        for plane in planes:
+            device = _DEVICE.match(plane.name)
+            if device:
+                _read_device(src.buf, plane, int(device.group(1)), tables)
+            elif plane.name.startswith("/host:"):
+                _read_host(src.buf, plane, tables)
+        tables.write(sink)
+        if sink.progress is not None:
+            sink.progress(len(src.buf))
+        return SourceInfo(format="xplane", tool="JAX/TensorFlow profiler (XPlane)"
+                          + (f", host {', '.join(hosts)}" if hosts else ""))
+
+
+def _planes(buf: Any) -> tuple[list[Plane], list[str]]:
+    planes, hosts = [], []
+    for number, wire, value in pb.fields(buf):
+        if number == 1 and wire == 2:
+            planes.append(_plane(buf, value))  # type: ignore[arg-type]
+        elif number == 4 and wire == 2:
+            hosts.append(pb.text(buf, value))
+    return planes, hosts
+
+
+def _plane(buf: Any, span: pb.Span) -> Plane:
+    plane = Plane()
+    for number, wire, value in pb.fields(buf, *span):
+        if wire != 2:
+            continue
+        if number == 2:
+            plane.name = pb.text(buf, value)
+        elif number == 3:
+            plane.lines.append(_line(buf, value))  # type: ignore[arg-type]
+        elif number in (4, 5):  # map<int64, XEventMetadata | XStatMetadata>: entries of (key 1, value 2)
+            key, meta = _map_entry(buf, value)  # type: ignore[arg-type]
+            if meta is not None:
+                names = plane.event_names if number == 4 else plane.stat_names
+                names[key] = _metadata_name(buf, meta, key, names_display=number == 4)
+        elif number == 6:
+            plane.stats.append(value)  # type: ignore[arg-type]
+    return plane
+
+
+def _map_entry(buf: Any, span: pb.Span) -> tuple[int, pb.Span | None]:
+    key, meta = 0, None
+    for number, wire, value in pb.fields(buf, *span):
+        if number == 1 and wire == 0:
+            key = pb.signed(value)  # type: ignore[arg-type]
+        elif number == 2 and wire == 2:
+            meta = value
+    return key, meta  # type: ignore[return-value]
+
+
+def _metadata_name(buf: Any, span: pb.Span, key: int, *, names_display: bool) -> str:
+    """An XEventMetadata's name (its display_name where the name is empty) or an XStatMetadata's."""
+    name = display = ""
+    for number, wire, value in pb.fields(buf, *span):
+        if number == 2 and wire == 2:
+            name = pb.text(buf, value)
+        elif number == 4 and wire == 2 and names_display:
+            display = pb.text(buf, value)
+    return name or display or f"#{key}"
+
+
+def _line(buf: Any, span: pb.Span) -> Line:
+    line = Line()
+    display = ""
+    for number, wire, value in pb.fields(buf, *span):
+        if number == 1 and wire == 0:
+            line.id = pb.signed(value)  # type: ignore[arg-type]
+        elif number == 2 and wire == 2:
+            line.name = pb.text(buf, value)
+        elif number == 11 and wire == 2:
+            display = pb.text(buf, value)
+        elif number == 3 and wire == 0:
+            line.timestamp_ns = pb.signed(value)  # type: ignore[arg-type]
+        elif number == 4 and wire == 2:
+            line.events.append(value)  # type: ignore[arg-type]
+    line.name = line.name or display
+    return line
+
+
+def _stats(buf: Any, plane: Plane, spans: list[pb.Span]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for span in spans:
+        key, value = None, None
+        for number, wire, raw in pb.fields(buf, *span):
+            if number == 1 and wire == 0:
+                key = plane.stat_names.get(pb.signed(raw), f"#{raw}")  # type: ignore[arg-type]
+            elif number == 2 and wire == 1:
+                value = pb.double(raw)
+            elif number == 3 and wire == 0:
+                value = raw
+            elif number == 4 and wire == 0:
+                value = pb.signed(raw)  # type: ignore[arg-type]
+            elif number in (5, 6) and wire == 2:
+                value = pb.text(buf, raw)
+            elif number == 7 and wire == 0:  # a string given by reference to a stat metadata's name
+                value = plane.stat_names.get(raw, "")  # type: ignore[call-overload]
+        if key is not None:
+            out[key] = value
+    return out
+
+
+def _events(buf: Any, plane: Plane, line: Line) -> Iterator[Event]:
+    for span in line.events:
+        meta, offset_ps, duration_ps, stat_spans = 0, 0, None, []
+        for number, wire, value in pb.fields(buf, *span):
+            if number == 1 and wire == 0:
+                meta = value
+            elif number == 2 and wire == 0:
+                offset_ps = pb.signed(value)  # type: ignore[arg-type]
+            elif number == 3 and wire == 0:
+                duration_ps = pb.signed(value)  # type: ignore[arg-type]
+            elif number == 4 and wire == 2:
+                stat_spans.append(value)
+        start = line.timestamp_ns + offset_ps // 1000
+        end = start + duration_ps // 1000 if duration_ps else None
+        yield Event(start, end, plane.event_names.get(meta, f"#{meta}"), _stats(buf, plane, stat_spans))  # type: ignore[call-overload]
+
+
+@dataclass
+class _Tables:
+    """The rows a profile makes, gathered per store table (XPlane files are small: megabytes)."""
+
+    kernels: list[dict[str, Any]] = field(default_factory=list)
+    memops: list[dict[str, Any]] = field(default_factory=list)
+    calls: list[tuple[int, int, str, int, int | None]] = field(default_factory=list)
+    ranges: list[tuple[int, int | None, str, str, str, int | None, int | None]] = field(default_factory=list)
+    memory: list[dict[str, Any]] = field(default_factory=list)
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+
+    def write(self, sink: Sink) -> None:
+        from traceq.ingest.xplane_tables import write_tables
+
+        write_tables(self, sink)
+
+
+def _read_device(buf: Any, plane: Plane, device: int, tables: _Tables) -> None:
+    from traceq.ingest.xplane_tables import gpu_row, kernel_row, memop_row
+
+    tables.gpus.append(gpu_row(device, _stats(buf, plane, plane.stats)))
+    for line in plane.lines:
+        stream = _STREAM.match(line.name)
+        if stream is None:  # derived lines (XLA Ops, Steps, ...) some writers add: made here from the kernels
+            continue
+        for event in _events(buf, plane, line):
+            if event.end_ns is None:
+                continue
+            copy = "memcpy_details" in event.stats or event.name.lower().startswith(("memcpy", "memset"))
+            row = (memop_row if copy else kernel_row)(event, device, int(stream.group(1)))
+            (tables.memops if copy else tables.kernels).append(row)
+
+
+def _read_host(buf: Any, plane: Plane, tables: _Tables) -> None:
+    from traceq.ingest.xplane_tables import memory_row
+
+    for line in plane.lines:
+        tid = _thread_id(line)
+        domain = _SUFFIX.sub("", line.name) or "host"
+        for event in _events(buf, plane, line):
+            if event.name in ("MemoryAllocation", "MemoryDeallocation"):
+                tables.memory.append(memory_row(event, tid))
+            elif "correlation_id" in event.stats and event.end_ns is not None:
+                tables.calls.append((event.start_ns, event.end_ns, event.name, tid,
+                                     _int(event.stats.get("correlation_id"))))
+            elif event.end_ns is not None:
+                tables.ranges.append((event.start_ns, event.end_ns, event.name, "pushpop", domain, PID, tid))
+
+
+def _thread_id(line: Line) -> int:
+    """The thread a host line is: the number in 'Host Threads/1083', else the line's id."""
+    found = re.search(r"/(\d+)$", line.name)
+    return int(found.group(1)) if found and line.name.startswith("Host Threads") else line.id
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+

@@ -1,0 +1,262 @@
+"""The store rows of an XPlane profile (ingest/xplane.py decodes the file): kernels with their
+configurations from `kernel_details`, copies from `memcpy_details`, API calls, ranges (host
+TraceMe events, and the XLA op and module ranges derived from the kernels' `hlo_op`,
+`hlo_module` and `program_id`), memory events and GPUs."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from traceq.ingest.base import (
+    KERNEL_CONFIG_COLUMNS,
+    KERNEL_QUEUE_COLUMNS,
+    Names,
+    Sink,
+    api_names,
+    api_threads,
+    kernel_batch,
+    kernel_configs,
+    kernel_names,
+    kernel_queues,
+    numbered,
+    nvtx_attributes,
+)
+
+if TYPE_CHECKING:
+    from traceq.ingest.xplane import Event, _Tables
+
+PID = 0
+_DETAIL = re.compile(r"(\w+):([^\s]+)")
+_COPY_KINDS = {"htod": "Host-to-Device", "h2d": "Host-to-Device", "dtoh": "Device-to-Host",
+               "d2h": "Device-to-Host", "dtod": "Device-to-Device", "d2d": "Device-to-Device",
+               "ptop": "Peer-to-Peer", "p2p": "Peer-to-Peer"}
+_XLA_OPS, _XLA_MODULES = "XLA Ops", "XLA Modules"
+
+
+def _details(text: Any) -> dict[str, str]:
+    """'grid:16,32,1 block:256,1,1 group_mem:33792' -> {'grid': '16,32,1', ...}."""
+    return dict(_DETAIL.findall(text)) if isinstance(text, str) else {}
+
+
+def _number(text: str | None) -> int | None:
+    try:
+        return int(float(text)) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _dims(text: str | None) -> list[int | None]:
+    parts = (text or "").split(",")
+    return [_number(p) for p in parts[:3]] + [None] * (3 - len(parts[:3])) if text else [None, None, None]
+
+
+def kernel_row(event: Event, device: int, stream: int) -> dict[str, Any]:
+    """A kernel: its times, correlation id, launch configuration (NVIDIA's `regs`,
+    `static_shared`, `dynamic_shared`; AMD's `group_mem` (LDS per workgroup, stored as static
+    shared memory) and `private_mem` (scratch per work-item)) and XLA's names for it."""
+    d = _details(event.stats.get("kernel_details"))
+    grid, block = _dims(d.get("grid")), _dims(d.get("block"))
+    static = _number(d.get("static_shared")) if "static_shared" in d else _number(d.get("group_mem"))
+    return {
+        "start_ns": event.start_ns, "end_ns": event.end_ns, "name": event.name,
+        "correlation_id": _int(event.stats.get("correlation_id")), "graph_node_id": None,
+        "device_id": device, "context_id": None, "stream_id": stream, "pid": PID,
+        "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2],
+        "block_x": block[0], "block_y": block[1], "block_z": block[2],
+        "registers_per_thread": _number(d.get("regs")), "smem_static_bytes": static,
+        "smem_dynamic_bytes": _number(d.get("dynamic_shared")), "smem_carveout_bytes": None, "smem_optin": None,
+        "local_memory_per_thread_bytes": _number(d.get("private_mem")), "local_memory_total_bytes": None,
+        "launch_type": None,
+        "hlo_op": _text(event.stats.get("hlo_op")), "hlo_module": _text(event.stats.get("hlo_module")),
+        "program_id": _int(event.stats.get("program_id")),
+    }
+
+
+def memop_row(event: Event, device: int, stream: int) -> dict[str, Any]:
+    d = _details(event.stats.get("memcpy_details"))
+    memset = event.name.lower().startswith("memset")
+    kind = (d.get("kind") or "").lower()
+    if kind not in _COPY_KINDS:  # 'Unknown' on ROCm: the event's name says ('CopyDeviceToDevice', 'MemcpyH2D')
+        words = re.sub(r"(?i)^(memcpy|copy)", "", event.name).lower()
+        kind = {"hosttodevice": "htod", "devicetohost": "dtoh", "devicetodevice": "dtod",
+                "peertopeer": "ptop"}.get(words, words)
+    return {"start_ns": event.start_ns, "end_ns": event.end_ns, "dur_ns": event.end_ns - event.start_ns,
+            "op": "memset" if memset else "memcpy",
+            "copy_kind": None if memset else _COPY_KINDS.get(kind, "Other"),
+            "bytes": _number(d.get("size")), "device_id": device, "stream_id": stream,
+            "correlation_id": _int(event.stats.get("correlation_id")), "pid": PID}
+
+
+def memory_row(event: Event, tid: int) -> dict[str, Any]:
+    allocator = str(event.stats.get("allocator_name") or "")
+    gpu = re.match(r"GPU_(\d+)_", allocator)
+    return {"ts_ns": event.start_ns, "op": "alloc" if event.name == "MemoryAllocation" else "free",
+            "bytes": _int(event.stats.get("allocation_bytes")), "address": _int(event.stats.get("addr")),
+            "mem_kind": "Device" if gpu else "Pinned", "device_id": int(gpu.group(1)) if gpu else None,
+            "pid": PID, "tid": tid}
+
+
+_KNOWN_GPUS = {  # (vendor, cc/gfx major, minor, cores, clock kHz or None) -> the product's name
+    ("AMD", 9, 4, 304, None): "AMD Instinct MI300X",
+    ("AMD", 9, 5, 256, 2400000): "AMD Instinct MI355X",
+    ("AMD", 9, 5, 256, 2200000): "AMD Instinct MI350X",
+    ("NVIDIA", 9, 0, 132, None): "NVIDIA H100",
+    ("NVIDIA", 8, 0, 108, None): "NVIDIA A100",
+}
+
+
+def gpu_row(device: int, stats: dict[str, Any]) -> dict[str, Any]:
+    """The GPU of a device plane from its stats (clock_rate in kHz, memory in bytes, bandwidth in
+    bytes/s); named where its vendor, version and cores name one product."""
+    vendor = "AMD" if str(stats.get("device_vendor", "")).upper().startswith("AMD") else "NVIDIA"
+    major, minor, cores = (_int(stats.get(k)) for k in ("compute_cap_major", "compute_cap_minor", "core_count"))
+    clock = _int(stats.get("clock_rate"))
+    memory = _int(stats.get("memory_size"))
+    name = _KNOWN_GPUS.get((vendor, major, minor, cores, clock)) or _KNOWN_GPUS.get((vendor, major, minor, cores, None))
+    if name == "NVIDIA H100" and memory and memory > 100 << 30:
+        name = "NVIDIA H200"
+    if name is None:
+        version = f"gfx{major}{minor}" if vendor == "AMD" else f"compute capability {major}.{minor}"
+        name = f"{vendor} GPU ({version}, {cores} {'CUs' if vendor == 'AMD' else 'SMs'})"
+    nvidia = vendor == "NVIDIA"
+    return {"device_id": device, "name": name, "vendor": vendor,
+            "cc_major": major if nvidia else None, "cc_minor": minor if nvidia else None,
+            "sm_count": cores, "clock_hz": clock * 1000 if clock else None, "memory_bytes": memory,
+            "memory_bandwidth_bytes_per_s": _int(stats.get("memory_bandwidth")),
+            "threads_per_warp": 32 if nvidia else 64}
+
+
+def xla_ranges(kernels: list[dict[str, Any]]) -> list[tuple[int, int | None, str, str, str, int | None, int | None]]:
+    """The ranges xprof derives from the kernels of a device: one `Thunk:#hlo_op=OP#` per kernel
+    with an op, and one `XlaModule:#hlo_module=M,program_id=P#` per execution of a module (its
+    kernels in time order; a new execution starts where its first op comes again)."""
+    out: list[tuple[int, int | None, str, str, str, int | None, int | None]] = []
+    by_device: dict[int, list[dict[str, Any]]] = {}
+    for k in kernels:
+        by_device.setdefault(k["device_id"], []).append(k)
+    for rows in by_device.values():
+        rows.sort(key=lambda k: (k["start_ns"], k["end_ns"]))
+        run: dict[str, Any] | None = None
+        for k in rows:
+            if k["hlo_op"]:
+                out.append((k["start_ns"], k["end_ns"], f"Thunk:#hlo_op={k['hlo_op']}#", "startend", _XLA_OPS,
+                            None, None))
+            if not k["hlo_module"]:
+                continue
+            module = (k["hlo_module"], k["program_id"])
+            if run is not None and (run["module"] != module or k["hlo_op"] == run["first_op"]):
+                out.append(_module_range(run))
+                run = None
+            if run is None:
+                run = {"module": module, "first_op": k["hlo_op"], "start": k["start_ns"], "end": k["end_ns"]}
+            run["end"] = max(run["end"], k["end_ns"])
+        if run is not None:
+            out.append(_module_range(run))
+    return out
+
+
+def _module_range(run: dict[str, Any]) -> tuple[int, int | None, str, str, str, int | None, int | None]:
+    module, program = run["module"]
+    name = f"XlaModule:#hlo_module={module}" + (f",program_id={program}" if program is not None else "") + "#"
+    return (run["start"], run["end"], name, "startend", _XLA_MODULES, None, None)
+
+
+def write_tables(tables: _Tables, sink: Sink) -> None:
+    """Every table of the profile into the sink, in the order the store's loads do."""
+    if tables.gpus:
+        columns = list(tables.gpus[0])
+        types = {"name": pa.string(), "vendor": pa.string()}
+        sink.append("gpus", pa.table({c: pa.array([g[c] for g in tables.gpus], types.get(c, pa.int64()))
+                                      for c in columns}), source_rows=0)
+    _write_calls(tables, sink)
+    _write_kernels(tables, sink)
+    if tables.memops:
+        columns = list(tables.memops[0])
+        types = {"op": pa.string(), "copy_kind": pa.string()}
+        sink.append("memops", pa.table({c: pa.array([m[c] for m in tables.memops], types.get(c, pa.int64()))
+                                        for c in columns}), source_rows=0)
+    _write_ranges(tables.ranges + xla_ranges(tables.kernels), sink)
+    if tables.memory:
+        columns = list(tables.memory[0])
+        types = {"op": pa.string(), "mem_kind": pa.string(), "address": pa.uint64()}
+        sink.append("memory_events", pa.table({
+            c: pa.array([m[c] if c != "address" or (m[c] or 0) >= 0 else None for m in tables.memory],
+                        types.get(c, pa.int64())) for c in columns}), source_rows=0)
+
+
+def _write_kernels(tables: _Tables, sink: Sink) -> None:
+    rows = sorted(tables.kernels, key=lambda k: (k["start_ns"], k["device_id"], k["stream_id"]))
+    if not rows:
+        return
+    names, configs, queues = Names(), Names(), Names()
+    batch = pa.table({c: pa.array([k[c] for k in rows], pa.int64())
+                      for c in ("start_ns", "end_ns", "correlation_id", "graph_node_id",
+                                *KERNEL_CONFIG_COLUMNS, *KERNEL_QUEUE_COLUMNS) if c != "launch_type"})
+    batch = batch.append_column("launch_type", pa.nulls(len(rows), pa.int64()))
+    name_ids = names.number(pa.array([k["name"] for k in rows], pa.string()))
+    sink.append("kernel_events", numbered(kernel_batch(
+        batch, name_id=name_ids, config_id=configs.number(*[batch[c] for c in KERNEL_CONFIG_COLUMNS]),
+        queue_id=queues.number(*[batch[c] for c in KERNEL_QUEUE_COLUMNS])), 0), source_rows=0)
+    sink.append("kernel_configs", kernel_configs(configs.keys, optin_code=1, launch_types={}), source_rows=0)
+    sink.append("kernel_queues", kernel_queues(queues.keys), source_rows=0)
+    demangled = [key[0] for key in names.keys]
+    sink.append("kernel_names", kernel_names(demangled, [_short(n) for n in demangled], [None] * len(demangled)),
+                source_rows=0)
+
+
+def _short(name: str) -> str:
+    """A kernel's base name: AMD code objects end in '.kd'; templates and arguments cut."""
+    base = re.sub(r"\.kd$", "", name)
+    return re.split(r"[<(]", base, maxsplit=1)[0].rsplit("::", 1)[-1] or base
+
+
+def _write_calls(tables: _Tables, sink: Sink) -> None:
+    if not tables.calls:
+        return
+    functions, threads = Names(), Names()
+    name_ids = functions.number(pa.array([c[2] for c in tables.calls], pa.string()))
+    thread_ids = threads.number(pa.array([c[3] for c in tables.calls], pa.int64()))
+    sink.append("api_events", pa.table({
+        "start_ns": pa.array([c[0] for c in tables.calls], pa.int64()),
+        "end_ns": pa.array([c[1] for c in tables.calls], pa.int64()),
+        "name_id": name_ids, "thread_id": thread_ids,
+        "correlation_id": pa.array([c[4] for c in tables.calls], pa.int64())}), source_rows=0)
+    labels = [key[0] for key in functions.keys]
+    sink.append("api_names", api_names([_api(n) for n in labels], labels), source_rows=0)
+    tids = [key[0] for key in threads.keys]
+    sink.append("api_threads", api_threads([PID] * len(tids), tids, [None] * len(tids)), source_rows=0)
+
+
+def _api(name: str) -> str:
+    """'runtime' for cuda*/hip* calls, 'driver' for cu*/hsa* ones, 'other' otherwise."""
+    if name.startswith(("cuda", "hip")):
+        return "runtime"
+    return "driver" if name.startswith(("cu", "hsa")) else "other"
+
+
+def _write_ranges(ranges: list[tuple[int, int | None, str, str, str, int | None, int | None]], sink: Sink) -> None:
+    if not ranges:
+        return
+    attributes = Names()
+    kind = pa.array([r[3] for r in ranges], pa.string())
+    domain = pa.array([r[4] for r in ranges], pa.string())
+    pid = pa.array([r[5] for r in ranges], pa.int64())
+    tid = pa.array([r[6] for r in ranges], pa.int64())
+    nulls = pa.nulls(len(ranges), pa.int64())
+    ids = attributes.number(kind, domain, nulls, nulls, pid, tid, nulls, tid)
+    sink.append("nvtx_events", pa.table({
+        "start_ns": pa.array([r[0] for r in ranges], pa.int64()),
+        "end_ns": pa.array([r[1] for r in ranges], pa.int64()),
+        "name": pa.array([r[2] for r in ranges], pa.string()), "attributes_id": ids}), source_rows=0)
+    sink.append("nvtx_attributes", nvtx_attributes(attributes.keys), source_rows=0)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
