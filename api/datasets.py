@@ -9,8 +9,11 @@ and no Parquet file; loading the same files again into the dataset does only tho
 
 Files loaded as the ranks of one run (`run=`): the run is recorded 'pending' with its trace ids
 at the start, and once every one of its traces is loaded the coordinator aligns their clocks and
-writes the run's ranks (`dataset.write_run`, reading one trace's files at a time); until then
-each loaded rank reads as a trace of its own, and loading the same files again completes it.
+writes the run's ranks (`dataset.write_run`); until then each loaded rank reads as a trace of its
+own, and loading the same files again completes it. What the run needs of each rank (its rank
+facts and communication kernels: `runs.RankSummary`) is computed by the task that loaded it and
+written beside its tables (SUMMARY_FILES), so the coordinator reads a few small files per rank
+instead of each rank's tables; a trace without them (loaded by an older traceq) is read as before.
 """
 
 from __future__ import annotations
@@ -26,14 +29,26 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from traceq.analysis.multigpu.runs import register_run
-from traceq.dataset import CatalogEntry, RunEntry, catalog_of, partial_dir, write_catalog, write_run, write_trace
+from traceq.analysis.multigpu.runs import RankSummary, rank_summary, register_run, register_summaries
+from traceq.dataset import (
+    CatalogEntry,
+    RunEntry,
+    catalog_of,
+    partial_dir,
+    trace_dir,
+    write_catalog,
+    write_run,
+    write_trace,
+)
 from traceq.errors import StoreError, TraceqError
 from traceq.store import first_row, open_store
 
 RANK_SETTINGS = {"threads": "1", "memory_limit": "500MB"}
 """DuckDB settings of a task's private store: one Dask worker is one core's work (the load itself
 runs under ingest.LOAD_SETTINGS), and its memory stays well under a worker's share."""
+
+SUMMARY_FILES = ("run_summary.json", "run_comm.parquet")
+"""A loaded rank's RankSummary, beside its tables (no store table has these names)."""
 
 CATALOG_EVERY_S = 1.0
 """The catalog is rewritten as tasks end, at most this often (and once at the end)."""
@@ -66,7 +81,9 @@ def load_rank(path: str, trace_id: int, name: str, dataset: str, python_function
             for key, value in RANK_SETTINGS.items():
                 con.execute(f"SET {key} = '{value}'")
             result = load_trace(con, Path(path), name=name, python_functions=python_functions, attribute=attribute)
+            summary = rank_summary(con, result.trace_id, as_trace_id=trace_id)
             write_trace(con, trace_id, Path(dataset))
+            _write_summary(summary, trace_dir(Path(dataset), trace_id))
             sha, size = first_row(con, "SELECT sha256, source_bytes FROM traces")
         finally:
             con.close()
@@ -219,7 +236,7 @@ def load_dataset(
         run = plan.run
         if run is not None and run.status != "loaded" and all(entries[t].status == "loaded" for t in run.trace_ids):
             try:
-                write_run(dataset, run, register_run)
+                write_run(dataset, run, _registrar(dataset, run.trace_ids))
                 runs[run.run_id] = run = replace(run, status="loaded", error=None)
             except TraceqError as e:  # not one job's ranks: each stays a trace of its own
                 runs[run.run_id] = run = replace(run, status="failed", error=str(e))
@@ -252,6 +269,32 @@ def _run_tasks(client: object, plan: LoadPlan, entries: dict[int, CatalogEntry],
         if time.monotonic() - written >= CATALOG_EVERY_S:
             save()
             written = time.monotonic()
+
+
+def _write_summary(summary: RankSummary, folder: Path) -> None:
+    import json
+
+    json_name, comm_name = SUMMARY_FILES
+    summary.comm.write_parquet(folder / comm_name)
+    tmp = folder / (json_name + ".tmp")  # the JSON last, whole: its presence says the summary is
+    tmp.write_text(json.dumps(summary.to_json()), encoding="utf-8")
+    os.replace(tmp, folder / json_name)
+
+
+def _registrar(dataset: Path, trace_ids: list[int]) -> Callable[..., int]:
+    """How `write_run` registers the run: from the ranks' summaries where every rank has one,
+    else by reading the ranks' tables (`register_run`)."""
+    import json
+
+    import polars as pl
+
+    json_name, comm_name = SUMMARY_FILES
+    folders = [trace_dir(dataset, t) for t in trace_ids]
+    if not all((f / json_name).is_file() and (f / comm_name).is_file() for f in folders):
+        return register_run
+    summaries = [RankSummary.from_json(json.loads((f / json_name).read_text(encoding="utf-8")),
+                                       pl.read_parquet(f / comm_name)) for f in folders]
+    return lambda con, name, _ids: register_summaries(con, name, summaries)
 
 
 @contextmanager

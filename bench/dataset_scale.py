@@ -34,6 +34,7 @@ ranks, whose collectives match rank 0's); wall, CPU and peak RSS of making it, a
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -148,11 +149,12 @@ RUN = """
 import resource, sys, time
 from pathlib import Path
 from traceq.dataset import RunEntry, read_catalog, read_runs, write_catalog, write_run
+from traceq.api.datasets import _registrar
 dataset = Path(sys.argv[1])
 ids = [e.trace_id for e in read_catalog(dataset)]
 run = RunEntry(min(ids), "big", ids, "loaded")
 wall, cpu = time.perf_counter(), time.process_time()
-write_run(dataset, run)
+write_run(dataset, run, _registrar(dataset, ids))  # from the ranks' summaries, as `load --run --dataset`
 print(time.perf_counter() - wall, time.process_time() - cpu, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 write_catalog(dataset, read_catalog(dataset), [run])
 """
@@ -170,6 +172,13 @@ def run_of_all(dataset: Path, out: Path) -> None:
         duckdb.execute(f"COPY (SELECT * REPLACE ({int(folder.name.split('=')[1]) - 1} AS rank, {len(folders)} AS "
                        f"world_size) FROM read_parquet('{traces}')) TO '{traces}.new' (FORMAT parquet)")
         os.replace(f"{traces}.new", traces)
+        summary = folder / "run_summary.json"  # what the rank's worker wrote for making the run
+        if summary.exists():
+            data = json.loads(summary.read_text())
+            data["trace"].update(rank=int(folder.name.split("=")[1]) - 1, world_size=len(folders))
+            for unit in data["units"]:
+                unit["rank"] = data["trace"]["rank"]
+            summary.write_text(json.dumps(data))
     done = subprocess.run([sys.executable, "-c", RUN, str(out)], check=True, capture_output=True, text=True)
     wall, cpu, rss = map(float, done.stdout.split())
     print(f"run of {len(folders)} ranks made: {wall:.1f} s wall, {cpu:.1f} CPU s, peak RSS {rss:.0f} MiB", flush=True)

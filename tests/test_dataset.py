@@ -370,3 +370,72 @@ def test_dataset_options_are_checked(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "add --dataset PATH" in result.output
     result = runner.invoke(app, ["load", lenet, "--dataset", str(tmp_path / "ds"), "--name", "x"])
     assert result.exit_code == 2 and "--name is for the store" in result.output
+
+
+def test_runs_are_made_from_the_summaries_the_workers_wrote(loaded, tmp_path: Path) -> None:
+    """Each rank's task wrote what the run needs of it beside its tables; the coordinator made the
+    run from those alone, and it equals the run made by reading every rank's tables (the store's
+    `load --run`, compared row by row above; here the dataset's own tables read again)."""
+    from traceq.analysis.multigpu.runs import register_run
+    from traceq.api.datasets import SUMMARY_FILES, _registrar
+    from traceq.dataset import open_dataset, read_runs, trace_dir
+
+    dataset = loaded[0]
+    run = next(r for r in read_runs(dataset) if r.name == "dlrm")
+    for t in run.trace_ids:
+        assert all((trace_dir(dataset, t) / f).is_file() for f in SUMMARY_FILES)
+    assert _registrar(dataset, run.trace_ids) is not register_run
+    by_tables, by_summaries = open_dataset(dataset, []), open_dataset(dataset, [])
+    register_run(by_tables, "x", run.trace_ids)
+    _registrar(dataset, run.trace_ids)(by_summaries, "x", run.trace_ids)
+    rows = "SELECT * EXCLUDE (run_id) FROM ranks ORDER BY rank"
+    assert by_summaries.execute(rows).fetchall() == by_tables.execute(rows).fetchall()
+    assert len(by_tables.execute(rows).fetchall()) == 8
+
+
+def test_a_load_on_separate_scheduler_and_worker_processes_equals_the_local_cluster(loaded, tmp_path: Path) -> None:
+    """A real cluster: `dask scheduler` and two `dask worker` processes started here, the DLRM
+    ranks loaded on it as run dlrm; every table equals the module's dataset (local cluster)."""
+    import shutil
+    import subprocess
+
+    dask = shutil.which("dask", path=str(Path(sys.executable).parent))
+    if dask is None:
+        pytest.skip("the dask command is not installed beside this Python")
+    file = tmp_path / "scheduler.json"
+    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    procs = [subprocess.Popen([dask, "scheduler", "--scheduler-file", str(file), "--port", "0",
+                               "--dashboard-address", ":0", "--no-show"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        deadline = time.monotonic() + 60
+        while not file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for _ in range(2):
+            procs.append(subprocess.Popen([dask, "worker", "--scheduler-file", str(file), "--nthreads", "1",
+                                           "--nworkers", "1", "--no-dashboard"], env=env,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        ours = tmp_path / "ds"
+        result = runner.invoke(app, ["load", *map(str, DLRM), "--run", "dlrm", "--dataset", str(ours),
+                                     "--scheduler", str(file)])
+        assert result.exit_code == 0, result.output
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+    from traceq.dataset import open_dataset
+
+    theirs = open_dataset(loaded[0])
+    mine = open_dataset(ours)
+    ids = {n: t for t, n in theirs.execute("SELECT trace_id, name FROM traces").fetchall()}
+    mapping = {t: ids[n] for t, n in mine.execute("SELECT trace_id, name FROM traces").fetchall()}
+    assert set(mapping) and len(mapping) == 8
+    for table in ("kernel_events", "api_events", "nvtx_events", "collectives"):
+        for mine_id, their_id in mapping.items():
+            # (`trace`: the folder's hive partition, trace=<id>, which differs as the ids do)
+            q = f"SELECT * EXCLUDE (trace_id, trace) FROM {table} WHERE trace_id = ? ORDER BY ALL"
+            assert mine.execute(q, [mine_id]).fetchall() == theirs.execute(q, [their_id]).fetchall(), table
+    q = ("SELECT k.rank, t.name, k.shift_ns, k.drift_ppm FROM ranks k JOIN runs r USING (run_id) "
+         "JOIN traces t USING (trace_id) WHERE r.name = 'dlrm' ORDER BY k.rank")
+    assert mine.execute(q).fetchall() == theirs.execute(q).fetchall()

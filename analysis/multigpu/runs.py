@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -76,9 +77,7 @@ def register_run(con: duckdb.DuckDBPyConnection, name: str, trace_ids: list[int]
         RunError: the traces are not one job's ranks (mixed jobs, a rank twice, a rank missing,
             ranks that cannot be told apart), or the name is taken.
     """
-    if first_row(con, "SELECT 1 FROM runs WHERE name = ?", [name]):
-        raise RunError(f"a run named {name!r} is already loaded: choose another name (--run NAME, or --name NAME "
-                       "for a file loaded alone), or --replace")
+    _check_name(con, name)
     from traceq.dataset import trace_reader
 
     read = trace_reader(con)
@@ -87,13 +86,74 @@ def register_run(con: duckdb.DuckDBPyConnection, name: str, trace_ids: list[int]
         on = read(t)
         traces.append(_trace(on, t))
         units += _units(on, traces[-1], counted=len(trace_ids) > 1)
+    return _register(con, name, traces, units, lambda trace_id: comm_kernels(read(trace_id), trace_id))
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    """What making a run needs of one trace, computed where the trace was loaded (a Dask worker
+    of `traceq load --dataset`): the trace's rank facts, its ranks (processes and GPUs, their
+    communication counted) and its communication kernels (pid, device_id, collective, group,
+    start_ns, end_ns). The coordinator makes the run from these alone (`register_summaries`),
+    reading none of the traces' files."""
+
+    trace: _Trace
+    units: list[_Unit]
+    comm: pl.DataFrame
+
+    def to_json(self) -> dict[str, object]:
+        from dataclasses import asdict
+
+        return {"trace": asdict(self.trace), "units": [asdict(u) for u in self.units]}
+
+    @staticmethod
+    def from_json(data: dict[str, Any], comm: pl.DataFrame) -> RankSummary:
+        t = dict(data["trace"])
+        t["wall"] = tuple(t["wall"]) if t.get("wall") is not None else None
+        return RankSummary(_Trace(**t), [_Unit(**u) for u in data["units"]], comm)
+
+
+SUMMARY_COMM_COLUMNS = ("pid", "device_id", "collective", "group", "start_ns", "end_ns")
+
+
+def rank_summary(con: duckdb.DuckDBPyConnection, trace_id: int, as_trace_id: int | None = None) -> RankSummary:
+    """The RankSummary of trace `trace_id` of `con`, named `as_trace_id` (its id in the dataset
+    it is written into) where given."""
+    t = _trace(con, trace_id)
+    comm = comm_kernels(con, trace_id)
+    units = _units(con, t, counted=True, comm=comm)
+    if as_trace_id is not None:
+        t = replace(t, trace_id=as_trace_id)
+        units = [replace(u, trace_id=as_trace_id) for u in units]
+    return RankSummary(t, units, comm.select(*SUMMARY_COMM_COLUMNS))
+
+
+def register_summaries(con: duckdb.DuckDBPyConnection, name: str, summaries: list[RankSummary]) -> int:
+    """`register_run` from the traces' RankSummaries: the same run, rank numbers, shifts and
+    drifts, with no trace's rows read here."""
+    _check_name(con, name)
+    comm = {s.trace.trace_id: s.comm for s in summaries}
+    units = [u for s in summaries for u in s.units]
+    if len(summaries) == 1:  # a trace alone is a run whose ranks' communication is not counted
+        units = [replace(u, comm=0, collectives=0) if u.rank_from == "distributedInfo" else u for u in units]
+    return _register(con, name, [s.trace for s in summaries], units, comm.__getitem__)
+
+
+def _check_name(con: duckdb.DuckDBPyConnection, name: str) -> None:
+    if first_row(con, "SELECT 1 FROM runs WHERE name = ?", [name]):
+        raise RunError(f"a run named {name!r} is already loaded: choose another name (--run NAME, or --name NAME "
+                       "for a file loaded alone), or --replace")
+
+
+def _register(con: duckdb.DuckDBPyConnection, name: str, traces: list[_Trace], units: list[_Unit],
+              comm_of: Callable[[int], pl.DataFrame]) -> int:
     if len(traces) > 1:
         _check_one_job(traces)
     ranked = _number(units, traces)
     run_id = int(first_row(con, "SELECT nextval('run_ids')")[0])
     clock = "one trace" if len(traces) == 1 else "collective ends"
     con.execute("INSERT INTO runs VALUES (?, ?, ?, ?)", [run_id, name, len(ranked), clock])
-    shifts = _shifts(read, ranked) if len(traces) > 1 else {}
+    shifts = _shifts(comm_of, ranked) if len(traces) > 1 else {}
     for rank, u in sorted(ranked.items()):
         shift = shifts.get(u.trace_id, (0, 0.0, 0, None, None))
         con.execute("INSERT INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -131,12 +191,15 @@ def _check_one_job(traces: list[_Trace]) -> None:
                        "they are not ranks of one job")
 
 
-def _units(con: duckdb.DuckDBPyConnection, t: _Trace, *, counted: bool) -> list[_Unit]:
-    """The ranks one trace holds, unnumbered unless the trace says its rank."""
+def _units(con: duckdb.DuckDBPyConnection, t: _Trace, *, counted: bool,
+           comm: pl.DataFrame | None = None) -> list[_Unit]:
+    """The ranks one trace holds, unnumbered unless the trace says its rank (`comm`: its
+    communication kernels, where the caller has them)."""
     if t.rank is not None:  # its communication counted for a run of several files only (`_shifts`)
-        counts = _counts(comm_kernels(con, t.trace_id)) if counted else (0, 0)
+        counts = _counts(comm if comm is not None else comm_kernels(con, t.trace_id)) if counted else (0, 0)
         return [_Unit(t.trace_id, None, None, t.rank, "distributedInfo", None, *counts)]
-    comm = comm_kernels(con, t.trace_id)
+    if comm is None:
+        comm = comm_kernels(con, t.trace_id)
     if comm.height:
         pairs = comm.select("device_id", "pid").unique().sort("device_id", "pid", nulls_last=True).rows()
     else:
@@ -189,7 +252,7 @@ def _number(units: list[_Unit], traces: list[_Trace]) -> dict[int, _Unit]:
     return {i: u for i, u in enumerate(order)}
 
 
-def _shifts(read: Callable[[int], duckdb.DuckDBPyConnection],
+def _shifts(comm_of: Callable[[int], pl.DataFrame],
             ranked: dict[int, _Unit]) -> dict[int, tuple[int, float, int, int | None, int | None]]:
     """trace_id -> (shift_ns, drift_ppm, shift_at_ns, collectives matched, residual_ns) for a run
     of several files (`collectives.end_shifts`): each trace's first rank matched against the
@@ -203,7 +266,7 @@ def _shifts(read: Callable[[int], duckdb.DuckDBPyConnection],
 
     def kernels(rank: int) -> pl.DataFrame:
         u = ranked[rank]
-        k = _own(comm_kernels(read(u.trace_id), u.trace_id), u.pid, u.device_id)
+        k = _own(comm_of(u.trace_id), u.pid, u.device_id)
         if collectives:  # point to point: its ends need not meet
             k = k.filter(pl.col("collective") != "send_recv")
         return k.select("collective", "group", "start_ns", "end_ns", rank=pl.lit(rank, pl.Int32))
