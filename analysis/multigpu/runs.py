@@ -136,7 +136,7 @@ def register_summaries(con: duckdb.DuckDBPyConnection, name: str, summaries: lis
     units = [u for s in summaries for u in s.units]
     if len(summaries) == 1:  # a trace alone is a run whose ranks' communication is not counted
         units = [replace(u, comm=0, collectives=0) if u.rank_from == "distributedInfo" else u for u in units]
-    return _register(con, name, [s.trace for s in summaries], units, comm.__getitem__)
+    return _register(con, name, [s.trace for s in summaries], units, comm.__getitem__, at_once=True)
 
 
 def _check_name(con: duckdb.DuckDBPyConnection, name: str) -> None:
@@ -146,14 +146,14 @@ def _check_name(con: duckdb.DuckDBPyConnection, name: str) -> None:
 
 
 def _register(con: duckdb.DuckDBPyConnection, name: str, traces: list[_Trace], units: list[_Unit],
-              comm_of: Callable[[int], pl.DataFrame]) -> int:
+              comm_of: Callable[[int], pl.DataFrame], *, at_once: bool = False) -> int:
     if len(traces) > 1:
         _check_one_job(traces)
     ranked = _number(units, traces)
     run_id = int(first_row(con, "SELECT nextval('run_ids')")[0])
     clock = "one trace" if len(traces) == 1 else "collective ends"
     con.execute("INSERT INTO runs VALUES (?, ?, ?, ?)", [run_id, name, len(ranked), clock])
-    shifts = _shifts(comm_of, ranked) if len(traces) > 1 else {}
+    shifts = _shifts(comm_of, ranked, at_once=at_once) if len(traces) > 1 else {}
     for rank, u in sorted(ranked.items()):
         shift = shifts.get(u.trace_id, (0, 0.0, 0, None, None))
         con.execute("INSERT INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -253,11 +253,12 @@ def _number(units: list[_Unit], traces: list[_Trace]) -> dict[int, _Unit]:
 
 
 def _shifts(comm_of: Callable[[int], pl.DataFrame],
-            ranked: dict[int, _Unit]) -> dict[int, tuple[int, float, int, int | None, int | None]]:
+            ranked: dict[int, _Unit], *, at_once: bool = False) -> dict[int, tuple[int, float, int, int | None, int | None]]:
     """trace_id -> (shift_ns, drift_ppm, shift_at_ns, collectives matched, residual_ns) for a run
     of several files (`collectives.end_shifts`): each trace's first rank matched against the
     lowest rank with communication, one pair of ranks at a time (what matching every rank at
-    once gives: a rank's instances and fit depend on its own and the reference's kernels alone)."""
+    once gives: a rank's instances and fit depend on its own and the reference's kernels alone),
+    or `at_once` where every rank's kernels are in memory already (RankSummaries)."""
     collectives = all(u.collectives >= MIN_COLLECTIVES for u in ranked.values())  # else send/recv too
     counted = {rank: u.collectives if collectives else u.comm for rank, u in ranked.items()}
     reference = min((rank for rank, n in counted.items() if n), default=None)
@@ -273,6 +274,17 @@ def _shifts(comm_of: Callable[[int], pl.DataFrame],
 
     ref = kernels(reference)
     out: dict[int, tuple[int, float, int, int | None, int | None]] = {}
+    if at_once:  # every rank against the reference in one pass: the same fits (see above), one polars plan
+        firsts = {u.trace_id: rank for rank, u in sorted(ranked.items(), reverse=True) if rank >= reference}
+        frames = [ref, *(kernels(rank) for rank in sorted(firsts.values()) if rank != reference)]
+        every = pl.concat(frames)
+        if every.filter(pl.col("collective").is_not_null()).is_empty():
+            return out
+        for r, shift, drift, at, matched, residual in end_shifts(match_instances(every, one_clock=False)).iter_rows():
+            u = ranked[r]
+            if firsts.get(u.trace_id) == r:
+                out[u.trace_id] = (int(shift), float(drift), int(at), int(matched), int(residual))
+        return out
     for rank, u in sorted(ranked.items()):
         if u.trace_id in out or rank < reference:
             continue
