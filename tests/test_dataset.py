@@ -439,3 +439,31 @@ def test_a_load_on_separate_scheduler_and_worker_processes_equals_the_local_clus
     q = ("SELECT k.rank, t.name, k.shift_ns, k.drift_ppm FROM ranks k JOIN runs r USING (run_id) "
          "JOIN traces t USING (trace_id) WHERE r.name = 'dlrm' ORDER BY k.rank")
     assert mine.execute(q).fetchall() == theirs.execute(q).fetchall()
+
+
+def test_comm_overlap_and_ranks_fan_out_over_worker_processes(loaded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-trace part of comm, overlap and ranks in 2 spawned processes (the pool a run of
+    many ranks gets; lowered here to the 8 DLRM ranks) prints what one process prints."""
+    from traceq.analysis.multigpu import fanout
+
+    dataset = str(loaded[0])
+    commands = [["comm", "dlrm"], ["overlap", "dlrm"], ["ranks", "dlrm"], ["ranks", "dlrm", "--by", "collective"],
+                ["comm", "dlrm", "--by", "instance"]]
+    monkeypatch.setenv("TRACEQ_WORKERS", "1")
+    alone = [_run([*c, "--dataset", dataset]) for c in commands]
+    monkeypatch.setenv("TRACEQ_WORKERS", "2")
+    monkeypatch.setattr(fanout, "MIN_TRACES", 2)
+    calls: list[int] = []
+    import concurrent.futures
+
+    original = concurrent.futures.ProcessPoolExecutor
+
+    class Counting(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *a, **k):
+            calls.append(1)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Counting)
+    fanned = [_run([*c, "--dataset", dataset]) for c in commands]
+    assert fanned == alone
+    assert len(calls) >= len(commands)

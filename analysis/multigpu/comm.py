@@ -21,12 +21,12 @@ from traceq.analysis.multigpu.collectives import (
     BUS_FACTORS,
     Progress,
     comm_kernels,
-    each_trace,
     match_instances,
     on_run_clock,
     rank_expr,
     run_ranks,
 )
+from traceq.analysis.multigpu.fanout import map_traces
 from traceq.analysis.structure.attribution import attribute_points
 from traceq.analysis.structure.conventions import ITERATION_REGEX
 from traceq.errors import MissingDataError
@@ -53,22 +53,27 @@ def collective_kernels(
     """
     ranks = run_ranks(con, run_id)
     world = _world_sizes(con, run_id)
-    frames = []
-    for trace_id, in_trace, on in each_trace(con, ranks, progress):
-        k = comm_kernels(on, trace_id).with_columns(rank=rank_expr(in_trace)).drop_nulls("rank")
-        if k.is_empty():
-            continue
-        points = k.select(id="kernel_id", pid="pid", tid="launch_tid", t="launch_ns")
-        context = attribute_points(on, trace_id, points, iteration_regex, paths=False)
-        frames.append(k.with_columns(context["iteration"], context["layer"]).select(
-            "rank", "collective", "group", "iteration", "layer", "kernel_id", *on_run_clock(in_trace, "start_ns", "end_ns"),
-            dur_ns=pl.col("end_ns") - pl.col("start_ns"), bytes="bytes",
-            ranks=pl.coalesce("group_size", pl.lit(world[trace_id], pl.Int64))))
+    frames = [f for f in map_traces(con, ranks, trace_comm, iteration_regex, world, progress=progress)
+              if not f.is_empty()]
     if not frames:
         raise MissingDataError("no communication (NCCL/RCCL) kernels in this run")
     kernels = match_instances(pl.concat(frames))
     return kernels.select("rank", "collective", "group", "instance", "iteration", "layer", "kernel_id", "start_ns",
                           "end_ns", "dur_ns", "bytes", "ranks").sort("rank", "start_ns")
+
+
+def trace_comm(con: duckdb.DuckDBPyConnection, trace_id: int, in_trace: list, iteration_regex: str,
+               world: dict[int, int]) -> pl.DataFrame:
+    """The communication kernels of the ranks one trace holds, with iteration and layer, on the run's clock."""
+    k = comm_kernels(con, trace_id).with_columns(rank=rank_expr(in_trace)).drop_nulls("rank")
+    if k.is_empty():
+        return pl.DataFrame()
+    points = k.select(id="kernel_id", pid="pid", tid="launch_tid", t="launch_ns")
+    context = attribute_points(con, trace_id, points, iteration_regex, paths=False)
+    return k.with_columns(context["iteration"], context["layer"]).select(
+        "rank", "collective", "group", "iteration", "layer", "kernel_id", *on_run_clock(in_trace, "start_ns", "end_ns"),
+        dur_ns=pl.col("end_ns") - pl.col("start_ns"), bytes="bytes",
+        ranks=pl.coalesce("group_size", pl.lit(world[trace_id], pl.Int64)))
 
 
 def _world_sizes(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, int]:

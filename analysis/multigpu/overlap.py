@@ -22,14 +22,8 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from traceq.analysis.multigpu.collectives import (
-    Progress,
-    communication_names,
-    each_trace,
-    on_run_clock,
-    rank_expr,
-    run_ranks,
-)
+from traceq.analysis.multigpu.collectives import Progress, communication_names, on_run_clock, rank_expr, run_ranks
+from traceq.analysis.multigpu.fanout import map_traces
 from traceq.analysis.structure.attribution import gpu_operations
 from traceq.analysis.structure.conventions import ITERATION_REGEX
 
@@ -74,6 +68,12 @@ def interval_sums(work: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     return spans.join(covered, on=keys, how="left", nulls_equal=True)
 
 
+def trace_sums(con: duckdb.DuckDBPyConnection, trace_id: int, ranks: list, iteration_regex: str) -> pl.DataFrame:
+    """`interval_sums` per rank and iteration of the ranks one trace holds, first_ns on the run's clock."""
+    sums = interval_sums(rank_work(con, trace_id, ranks, iteration_regex), ["rank", "iteration"])
+    return sums.with_columns(*on_run_clock(ranks, "first_ns"))
+
+
 def overlap_table(
     con: duckdb.DuckDBPyConnection, run_id: int, iteration_regex: str = ITERATION_REGEX,
     progress: Progress | None = None,
@@ -82,11 +82,7 @@ def overlap_table(
     comm_ns), exposed_ns, idle_ns, as the module docstring defines them. Work launched outside
     every iteration range is one row per rank with a null iteration; by iteration (first start)
     then rank."""
-    keys = ["rank", "iteration"]
-    parts = []
-    for trace_id, ranks, on in each_trace(con, run_ranks(con, run_id), progress):
-        sums = interval_sums(rank_work(on, trace_id, ranks, iteration_regex), keys)
-        parts.append(sums.with_columns(*on_run_clock(ranks, "first_ns")))
+    parts = map_traces(con, run_ranks(con, run_id), trace_sums, iteration_regex, progress=progress)
     frame = pl.concat(parts)
     schema = {"rank": pl.Int32, "iteration": pl.String, **{c: pl.Int64 for c in COLUMNS[2:] if c != "hidden_pct"},
               "hidden_pct": pl.Float64}

@@ -19,8 +19,9 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from traceq.analysis.multigpu.collectives import Progress, Rank, each_trace, on_run_clock, rank_expr, run_ranks
+from traceq.analysis.multigpu.collectives import Progress, Rank, on_run_clock, rank_expr, run_ranks
 from traceq.analysis.multigpu.comm import collective_kernels, with_skew
+from traceq.analysis.multigpu.fanout import map_traces
 from traceq.analysis.multigpu.overlap import interval_sums, overlap_table
 from traceq.analysis.structure.attribution import kernel_launches, point_contexts
 from traceq.analysis.structure.conventions import ITERATION_REGEX
@@ -82,8 +83,7 @@ def late_collectives(
         return late.with_columns(delayed_by=pl.lit(None, pl.String), delayed_ns=pl.lit(None, pl.Int64),
                                  window_ns=pl.lit(None, pl.Int64))
     windows = _windows(kernels, late)
-    parts = [_window_kernels(on, trace_id, ranks, windows, iteration_regex)
-             for trace_id, ranks, on in each_trace(con, run_ranks(con, run_id), progress)]
+    parts = map_traces(con, run_ranks(con, run_id), _window_kernels, windows, iteration_regex, progress=progress)
     inside, firsts = pl.concat([p[0] for p in parts]), pl.concat([p[1] for p in parts])
     common = firsts.group_by("iteration").agg(common_ns=pl.col("first_ns").min())
     windows = (windows.join(common, on="iteration", how="left", nulls_equal=True)
