@@ -128,17 +128,17 @@ class XPlaneReader:
         return len(src.buf)
 
     def read(self, src: XPlaneSource, sink: Sink) -> SourceInfo:
-        try:
+        try:  # every decoding step reads the wire format: events are decoded as their lines are read
             planes, hosts = _planes(src.buf)
+            tables = _Tables()
+            for plane in planes:
+                device = _DEVICE.match(plane.name)
+                if device:
+                    _read_device(src.buf, plane, int(device.group(1)), tables)
+                elif plane.name.startswith("/host:"):
+                    _read_host(src.buf, plane, tables)
         except pb.WireError as e:
             raise TraceFormatError(f"{src.path} is a damaged XPlane protobuf ({e})") from None
-        tables = _Tables()
-        for plane in planes:
-            device = _DEVICE.match(plane.name)
-            if device:
-                _read_device(src.buf, plane, int(device.group(1)), tables)
-            elif plane.name.startswith("/host:"):
-                _read_host(src.buf, plane, tables)
         tables.write(sink)
         if sink.progress is not None:
             sink.progress(len(src.buf))

@@ -291,3 +291,15 @@ def test_the_fuzzer_is_reproducible(tmp_path: Path) -> None:
         path, outcome = harness.mutant(7)
         digests.append((hashlib.sha256(path.read_bytes()).hexdigest(), outcome.what))
     assert digests[0] == digests[1]
+
+
+@pytest.mark.skipif(not shared_files("realtraces/xplane", "*.xplane.pb"), reason="../shared/realtraces is absent")
+def test_fuzzing_xplane_a_small_budget() -> None:
+    """10 mutants of two real XPlane profiles (fixed seed: bytes changed, cut short, a length past
+    the end): each refused in one line with the store unchanged, or loaded and every command
+    working; `python tools/fuzz.py --format protobuf --mutants 150` ran 150 with no failure."""
+    files = [p for p in fuzz.corpus(protobuf=True) if fuzz.trace_format(p) == "protobuf"]
+    with fuzz.scratch() as work:
+        outcomes = fuzz.run(fuzz.Harness(files, "ci-xplane", work, commands=fuzz.FIRST_COMMANDS), range(10))
+    assert [o.problems for o in outcomes if o.problems] == []
+    assert "refused" in {o.result for o in outcomes}

@@ -70,6 +70,13 @@ REALTRACES = (
 )
 """Third-party traces from ../shared/realtraces (used where present, never copied into the repo)."""
 
+PROTOBUF_TRACES = (
+    "xplane/AMD-AGI__TraceLens__mi300__jax08_gemm__tw003.xplane.pb",  # XPlane protobuf, JAX 0.8
+    "xplane/AMD-AGI__TraceLens__mi300__jax_conv_minimal_legacy__chi-mi300x-013.xplane.pb",  # older JAX, copies
+)
+"""XPlane profiles from ../shared/realtraces, fuzzed when `--format protobuf` asks (kept out of the
+default corpus, whose mutant numbers earlier runs' reproducers name)."""
+
 BASE_TRACE = ROOT / "sample_traces" / "lenet_b256_cudnn.sqlite"
 """The good trace every mutant's store already holds."""
 
@@ -81,11 +88,13 @@ COMMANDS = (*FIRST_COMMANDS, ("idle", "--by", "iteration"), ("launches",), ("sta
 the latest loaded, so each runs on it by default."""
 
 
-def corpus(include_shared: bool = True) -> list[Path]:
-    """The traces mutants are made from: the samples, and the realtraces when ../shared is there."""
+def corpus(include_shared: bool = True, protobuf: bool = False) -> list[Path]:
+    """The traces mutants are made from: the samples, and the realtraces when ../shared is there
+    (with `protobuf`, the XPlane profiles too)."""
     files = [ROOT / "sample_traces" / name for name in SAMPLES]
     if include_shared and (SHARED / "realtraces").is_dir():
-        files += [p for p in (SHARED / "realtraces" / rel for rel in REALTRACES) if p.exists()]
+        shared = REALTRACES + (PROTOBUF_TRACES if protobuf else ())
+        files += [p for p in (SHARED / "realtraces" / rel for rel in shared) if p.exists()]
     return files
 
 
@@ -98,6 +107,8 @@ def trace_format(path: Path) -> str:
         return "json.gz"
     if head.lstrip()[:1] in (b"{", b"["):
         return "json"
+    if head[:1] == b"\x0a":  # protobuf: field 1, length-delimited (an XSpace's first plane)
+        return "protobuf"
     raise ValueError(f"{path}: no mutations for this format")
 
 
@@ -389,6 +400,51 @@ class Truncate(_Bytes):
         return f"cut at byte {keep:,} of {len(data):,}"
 
 
+# --- protobuf (XPlane) --------------------------------------------------------------------------
+# Damage to the wire format itself: flipped bytes (a varint's continuation bit, a length, a field
+# number or wire type), a cut, a length that points past the end, a nested message's bytes zeroed.
+
+
+class ProtoBytes(Mutation):
+    name = "proto-bytes"
+    formats = ("protobuf",)
+
+    def apply(self, dst: Path, rng: random.Random) -> str:
+        data = bytearray(dst.read_bytes())
+        where = sorted(rng.randrange(len(data)) for _ in range(rng.choice((1, 2, 8, 64))))
+        for i in where:
+            data[i] = rng.choice((0x00, 0xFF, 0x80, 0x7F, data[i] ^ (1 << rng.randrange(8))))
+        dst.write_bytes(bytes(data))
+        return f"{len(where)} bytes changed from byte {where[0]:,}"
+
+
+class ProtoTruncate(Mutation):
+    name = "proto-truncate"
+    formats = ("protobuf",)
+
+    def apply(self, dst: Path, rng: random.Random) -> str:
+        data = dst.read_bytes()
+        keep = rng.randrange(1, len(data))
+        dst.write_bytes(data[:keep])
+        return f"cut at byte {keep:,} of {len(data):,}"
+
+
+class ProtoLength(Mutation):
+    """The first plane's length varint made larger than the file, or a 10-byte varint of all ones."""
+
+    name = "proto-length"
+    formats = ("protobuf",)
+
+    def apply(self, dst: Path, rng: random.Random) -> str:
+        data = dst.read_bytes()
+        pos = 1
+        while data[pos] & 0x80:
+            pos += 1
+        bogus = rng.choice((b"\xff" * 9 + b"\x01", b"\xff\xff\xff\xff\x0f", b"\xff" * 11))
+        dst.write_bytes(data[:1] + bogus + data[pos + 1:])
+        return f"first length varint replaced by {bogus.hex()}"
+
+
 # --- Kineto JSON (plain and gzip) ---------------------------------------------------------------
 # A JSON mutation reads the trace (gunzipped), changes some events and writes it back in the same
 # container, one event a line as Kineto does. Numbers keep their text (`Raw`), so an undamaged
@@ -642,7 +698,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ByteFlip(), ZeroPages(), Truncate(), DropTable(), DropColumn(), SetNull(), TextInInteger(),
     NonFinite(), ExtremeTimestamp(), EndBeforeStart(), DanglingStringId(), BadUtf8(),
     JsonTruncate(), JsonWrongType(), JsonMissingField(), JsonNumber(), JsonDuplicateKey(), JsonBadUtf8(),
-    JsonNotEvents(), GzipDamage(),
+    JsonNotEvents(), GzipDamage(), ProtoBytes(), ProtoTruncate(), ProtoLength(),
 )
 """Every mutation class; a mutant's class is drawn uniformly among those for its file's format."""
 
@@ -853,7 +909,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", type=int, action="append", help="check just this mutant (repeatable)")
     parser.add_argument("--seed", default="1", help="the run's seed: same seed, same mutants")
     parser.add_argument("--no-shared", action="store_true", help="the samples alone, not ../shared/realtraces")
-    parser.add_argument("--format", action="append", choices=("sqlite", "json", "json.gz"),
+    parser.add_argument("--format", action="append", choices=("sqlite", "json", "json.gz", "protobuf"),
                         help="only corpus files in this container (repeatable)")
     parser.add_argument("--jsonl", type=Path, help="append each mutant's outcome here as a JSON line")
     parser.add_argument("--keep", type=Path, help="move failing mutants into this folder")
@@ -869,7 +925,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     indexes = args.only or range(args.start, args.start + args.mutants)
     started = time.perf_counter()
     with scratch() as work:
-        files = [p for p in corpus(not args.no_shared) if not args.format or trace_format(p) in args.format]
+        files = [p for p in corpus(not args.no_shared, protobuf="protobuf" in (args.format or ()))
+                 if not args.format or trace_format(p) in args.format]
         harness = Harness(files, args.seed, work)
         log = args.jsonl.open("a") if args.jsonl else None
         try:
