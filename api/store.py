@@ -31,7 +31,7 @@ from traceq.api.run import Run
 from traceq.api.trace import Trace
 
 
-def open(path: str | Path | None = None, *, write: bool = False,  # noqa: A001 (traceq.open)
+def open(path: str | Path | None = None, *, write: bool = False,
          dataset: str | Path | None = None) -> Store:
     """The store at `path` (default: $TRACEQ_DB, else ./traceq.duckdb), read-only unless `write`;
     or, given `dataset`, the Parquet dataset in that folder (`load_dataset` writes one), read-only.
@@ -152,11 +152,26 @@ class Store:
 
     def sql(self, query: str) -> pl.DataFrame:
         """The result of one read-only SQL statement (SELECT, WITH, DESCRIBE, SHOW, EXPLAIN,
-        SUMMARIZE, ...) on the store; a statement that would change it is refused with a
-        TraceqError, as is one DuckDB cannot run (its message's first line)."""
-        from traceq.analysis.sql import read_only_query
+        SUMMARIZE, ...) on the store, run in a sandbox that reaches no file, URL or extension
+        but the store (analysis/sql.py; docs/security.md); a statement that would change
+        anything is refused with a TraceqError, as is one DuckDB cannot run (its message's
+        first line)."""
+        from traceq.analysis.sql import lock_down, read_only_query, sandboxed_store
 
-        return read_only_query(self.con, query)
+        if self.dataset is not None:
+            from traceq.dataset import open_dataset
+
+            con = open_dataset(self.dataset)
+            lock_down(con, allowed_directories=[self.dataset.resolve()])
+        else:
+            self.con  # noqa: B018 (opened first: waits for a writer's lock, says what a non-store is)
+            if self.write:  # one process may not attach a file it holds open for writing
+                self.close()
+            con = sandboxed_store(self.path)
+        try:
+            return read_only_query(con, query)
+        finally:
+            con.close()
 
     # --- changing the store
 
