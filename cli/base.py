@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from typer.core import TyperCommand
@@ -22,6 +22,7 @@ from traceq.api import Run, Store, Trace
 from traceq.errors import TraceqError, TraceqWarning
 from traceq.render import Format, format_for, render
 from traceq.store import default_store_path
+from traceq.text import visible
 
 # Each command calls one method of traceq.api (a Store's or a Trace's) and renders what it
 # returns; the API imports the analyses (and polars with them) only when a method runs, so a
@@ -65,48 +66,55 @@ def _global(ctx: typer.Context, param: typer.CallbackParam, value: object) -> ob
 # `db: DbOpt = None`, `fmt: FormatOpt = None`, `out: OutOpt = None`, and a reading command
 # `dataset: DatasetOpt = None` too; `_store(db, dataset)` opens what they name.
 DbOpt = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option("--db", callback=_global, show_default=False,
                  help="Store file [default: $TRACEQ_DB, else ./traceq.duckdb]"),
 ]
 FormatOpt = Annotated[
-    Optional[Format],
+    Format | None,
     typer.Option("--format", "-f", callback=_global, show_default=False,
                  help="table, csv or json [default: from -o's suffix, else table]"),
 ]
 DatasetOpt = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option("--dataset", callback=_global, show_default=False,
                  help="Read (or with load, write) this Parquet dataset folder instead of the store"),
 ]
-OutOpt = Annotated[Optional[Path], typer.Option("--output", "-o", callback=_global, show_default=False,
+OutOpt = Annotated[Path | None, typer.Option("--output", "-o", callback=_global, show_default=False,
                                                 help="Write to this file instead of stdout")]
 GLOBAL_OPTIONS = {"db": "--db", "dataset": "--dataset", "fmt": "--format", "out": "--output"}
 """Parameter name -> option, for the options above."""
 TraceOpt = Annotated[
-    Optional[str], typer.Option("--trace", "-t", help="Trace name or id [default: the latest loaded]")
+    str | None, typer.Option("--trace", "-t", help="Trace name or id [default: the latest loaded]")
 ]
 
 
 IterOpt = Annotated[
-    Optional[str], typer.Option("--iteration-regex", help="Regex naming iteration ranges [default: 'iteration N' or 'step N']")
+    str | None, typer.Option("--iteration-regex", help="Regex naming iteration ranges [default: 'iteration N' or 'step N']")
 ]
-SpecOpt = Annotated[Optional[Path], typer.Option("--spec", help="Model spec (TOML) giving each layer's shapes "
+SpecOpt = Annotated[Path | None, typer.Option("--spec", help="Model spec (TOML) giving each layer's shapes "
                                                  "(see docs/flops.md) [default: shapes recorded in the trace]")]
-BatchOpt = Annotated[Optional[int], typer.Option("--batch", min=1, help="Batch size for --spec [default: read "
+BatchOpt = Annotated[int | None, typer.Option("--batch", min=1, help="Batch size for --spec [default: read "
                                                  "from the trace's input copies, else the spec's]")]
-CcOpt = Annotated[Optional[str], typer.Option("--cc", help="Compute capability, e.g. 9.0 [default: from the trace]",
+CcOpt = Annotated[str | None, typer.Option("--cc", help="Compute capability, e.g. 9.0 [default: from the trace]",
                                                show_default=False)]
-SmsOpt = Annotated[Optional[int], typer.Option("--sms", min=1, help="SM count [default: from the trace]",
+SmsOpt = Annotated[int | None, typer.Option("--sms", min=1, help="SM count [default: from the trace]",
                                                 show_default=False)]
-RunArg = Annotated[Optional[str], typer.Argument(
+RunArg = Annotated[str | None, typer.Argument(
     help="Run (or one of its traces) by name or id [default: the latest loaded]", metavar="[RUN]",
     show_default=False)]
 
 
 def _err(message: str) -> None:
-    """One line on stderr, whatever the message holds (a quoted file's newlines)."""
-    typer.echo("traceq: " + " ".join(message.splitlines()), err=True)
+    """One line on stderr, whatever the message holds (a quoted file's newlines), its control
+    characters shown as escapes (`text.visible`: a trace's names can hold terminal sequences)."""
+    typer.echo("traceq: " + visible(" ".join(message.splitlines())), err=True)
+
+
+def _say(message: str) -> None:
+    """A line of traceq's own on stdout that quotes names from a trace or paths (the load line):
+    control characters shown as escapes."""
+    typer.echo(visible(message, keep_newlines=True))
 
 
 @contextmanager
@@ -172,8 +180,10 @@ class _WaitNotice:
 
 
 def _emit(text: str, out: Path | None) -> None:
+    """`text` on stdout (control characters shown as escapes: tables, csv and json alike, json
+    having none left) or into `out` as it is."""
     if out is None:
-        typer.echo(text, nl=not text.endswith("\n"))
+        typer.echo(visible(text, keep_newlines=True), nl=not text.endswith("\n"))
     else:
         try:
             out.write_text(text, encoding="utf-8")
@@ -296,7 +306,7 @@ def _main(
     ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
                                           help="Print the version and exit")] = False,
-    rules: Annotated[Optional[Path], typer.Option(
+    rules: Annotated[Path | None, typer.Option(
         "--rules", envvar="TRACEQ_RULES", show_default=False,
         help="Kernel classification rules (TOML, the format of analysis/kernels/kernel_rules.toml) "
              "tried before the packaged ones")] = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -18,6 +18,7 @@ from traceq.cli.base import (
     _emit,
     _err,
     _LazyProgress,
+    _say,
     _store,
     _terminal_width,
     app,
@@ -34,23 +35,23 @@ def load(
                                                metavar="PATH...", show_default=False)],
     db: DbOpt = None,
     dataset: DatasetOpt = None,
-    name: Annotated[Optional[str], typer.Option(help="Name in the store [default: the file's name "
+    name: Annotated[str | None, typer.Option(help="Name in the store [default: the file's name "
                                                      "without its suffix]")] = None,
     replace: Annotated[bool, typer.Option(help="Replace a trace with the same content or name")] = False,
     export: Annotated[bool, typer.Option(help="Run `nsys export` first on .nsys-rep/.qdrep files")] = False,
     python_functions: Annotated[bool, typer.Option(
         "--python-functions", help="Kineto traces: keep the python_function events (with_stack=True) as ranges")] = False,
-    attribute: Annotated[Optional[bool], typer.Option(
+    attribute: Annotated[bool | None, typer.Option(
         "--attribute/--no-attribute", show_default=False,
         help="Keep each launch's layer, pass, library, ... in the store [default: for traces of up to 1M kernels; "
              "above, `traceq attribute` does]")] = None,
-    run: Annotated[Optional[str], typer.Option(
+    run: Annotated[str | None, typer.Option(
         help="Load the files as the ranks of one run (one file per rank or node), in one transaction",
         show_default=False)] = None,
-    scheduler: Annotated[Optional[str], typer.Option(
+    scheduler: Annotated[str | None, typer.Option(
         help="With --dataset: the Dask scheduler's address (tcp://host:8786) or scheduler file "
              "[default: a local cluster]", show_default=False)] = None,
-    workers: Annotated[Optional[int], typer.Option(
+    workers: Annotated[int | None, typer.Option(
         min=1, help="With --dataset and no --scheduler: local Dask workers [default: one per core]",
         show_default=False)] = None,
 ) -> None:
@@ -78,11 +79,11 @@ def load(
             finally:
                 progress.close()
             if result.status == "already_loaded":
-                typer.echo(f"{path} is already loaded as {result.name!r} (trace {result.trace_id}); "
+                _say(f"{path} is already loaded as {result.name!r} (trace {result.trace_id}); "
                            "nothing changed (use --replace to load it again)")
                 continue
             rows = result.rows
-            typer.echo(
+            _say(
                 f"{result.status} {result.name!r} (trace {result.trace_id}) from {path}: "
                 f"{result.kernel_count:,} kernels, {rows.get('api_events', 0):,} API calls, "
                 f"{rows.get('memops', 0):,} memcpy/memset, {rows.get('nvtx_events', 0):,} NVTX events "
@@ -109,11 +110,11 @@ def _load_run(store: Store, paths: list[Path], run: str, replace: bool, python_f
     finally:
         progress.close()
     if all(result.status == "already_loaded" for result in r.load_results):
-        typer.echo(f"run {run!r} is already loaded from these {len(paths)} files; nothing changed "
+        _say(f"run {run!r} is already loaded from these {len(paths)} files; nothing changed "
                    "(use --replace to load it again)")
         return
     for path, result in zip(paths, r.load_results):
-        typer.echo(f"{result.status} {result.name!r} (trace {result.trace_id}) from {path}: "
+        _say(f"{result.status} {result.name!r} (trace {result.trace_id}) from {path}: "
                    f"{result.kernel_count:,} kernels in {result.seconds:.2f} s")
     _said_run(r, len(paths))
 
@@ -123,7 +124,7 @@ def _said_run(r: Run, files: int, where: str = "") -> None:
     from traceq.units import format_duration
 
     shift = f"; clocks aligned on collectives, largest shift {format_duration(r.max_shift_ns)}" if files > 1 else ""
-    typer.echo(f"run {r.name!r}: {r.world_size} ranks{shift} (`traceq ranks {r.name}{where}`)")
+    _say(f"run {r.name!r}: {r.world_size} ranks{shift} (`traceq ranks {r.name}{where}`)")
 
 
 def _load_dataset(paths: list[Path], dataset: Path | None, run: str | None, scheduler: str | None,
@@ -147,16 +148,16 @@ def _load_dataset(paths: list[Path], dataset: Path | None, run: str | None, sche
     finally:
         progress.close()
     if not done.workers and not done.seconds:
-        typer.echo(f"all {len(paths)} file(s) are already in {dataset}; nothing changed")
+        _say(f"all {len(paths)} file(s) are already in {dataset}; nothing changed")
         return
     if done.workers:
         kernels = sum(e.kernels or 0 for e in done.loaded)
         there = f"; {len(done.skipped)} already there" if done.skipped else ""
-        typer.echo(f"loaded {len(done.loaded)} trace(s) into {dataset} ({kernels:,} kernels{there}) "
+        _say(f"loaded {len(done.loaded)} trace(s) into {dataset} ({kernels:,} kernels{there}) "
                    f"on {done.workers} Dask worker(s) in {done.seconds:.2f} s")
     for entry in done.loaded:  # a damaged file's repairs, as `traceq load` says them
         if entry.notes:
-            typer.echo(f"{entry.name!r} (trace {entry.trace_id}) from {entry.source_path}: {'; '.join(entry.notes)}")
+            _say(f"{entry.name!r} (trace {entry.trace_id}) from {entry.source_path}: {'; '.join(entry.notes)}")
     for entry in done.failed:
         _err(f"{entry.source_path} (trace {entry.trace_id}) failed: {entry.error}")
     if done.run is not None and done.run.status == "loaded":
@@ -191,14 +192,14 @@ def rm(
     with user_errors():
         removed = _store(db, lazy=True).remove(trace)
         if len(removed) > 1:
-            typer.echo(f"removed run {trace!r} and its {len(removed)} traces")
+            _say(f"removed run {trace!r} and its {len(removed)} traces")
         else:
-            typer.echo(f"removed {removed[0][1]!r} (trace {removed[0][0]})")
+            _say(f"removed {removed[0][1]!r} (trace {removed[0][0]})")
 
 
 @app.command()
 def sql(
-    query: Annotated[Optional[str], typer.Argument(
+    query: Annotated[str | None, typer.Argument(
         help="One read-only SQL statement [default: open DuckDB's own shell on the store, read-only]",
         metavar="[QUERY]", show_default=False)] = None,
     db: DbOpt = None,
@@ -238,7 +239,7 @@ def _duckdb_shell(path: Path) -> int:
 
 @app.command()
 def attribute(
-    trace: Annotated[Optional[str], typer.Argument(help="Trace name or id [default: the latest loaded]",
+    trace: Annotated[str | None, typer.Argument(help="Trace name or id [default: the latest loaded]",
                                                    metavar="[TRACE]", show_default=False)] = None,
     db: DbOpt = None,
 ) -> None:
@@ -246,4 +247,4 @@ def attribute(
     with user_errors():
         started = time.monotonic()
         trace_id, trace_name = _store(db, lazy=True).attribute(trace)
-        typer.echo(f"attributed {trace_name!r} (trace {trace_id}) in {time.monotonic() - started:.2f} s")
+        _say(f"attributed {trace_name!r} (trace {trace_id}) in {time.monotonic() - started:.2f} s")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -19,6 +19,7 @@ from traceq.cli.base import (
     _err,
     _global,
     _LazyProgress,
+    _say,
     _store,
     _working,
     app,
@@ -28,13 +29,13 @@ from traceq.cli.base import (
 
 @app.command()
 def report(
-    traces: Annotated[Optional[list[str]], typer.Argument(
+    traces: Annotated[list[str] | None, typer.Argument(
         help="Traces or runs (names or ids), side by side [default: the latest loaded]", metavar="[TRACE]...",
         show_default=False)] = None,
-    out: Annotated[Optional[Path], typer.Option("--output", "-o", callback=_global, show_default=False,
+    out: Annotated[Path | None, typer.Option("--output", "-o", callback=_global, show_default=False,
                                                 help="The HTML file to write [default: report.html]")] = None,
     top_k: Annotated[int, typer.Option("--k", "-k", min=1, help="Rows of the longest-launches table")] = 15,
-    title: Annotated[Optional[str], typer.Option("--title", help="Page title [default: the trace names]")] = None,
+    title: Annotated[str | None, typer.Option("--title", help="Page title [default: the trace names]")] = None,
     spec: SpecOpt = None,
     batch: BatchOpt = None,
     db: DbOpt = None,
@@ -56,9 +57,9 @@ def report(
 
 @app.command()
 def export(
-    trace: Annotated[Optional[str], typer.Argument(help="Trace name or id [default: the latest loaded]",
+    trace: Annotated[str | None, typer.Argument(help="Trace name or id [default: the latest loaded]",
                                                    metavar="[TRACE]", show_default=False)] = None,
-    out: Annotated[Optional[Path], typer.Option(
+    out: Annotated[Path | None, typer.Option(
         "--output", "-o", callback=_global, show_default=False,
         help="The file to write; .gz compresses it [default: TRACE.json.gz]")] = None,
     export_format: Annotated[ExportFormat, typer.Option(
@@ -76,6 +77,6 @@ def export(
             written = t.export(out, format=export_format.value, progress=progress)
         finally:
             progress.close()
-        typer.echo(f"wrote {out}: {written['kernel']:,} kernels, {written['memop']:,} memory operations, "
+        _say(f"wrote {out}: {written['kernel']:,} kernels, {written['memop']:,} memory operations, "
                    f"{written['cuda_api']:,} API calls, {written['nvtx_range'] + written['nvtx_async'] // 2:,} NVTX "
                    f"ranges, {written['flow'] // 2:,} launch flows in {time.monotonic() - started:.1f} s")

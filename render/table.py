@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from traceq.render.columns import NUMERIC_KINDS, Column, column_spec, format_value
+from traceq.text import visible
 
 if TYPE_CHECKING:
     import polars as pl
@@ -228,7 +229,8 @@ def render_table(frame: pl.DataFrame | duckdb.DuckDBPyRelation, *, title: str | 
     columns = []
     for i, name in enumerate(names):
         spec = column_spec(name, numeric[name])
-        columns.append(_Column(name, spec, [format_value(spec.kind, row[i]) for row in rows]))
+        # a trace's names can hold terminal sequences: shown as escapes before any cutting
+        columns.append(_Column(name, spec, [visible(format_value(spec.kind, row[i])) for row in rows]))
     kept, left_out = _layout(columns, width)
     table = Table(header_style="bold")
     for c in kept:
@@ -242,7 +244,7 @@ def render_table(frame: pl.DataFrame | duckdb.DuckDBPyRelation, *, title: str | 
     console = Console(file=buffer, width=max(width, _total([c.width for c in kept])), force_terminal=False,
                       color_system=None, soft_wrap=False)
     if title:
-        console.print(Text(title), width=width)
+        console.print(Text(visible(title)), width=width)
     console.print(table)
     if not rows:
         console.print("(no rows)")
