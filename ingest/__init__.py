@@ -153,6 +153,11 @@ def read_trace(
             raise TraceFormatError(f"{path} is damaged: {e}") from None
         except UnicodeDecodeError:  # SQLite's message quoting damaged text, itself not UTF-8
             raise TraceFormatError(f"{path} is damaged: SQLite reports damage in text that is not UTF-8") from None
+        except RecursionError:  # JSON nested deeper than Python's parser goes (a crafted file)
+            raise TraceFormatError(f"{path} is not a trace traceq reads: its JSON is nested too deeply") from None
+        except (duckdb.ConversionException, duckdb.OutOfRangeException) as e:  # a value no column holds
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise TraceFormatError(f"{path} holds a value out of range: {first}") from None
         except TraceFormatError as e:  # the reader's or the checks' (ingest.validate): name the file once
             raise TraceFormatError(str(e) if str(e).startswith(str(path)) else f"{path}: {e}") from None
         _record_trace(con, trace_id, name, path, digest(), info, time.perf_counter() - started)

@@ -42,6 +42,7 @@ docs/damaged-traces.md), as in the other readers.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -189,10 +190,56 @@ class KinetoSource:
 
     path: Path
     options: LoadOptions
-    scratch: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="traceq-kineto-")))
+    scratch: Path = field(default_factory=lambda: new_scratch())
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+SCRATCH_PREFIX = "traceq-kineto-"
+OWNER_FILE = "owner.pid"
+
+
+def new_scratch() -> Path:
+    """A new scratch folder in the temporary folder, marked with this process's id; first, the
+    folders of loads whose process is gone (killed: no `close` ran) are removed, so a killed
+    load's staging (tens of MB) lasts only until the next load."""
+    sweep_stale_scratch()
+    folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+    (folder / OWNER_FILE).write_text(f"{os.getpid()}\n", encoding="ascii")
+    return folder
+
+
+def sweep_stale_scratch(root: Path | None = None) -> list[Path]:
+    """Remove the scratch folders under `root` (the temporary folder) whose owning process no
+    longer runs (or, unmarked, that are over a day old); the folders removed."""
+    import time
+
+    root = Path(root or tempfile.gettempdir())
+    removed = []
+    for folder in root.glob(SCRATCH_PREFIX + "*"):
+        try:
+            owner = (folder / OWNER_FILE).read_text(encoding="ascii").strip()
+            stale = not _running(int(owner))
+        except (OSError, ValueError):
+            try:
+                stale = time.time() - folder.stat().st_mtime > 86_400
+            except OSError:
+                continue
+        if stale and folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: running
+        return True
+    return True
 
 
 class KinetoReader:
@@ -225,6 +272,9 @@ class KinetoReader:
             _check(scratch, events, counts)
             _valid_times(scratch, sink.damage)
             _write_tables(scratch, sink, meta)
+            base = _int(meta.get("baseTimeNanoseconds"))
+            if base is not None and not 0 <= base < 2**63:
+                sink.damage.add("baseTimeNanoseconds", "out of range ignored (times kept as the trace has them)")
             return _source_info(meta)
         finally:
             scratch.close()
@@ -569,6 +619,8 @@ def _source_info(meta: dict[str, Any]) -> SourceInfo:
     versions = [f"{key} {meta[key]}" for key in ("cupti_version", "roctracer_version") if key in meta]
     tool = "PyTorch profiler (Kineto)" + (f", {', '.join(versions)}" if versions else "")
     base = _int(meta.get("baseTimeNanoseconds"))
+    if base is not None and not 0 <= base < 2**63:  # no wall clock: its times stand as they are
+        base = None
     return SourceInfo(format="kineto", tool=tool, schema_version=_text(meta.get("schemaVersion")),
                       session_start_utc_ns=base, rank=_int(info.get("rank")),
                       world_size=_int(info.get("world_size")), backend=_text(info.get("backend")))
