@@ -57,7 +57,7 @@ class Graph:
     iteration (code into `iterations`, null outside every range), start_ns, end_ns, dur_ns,
     fixed (bool: no predecessor, starts at its measured time), prog, prog_gap, launch,
     launch_gap, wait, wait_gap, awaited (sync: the GPU node), wake_gap, sync_floor_ns (a sync
-    call's least duration)."""
+    call's least duration), bind and woke (what bound it as measured, `replay.Replayed`)."""
     iterations: pl.Series
     """The iteration range names, by code."""
     dropped: int
@@ -145,8 +145,10 @@ def _assemble(con: duckdb.DuckDBPyConnection, trace_id: int, host: pl.DataFrame,
              .with_columns(pl.col("node").cast(pl.Int64)))
     # prog: the previous node of the lane
     in_lane = nodes.select("node", "lane", "start_ns", "end_ns").sort("lane", "start_ns", "end_ns", "node")
-    prev = in_lane.select("node", prog=pl.col("node").shift(1).over("lane"))
-    nodes = nodes.join(prev, on="node", how="left").sort("node")
+    previous = in_lane.select(pl.when(pl.col("lane").shift(1) == pl.col("lane")).then(pl.col("node").shift(1))
+                              ).to_series()
+    nodes = nodes.with_columns(prog=pl.repeat(None, nodes.height, dtype=pl.Int64, eager=True)
+                               .scatter(in_lane["node"], previous))
     host_rows = nodes.filter(pl.col("kind") == 0)
     gpu_mask = nodes["kind"] > 0
     # launch: the host call of the issuing thread that began last at or before the call's start
@@ -174,7 +176,7 @@ def _assemble(con: duckdb.DuckDBPyConnection, trace_id: int, host: pl.DataFrame,
     return Graph(nodes=nodes.select(
         "kind", "lane", "name", "library", "operation", "precision", "iteration", "start_ns", "end_ns", "dur_ns",
         "fixed", "prog", "prog_gap", "launch", "launch_gap", "wait", "wait_gap", "awaited", "wake_gap",
-        "sync_floor_ns", "pid", "device"), iterations=iterations, dropped=dropped)
+        "sync_floor_ns", "bind", "woke", "pid", "device"), iterations=iterations, dropped=dropped)
 
 
 def _gaps(nodes: pl.DataFrame) -> pl.DataFrame:
@@ -208,14 +210,15 @@ def _gaps(nodes: pl.DataFrame) -> pl.DataFrame:
         prog_gap=pl.when(bind_p).then(gap).otherwise(zero),
         launch_gap=pl.when(bind_l).then(gap + floor).otherwise(floor),
         wait_gap=pl.when(bind_w).then(gap).otherwise(zero),
-        fixed=best.is_null())
+        fixed=best.is_null(),
+        bind=pl.when(bind_p).then(1).when(bind_l).then(2).when(bind_w).then(3).otherwise(0).cast(pl.Int8))
     # a synchronising call: ends at the awaited work's end + the wake-up where it waited
     a_end = at(nodes["awaited"], end)
     waited = a_end.is_not_null() & (a_end > start)
     wake = (end - a_end)
     return out.with_columns(
         awaited=pl.when(a_end.is_not_null()).then(nodes["awaited"]),
-        wake_gap=pl.when(waited).then(wake).otherwise(zero),
+        wake_gap=pl.when(waited).then(wake).otherwise(zero), woke=waited.fill_null(False),
         sync_floor_ns=pl.when(waited).then(pl.min_horizontal(wake, nodes["dur_ns"]).clip(0)).otherwise(
             nodes["dur_ns"]))
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from traceq.analysis.critical.graph import KINDS, Graph
-from traceq.analysis.critical.replay import Replayed, iteration_ends, predecessors, replay, walk
+from traceq.analysis.critical.replay import Replayed, iteration_ends, measured, predecessors, replay, walk
 
 CATEGORIES = ("compute", "communication", "copy", "host", "launch", "sync wait", "idle")
 """What a path segment is, in the order tables list them."""
@@ -40,20 +40,25 @@ class Critical:
 def critical_paths(graph: Graph, dur_ns: pl.Series | None = None, nodes: pl.DataFrame | None = None) -> Critical:
     """Replay `graph` (with durations `dur_ns` and edge table `nodes` where given: a what-if's) and
     give each iteration's critical path."""
-    nodes = graph.nodes if nodes is None else nodes
-    run = replay(nodes, dur_ns)
-    return paths_of(graph, nodes, run)
+    run = measured(graph.nodes) if dur_ns is None and nodes is None else replay(
+        graph.nodes if nodes is None else nodes, dur_ns)
+    return paths_of(graph, graph.nodes if nodes is None else nodes, run)
 
 
 def paths_of(graph: Graph, nodes: pl.DataFrame, run: Replayed) -> Critical:
     """The critical paths of a replay `run` of `nodes`."""
     ends = iteration_ends(nodes, run.end_ns, run.start_ns)
     preds = predecessors(nodes)
-    rows: list[tuple[int, int, int, int, str]] = []
-    for index, (last, begin) in enumerate(zip(ends["last"].to_list(), ends["begin_ns"].to_list())):
-        rows.extend((index, *segment) for segment in walk(preds, run, last, begin))
-    segments = pl.DataFrame(rows, schema={"index": pl.Int64, "node": pl.Int64, "from_ns": pl.Int64,
-                                          "to_ns": pl.Int64, "edge": pl.String}, orient="row")
+    index: list[int] = []
+    rows: list[tuple[int, int, int, str]] = []
+    for i, (last, begin) in enumerate(zip(ends["last"].to_list(), ends["begin_ns"].to_list())):
+        path = walk(preds, run, last, begin)
+        rows.extend(path)
+        index.extend([i] * len(path))
+    node, lo, hi, edge = zip(*rows) if rows else ((), (), (), ())
+    segments = pl.DataFrame({"index": pl.Series(index, dtype=pl.Int64), "node": pl.Series(node, dtype=pl.Int64),
+                             "from_ns": pl.Series(lo, dtype=pl.Int64), "to_ns": pl.Series(hi, dtype=pl.Int64),
+                             "edge": pl.Series(edge, dtype=pl.String)})
     info = nodes.select("kind", "name", "library", "lane").with_row_index("node").with_columns(pl.col("node").cast(pl.Int64))
     segments = segments.join(info, on="node", how="left", maintain_order="left")
     kind = pl.col("kind")

@@ -71,6 +71,15 @@ def replay(nodes: pl.DataFrame, dur_ns: pl.Series | None = None) -> Replayed:
     return Replayed(starts, ends, bind, woke)
 
 
+def measured(nodes: pl.DataFrame) -> Replayed:
+    """The trace's own times as a replay: what the unchanged graph replays to (each binding edge
+    carries its measured gap), without the loop."""
+    bind = nodes["bind"].to_list()
+    fixed = nodes["fixed"].to_list()
+    return Replayed(nodes["start_ns"].to_list(), nodes["end_ns"].to_list(),
+                    [0 if f else b for b, f in zip(bind, fixed)], nodes["woke"].to_list())
+
+
 def iteration_ends(nodes: pl.DataFrame, ends: list[int], starts: list[int]) -> pl.DataFrame:
     """Per iteration (in order of their first node), the node that ended last and when: iteration
     (code, null: the whole trace when it has no iterations), first_ns (its first node's start),

@@ -161,16 +161,17 @@ def predict(con: duckdb.DuckDBPyConnection, trace_id: int, changes: Changes, gra
     (the trace's times), replayed_ns (the unchanged graph's replay), predicted_ns, gain_ns
     (measured - predicted), gain_pct; the predicted `path.Critical`; the assumptions)."""
     from traceq.analysis.critical.path import critical_paths
-    from traceq.analysis.critical.replay import iteration_ends
+    from traceq.analysis.critical.replay import iteration_ends, replay
 
     nodes = graph.nodes
     measured = iteration_ends(nodes, nodes["end_ns"].to_list(), nodes["start_ns"].to_list())
-    same = critical_paths(graph)
+    unchanged = replay(nodes)
+    same = iteration_ends(nodes, unchanged.end_ns, unchanged.start_ns)
     changed_nodes, dur, notes = apply(con, trace_id, graph, changes)
     new = critical_paths(graph, dur, changed_nodes)
-    table = same.iterations.select(
-        "iteration", measured_ns=measured["iteration_ns"], replayed_ns=pl.col("iteration_ns"),
-        predicted_ns=new.iterations["iteration_ns"])
+    table = new.iterations.select(
+        "iteration", measured_ns=measured["iteration_ns"], replayed_ns=same["iteration_ns"],
+        predicted_ns=pl.col("iteration_ns"))
     table = table.with_columns(gain_ns=pl.col("measured_ns") - pl.col("predicted_ns")).with_columns(
         gain_pct=100.0 * pl.col("gain_ns") / pl.col("measured_ns"))
     return table, new, notes or ["no change: the graph replayed as measured"]
