@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from traceq.analysis.critical.graph import KINDS, Graph
-from traceq.analysis.critical.replay import Replayed, iteration_ends, measured, predecessors, replay, walk
+from traceq.analysis.critical.replay import EDGES, Replayed, iteration_ends, measured, predecessors, replay, walk
 
 CATEGORIES = ("compute", "communication", "copy", "host", "launch", "sync wait", "idle")
 """What a path segment is, in the order tables list them."""
@@ -50,44 +50,37 @@ def paths_of(graph: Graph, nodes: pl.DataFrame, run: Replayed) -> Critical:
     ends = iteration_ends(nodes, run.end_ns, run.start_ns)
     preds = predecessors(nodes)
     index: list[int] = []
-    rows: list[tuple[int, int, int, str]] = []
+    node, lo, hi, edge = out = ([], [], [], [])
     for i, (last, begin) in enumerate(zip(ends["last"].to_list(), ends["begin_ns"].to_list())):
-        path = walk(preds, run, last, begin)
-        rows.extend(path)
-        index.extend([i] * len(path))
-    node, lo, hi, edge = zip(*rows) if rows else ((), (), (), ())
-    segments = pl.DataFrame({"index": pl.Series(index, dtype=pl.Int64), "node": pl.Series(node, dtype=pl.Int64),
-                             "from_ns": pl.Series(lo, dtype=pl.Int64), "to_ns": pl.Series(hi, dtype=pl.Int64),
-                             "edge": pl.Series(edge, dtype=pl.String)})
-    info = nodes.select("kind", "name", "library", "lane").with_row_index("node").with_columns(pl.col("node").cast(pl.Int64))
-    segments = segments.join(info, on="node", how="left", maintain_order="left")
-    kind = pl.col("kind")
-    category = (pl.when(pl.col("edge") == "node").then(
-        pl.when(kind == 0).then(pl.lit("host")).when(kind == 1).then(
-            pl.when(pl.col("library") == "NCCL").then(pl.lit("communication")).otherwise(pl.lit("compute")))
-        .otherwise(pl.lit("copy")))
-        .when(pl.col("edge") == "prog").then(pl.when(kind == 0).then(pl.lit("host")).otherwise(pl.lit("idle")))
-        .when(pl.col("edge") == "launch").then(pl.lit("launch"))
-        .when(pl.col("edge") == "wake").then(pl.lit("sync wait"))
-        .otherwise(pl.lit("idle")))
+        index.extend([i] * walk(preds, run, last, begin, out))
+    node = pl.Series(node, dtype=pl.Int64)
+    edge = pl.Series(edge, dtype=pl.UInt8)
+    kind = nodes["kind"].gather(node)
+    library = nodes["library"].gather(node)
+    # category codes into CATEGORIES: compute 0, communication 1, copy 2, host 3, launch 4, sync wait 5, idle 6
+    code = pl.select(
+        pl.when(edge == 0).then(pl.when(kind == 0).then(3).when(kind == 1).then(
+            pl.when(library == "NCCL").then(1).otherwise(0)).otherwise(2))
+        .when(edge == 1).then(pl.when(kind == 0).then(3).otherwise(6))
+        .when(edge == 2).then(4).when(edge == 4).then(5).otherwise(6).cast(pl.UInt32)).to_series()
     names = graph.iterations
-    ends = ends.with_row_index("index").with_columns(pl.col("index").cast(pl.Int64))
-    label = (pl.col("iteration").map_elements(lambda c: names[c], return_dtype=pl.String) if len(names)
-             else pl.lit("all"))
-    ends = ends.with_columns(label.alias("name"))
-    segments = (segments.with_columns(category=category, dur_ns=pl.col("to_ns") - pl.col("from_ns"),
-                                      kind=pl.col("kind").replace_strict(list(range(len(KINDS))), list(KINDS),
-                                                                         return_dtype=pl.String))
-                .join(ends.select("index", "name").rename({"name": "iteration"}), on="index", how="left",
-                      maintain_order="left"))
-    sums = segments.group_by("index").agg(
-        [pl.col("dur_ns").filter(pl.col("category") == c).sum().alias(f"{c.replace(' ', '_')}_ns")
-         for c in CATEGORIES])
-    table = (ends.join(sums, on="index", how="left").sort("index")
-             .select(pl.col("name").alias("iteration"), "begin_ns", "end_ns", "iteration_ns",
-                     *[pl.col(f"{c.replace(' ', '_')}_ns").fill_null(0) for c in CATEGORIES]))
-    return Critical(iterations=table, segments=segments.select(
-        "iteration", "from_ns", "to_ns", "dur_ns", "category", "edge", "kind", "name", "library"))
+    labels = (names.gather(ends["iteration"]) if len(names) else pl.repeat("all", ends.height, eager=True))
+    index = pl.Series(index, dtype=pl.UInt32)
+    dur = pl.Series(hi, dtype=pl.Int64) - pl.Series(lo, dtype=pl.Int64)
+    segments = pl.DataFrame({
+        "iteration": labels.gather(index), "from_ns": pl.Series(lo, dtype=pl.Int64),
+        "to_ns": pl.Series(hi, dtype=pl.Int64), "dur_ns": dur,
+        "category": pl.Series(CATEGORIES).gather(code), "edge": pl.Series(EDGES).gather(edge),
+        "kind": pl.Series(KINDS).gather(kind), "name": nodes["name"].gather(node), "library": library})
+    sums = (pl.DataFrame({"index": index, "code": code, "dur_ns": dur}).group_by("index", "code")
+            .agg(pl.col("dur_ns").sum()))
+    columns = [pl.col("dur_ns").filter(pl.col("code") == i).sum().alias(f"{c.replace(' ', '_')}_ns")
+               for i, c in enumerate(CATEGORIES)]
+    per = sums.group_by("index").agg(columns)
+    table = (ends.with_row_index("index").with_columns(iteration=labels).join(per, on="index", how="left")
+             .sort("index").select("iteration", "begin_ns", "end_ns", "iteration_ns",
+                                   *[pl.col(f"{c.replace(' ', '_')}_ns").fill_null(0) for c in CATEGORIES]))
+    return Critical(iterations=table, segments=segments)
 
 
 def composition(critical: Critical) -> pl.DataFrame:

@@ -17,6 +17,9 @@ import polars as pl
 BINDS = ("fixed", "prog", "launch", "wait")
 """What bound a node's start: nothing (its measured start), program order, launch, a wait."""
 
+EDGES = ("node", "prog", "launch", "wait", "wake", "before")
+"""What a path segment is (`walk` gives the index)."""
+
 
 @dataclass(frozen=True)
 class Replayed:
@@ -40,22 +43,23 @@ def replay(nodes: pl.DataFrame, dur_ns: pl.Series | None = None) -> Replayed:
     floor = nodes["sync_floor_ns"].to_list()
     n = len(dur)
     starts, ends, bind, woke = [0] * n, [0] * n, [0] * n, [False] * n
+    low = -(1 << 62)
     for i in range(n):
-        s, b = None, 0
+        s, b = low, 0
         p = prog[i]
         if p >= 0:
             s, b = ends[p] + pg[i], 1
         q = launch[i]
         if q >= 0:
             v = starts[q] + lg[i]
-            if s is None or v > s:
+            if v > s:
                 s, b = v, 2
         w = wait[i]
         if w >= 0:
             v = ends[w] + wg[i]
-            if s is None or v > s:
+            if v > s:
                 s, b = v, 3
-        if s is None:
+        if b == 0:
             s = measured[i]
         starts[i] = s
         bind[i] = b
@@ -64,7 +68,8 @@ def replay(nodes: pl.DataFrame, dur_ns: pl.Series | None = None) -> Replayed:
             e = s + floor[i]
             v = ends[a] + wk[i]
             if v > e:
-                e, woke[i] = v, True
+                e = v
+                woke[i] = True
             ends[i] = e
         else:
             ends[i] = s + dur[i]
@@ -105,14 +110,17 @@ def predecessors(nodes: pl.DataFrame) -> tuple[list[int], list[int], list[int], 
 
 
 def walk(preds: tuple[list[int], list[int], list[int], list[int]], run: Replayed, last: int,
-         begin_ns: int) -> list[tuple[int, int, int, str]]:
-    """The critical path ending at node `last`'s end (`preds`: `predecessors`), back to `begin_ns`: segments (node, from_ns,
-    to_ns, what) latest first; what is 'node' (its own time), 'prog' (the gap after the previous
-    node of its thread or stream), 'launch' (issue to start), 'wait' (another stream), 'wake' (a
-    synchronising call's return after the work it waited for) or 'before' (from begin_ns to a node
-    that nothing earlier bound). The segments cover [begin_ns, end of last] exactly."""
+         begin_ns: int, out: tuple[list[int], list[int], list[int], list[int]]) -> int:
+    """The critical path ending at node `last`'s end (`preds`: `predecessors`), back to
+    `begin_ns`, appended to `out` (node, from_ns, to_ns, what), latest first; returns how many
+    segments. What (an index into EDGES) is 'node' (its own time), 'prog' (the gap after the
+    previous node of its thread or stream), 'launch' (issue to start), 'wait' (another stream),
+    'wake' (a synchronising call's return after the work it waited for) or 'before' (from
+    begin_ns to a node that nothing earlier bound). The segments cover [begin_ns, end of last]
+    exactly."""
     prog, launch, wait, awaited = preds
-    segments: list[tuple[int, int, int, str]] = []
+    nodes, los, his, whats = out
+    first = len(nodes)
     node, at_end = last, True
     t = run.end_ns[last]
     while t > begin_ns:
@@ -120,23 +128,34 @@ def walk(preds: tuple[list[int], list[int], list[int], list[int]], run: Replayed
             if run.awaited[node]:
                 a = awaited[node]
                 lo = run.end_ns[a]
-                segments.append((node, lo, t, "wake"))
+                nodes.append(node)
+                los.append(lo)
+                his.append(t)
+                whats.append(4)
                 node, t = a, lo
                 continue
             lo = run.start_ns[node]
-            segments.append((node, lo, t, "node"))
+            nodes.append(node)
+            los.append(lo)
+            his.append(t)
+            whats.append(0)
             t, at_end = lo, False
             continue
         b = run.bind[node]
         if b == 0:
-            segments.append((node, begin_ns, t, "before"))
+            nodes.append(node)
+            los.append(begin_ns)
+            his.append(t)
+            whats.append(5)
             t = begin_ns
             break
         pred = (prog if b == 1 else launch if b == 2 else wait)[node]
         lo = run.start_ns[pred] if b == 2 else run.end_ns[pred]
-        segments.append((node, lo, t, BINDS[b]))
+        nodes.append(node)
+        los.append(lo)
+        his.append(t)
+        whats.append(b)
         node, t, at_end = pred, lo, b != 2
-    if segments and segments[-1][1] < begin_ns:  # clipped at the iteration's beginning
-        node, _, hi, what = segments[-1]
-        segments[-1] = (node, begin_ns, hi, what)
-    return segments
+    if len(nodes) > first and los[-1] < begin_ns:  # clipped at the iteration's beginning
+        los[-1] = begin_ns
+    return len(nodes) - first
