@@ -378,14 +378,8 @@ class Trace:
         """`traceq whatif`: the dependency graph replayed with the changes: (per iteration
         measured_ns, replayed_ns, predicted_ns, gain_ns, gain_pct, or another `view` of the new
         critical path as `critical` gives; one assumption per change)."""
-        from traceq.analysis.choices import CriticalView
-        from traceq.analysis.critical.whatif import Changes, Scale, predict
-
-        changes = Changes(scales=tuple(Scale.parse(s) for s in scale), no_launch_overhead=no_launch_overhead,
-                          overlap_comm=overlap_comm, precision=precision, gpu=gpu)
-        table, paths, notes = predict(self.con, self.id, changes, self._graph(iteration_regex))
-        view = CriticalView(view)
-        return (table if view is CriticalView.iterations else _critical_view(paths, view)), notes
+        return _whatif(self.con, self.id, self._graph(iteration_regex), scale, no_launch_overhead, overlap_comm,
+                       precision, gpu, view)
 
     def _graph(self, iteration_regex: str | None):
         from traceq.analysis.critical.graph import build_graph
@@ -490,3 +484,16 @@ def _critical_view(paths: Any, view: Any) -> pl.DataFrame:
     if view.value == "composition":
         return composition(paths)
     return longest(paths) if view.value == "longest" else paths.segments
+
+
+def _whatif(con: Any, trace_id: int, graph: Any, scale: Any, no_launch_overhead: bool, overlap_comm: bool,
+            precision: str | None, gpu: str | None, view: str) -> tuple[pl.DataFrame, list[str]]:
+    """`Trace.whatif` and `Run.whatif` over `graph` (the GPU model reads `trace_id`'s GPU)."""
+    from traceq.analysis.choices import CriticalView
+    from traceq.analysis.critical.whatif import Changes, Scale, predict
+
+    changes = Changes(scales=tuple(Scale.parse(s) for s in scale), no_launch_overhead=no_launch_overhead,
+                      overlap_comm=overlap_comm, precision=precision, gpu=gpu)
+    table, paths, notes = predict(con, trace_id, changes, graph)
+    chosen = CriticalView(view)
+    return (table if chosen is CriticalView.iterations else _critical_view(paths, chosen)), notes

@@ -7,17 +7,38 @@ from typing import Annotated, Optional
 import typer
 
 from traceq.analysis.choices import CriticalView
-from traceq.api import Trace
-from traceq.cli.base import DatasetOpt, DbOpt, FormatOpt, IterOpt, OutOpt, TraceOpt, _show_trace_table, app
+from traceq.cli.base import (
+    DatasetOpt,
+    DbOpt,
+    FormatOpt,
+    IterOpt,
+    OutOpt,
+    TraceOpt,
+    _show_run_table,
+    _show_trace_table,
+    app,
+)
 
 ViewOpt = Annotated[CriticalView, typer.Option(
     help="Per iteration its time and the path's composition, the composition over all iterations "
          "(by library), the longest segments, or every segment")]
+RunOpt = Annotated[Optional[str], typer.Option(
+    "--run", help="A run (its ranks on one clock, coupled by their collectives) instead of one trace",
+    show_default=False)]
+
+
+def _show(run: str | None, trace, db, dataset, fmt, out, build) -> None:
+    """One trace's table, or (`run` given) the run's."""
+    if run is None:
+        _show_trace_table(trace, db, dataset, fmt, out, build)
+    else:
+        _show_run_table(run, db, dataset, fmt, out, lambda r, progress: build(r))
 
 
 @app.command()
 def critical(
     view: ViewOpt = CriticalView.iterations,
+    run: RunOpt = None,
     trace: TraceOpt = None,
     db: DbOpt = None,
     dataset: DatasetOpt = None,
@@ -28,14 +49,14 @@ def critical(
     """The critical path of each iteration: what set its time (compute, communication, copies, host, launch, sync, idle)."""
     from traceq.units import format_duration
 
-    def build(t: Trace):
+    def build(t):
         frame = t.critical(view.value, iteration_regex=iteration_regex)
         times = t.critical("iterations", iteration_regex=iteration_regex)["iteration_ns"]
         title = (f"{t.name}: critical path of {times.len()} iteration(s), median "
                  f"{format_duration(float(times.median() or 0))}; {view.value}")
         return frame, title
 
-    _show_trace_table(trace, db, dataset, fmt, out, build)
+    _show(run, trace, db, dataset, fmt, out, build)
 
 
 @app.command()
@@ -54,6 +75,7 @@ def whatif(
         help="On this GPU (H100, A100, ...): compute-bound kernels by peak FLOP/s, the rest by DRAM bandwidth",
         show_default=False)] = None,
     view: ViewOpt = CriticalView.iterations,
+    run: RunOpt = None,
     trace: TraceOpt = None,
     db: DbOpt = None,
     dataset: DatasetOpt = None,
@@ -64,7 +86,7 @@ def whatif(
     """What the iteration would take with a change: the dependency graph replayed (predicted time, gain, new path)."""
     from traceq.units import format_duration
 
-    def build(t: Trace):
+    def build(t):
         frame, notes = t.whatif(scale or (), no_launch_overhead=no_launch_overhead, overlap_comm=overlap_comm,
                                 precision=precision, gpu=gpu, view=view.value, iteration_regex=iteration_regex)
         table, _ = t.whatif(scale or (), no_launch_overhead=no_launch_overhead, overlap_comm=overlap_comm,
@@ -75,4 +97,4 @@ def whatif(
                  f"{format_duration(float(predicted))} predicted; {view.value}")
         return frame, title + "".join(f"\n  assuming {note}" for note in notes)
 
-    _show_trace_table(trace, db, dataset, fmt, out, build)
+    _show(run, trace, db, dataset, fmt, out, build)

@@ -136,3 +136,64 @@ def test_replay_every_convention(other_store, name):
     error = ((paths.iterations["iteration_ns"] - measured).abs() / measured.clip(1))
     assert error.median() <= 0.02 and error.max() <= 0.05
     assert paths.segments["dur_ns"].sum() == paths.iterations["iteration_ns"].sum()
+
+
+RUNS = {"ddp50": "ddp_resnet50_2gpu_rank", "fsdp": "fsdp_transformer_2gpu_rank",
+        "ddp50k": "ddp_resnet50_2gpu_kineto_rank", "fsdpk": "fsdp_transformer_2gpu_kineto_rank"}
+
+
+@pytest.fixture(scope="module")
+def run_store(tmp_path_factory):
+    from traceq.api.loading import load_run
+    from traceq.store import open_store
+
+    con = open_store(tmp_path_factory.mktemp("critical_runs") / "runs.duckdb", create=True)
+    for name, stem in RUNS.items():
+        load_run(con, sorted(p for p in (SAMPLES / "multigpu").glob(f"{stem}[01].*") if not p.name.endswith(".csv")),
+                 name)
+    yield con
+    con.close()
+
+
+def _run_checked(con, run_id):
+    from traceq.analysis.critical.ranks import run_graph
+
+    graph = run_graph(con, run_id)
+    nodes = graph.nodes
+    paths = critical_paths(graph, nodes["dur_ns"])
+    measured = iteration_ends(nodes, nodes["end_ns"].to_list(), nodes["start_ns"].to_list())["iteration_ns"]
+    error = (paths.iterations["iteration_ns"] - measured).abs() / measured.clip(1)
+    assert error.median() <= 0.02 and error.max() <= 0.05
+    assert paths.segments["dur_ns"].sum() == paths.iterations["iteration_ns"].sum()
+    return graph
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_run_replay(run_store, name):
+    """Requirement 2 on the 2-GPU DDP and FSDP runs, ranks coupled by their collectives: every
+    coupled collective ends after its peer (the last rank) started, on the run's clock."""
+    con = run_store
+    run_id = con.execute("SELECT run_id FROM runs WHERE name = ?", [name]).fetchone()[0]
+    graph = _run_checked(con, run_id)
+    nodes = graph.nodes
+    coupled = nodes.filter(nodes["peer"] >= 0)
+    assert coupled.height > 0 and nodes["rank"].n_unique() == 2
+    peer_start = nodes["start_ns"].gather(coupled["peer"])
+    assert (coupled["end_ns"] >= peer_start).all() and (coupled["rank"] != nodes["rank"].gather(coupled["peer"])).all()
+
+
+def test_dlrm_replay(dlrm_store):
+    con, run_id = dlrm_store
+    graph = _run_checked(con, run_id)
+    assert graph.nodes["rank"].n_unique() == 8 and (graph.nodes["peer"] >= 0).sum() > 0
+
+
+def test_overlap_comm_on_a_run(run_store):
+    con = run_store
+    run_id = con.execute("SELECT run_id FROM runs WHERE name = 'fsdp'").fetchone()[0]
+    from traceq.analysis.critical.ranks import run_graph
+
+    graph = run_graph(con, run_id)
+    first = con.execute("SELECT min(trace_id) FROM ranks WHERE run_id = ?", [run_id]).fetchone()[0]
+    table, _, notes = predict(con, first, Changes(overlap_comm=True), graph)
+    assert (table["predicted_ns"] <= table["measured_ns"]).all() and "collective" in notes[0]

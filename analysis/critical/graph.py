@@ -57,7 +57,9 @@ class Graph:
     iteration (code into `iterations`, null outside every range), start_ns, end_ns, dur_ns,
     fixed (bool: no predecessor, starts at its measured time), prog, prog_gap, launch,
     launch_gap, wait, wait_gap, awaited (sync: the GPU node), wake_gap, sync_floor_ns (a sync
-    call's least duration), bind and woke (what bound it as measured, `replay.Replayed`)."""
+    call's least duration; a collective's own), bind and woke (what bound it as measured,
+    `replay.Replayed`), peer, peer_gap, arrived (a collective kernel of a run: the same collective
+    on the rank that arrived last, `ranks.run_graph`; -1, 0, false elsewhere)."""
     iterations: pl.Series
     """The iteration range names, by code."""
     dropped: int
@@ -169,14 +171,14 @@ def _assemble(con: duckdb.DuckDBPyConnection, trace_id: int, host: pl.DataFrame,
                               nodes["start_ns"])
     wait = pl.select(pl.when(gpu_mask & ended.is_not_null()).then(gpu_rows["node"].gather(ended))).to_series()
     nodes = nodes.with_columns(wait=wait)
-    nodes = _gaps(nodes)
+    nodes = _gaps(nodes).with_columns(peer=pl.lit(-1, pl.Int64), peer_gap=pl.lit(0, pl.Int64), arrived=pl.lit(False))
     nodes, dropped = _forward_only(nodes)
     iterations, codes = _iterations(con, trace_id, nodes, iteration_regex)
     nodes = nodes.with_columns(iteration=codes)
     return Graph(nodes=nodes.select(
         "kind", "lane", "name", "library", "operation", "precision", "iteration", "start_ns", "end_ns", "dur_ns",
         "fixed", "prog", "prog_gap", "launch", "launch_gap", "wait", "wait_gap", "awaited", "wake_gap",
-        "sync_floor_ns", "bind", "woke", "pid", "device"), iterations=iterations, dropped=dropped)
+        "sync_floor_ns", "bind", "woke", "peer", "peer_gap", "arrived", "pid", "device"), iterations=iterations, dropped=dropped)
 
 
 def _gaps(nodes: pl.DataFrame) -> pl.DataFrame:
@@ -228,11 +230,13 @@ def _forward_only(nodes: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     row = nodes["node"]
     dropped = 0
     columns = {}
-    for pred in ("prog", "launch", "wait", "awaited"):
+    for pred in ("prog", "launch", "wait", "awaited", "peer"):
         back = nodes[pred].is_not_null() & (nodes[pred] >= row)
         dropped += int(back.sum())
         columns[pred] = pl.when(back).then(None).otherwise(nodes[pred]).fill_null(-1)
-    out = nodes.with_columns(**columns).with_columns(fixed=(pl.col("prog") < 0) & (pl.col("launch") < 0) & (pl.col("wait") < 0))
+    out = nodes.with_columns(**columns).with_columns(
+        fixed=(pl.col("prog") < 0) & (pl.col("launch") < 0) & (pl.col("wait") < 0),
+        woke=pl.col("woke") & (pl.col("awaited") >= 0), arrived=pl.col("arrived") & (pl.col("peer") >= 0))
     return out, dropped
 
 

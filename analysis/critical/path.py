@@ -57,12 +57,14 @@ def paths_of(graph: Graph, nodes: pl.DataFrame, run: Replayed) -> Critical:
     edge = pl.Series(edge, dtype=pl.UInt8)
     kind = nodes["kind"].gather(node)
     library = nodes["library"].gather(node)
-    # category codes into CATEGORIES: compute 0, communication 1, copy 2, host 3, launch 4, sync wait 5, idle 6
+    # category codes into CATEGORIES: compute 0, communication 1 (a collective's wait for the last
+    # rank included), copy 2, host 3, launch 4, sync wait 5, idle 6
     code = pl.select(
         pl.when(edge == 0).then(pl.when(kind == 0).then(3).when(kind == 1).then(
             pl.when(library == "NCCL").then(1).otherwise(0)).otherwise(2))
         .when(edge == 1).then(pl.when(kind == 0).then(3).otherwise(6))
-        .when(edge == 2).then(4).when(edge == 4).then(5).otherwise(6).cast(pl.UInt32)).to_series()
+        .when(edge == 2).then(4).when(edge == 4).then(5).when(edge == 6).then(1).otherwise(6).cast(pl.UInt32)
+    ).to_series()
     names = graph.iterations
     labels = (names.gather(ends["iteration"]) if len(names) else pl.repeat("all", ends.height, eager=True))
     index = pl.Series(index, dtype=pl.UInt32)

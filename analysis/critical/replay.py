@@ -17,7 +17,7 @@ import polars as pl
 BINDS = ("fixed", "prog", "launch", "wait")
 """What bound a node's start: nothing (its measured start), program order, launch, a wait."""
 
-EDGES = ("node", "prog", "launch", "wait", "wake", "before")
+EDGES = ("node", "prog", "launch", "wait", "wake", "before", "arrive")
 """What a path segment is (`walk` gives the index)."""
 
 
@@ -29,6 +29,7 @@ class Replayed:
     end_ns: list[int]
     bind: list[int]  # index into BINDS
     awaited: list[bool]  # a synchronising call's end bound by the work it waited for
+    arrived: list[bool]  # a collective kernel's end bound by the last rank's arrival (its peer's start)
 
 
 def replay(nodes: pl.DataFrame, dur_ns: pl.Series | None = None) -> Replayed:
@@ -41,8 +42,9 @@ def replay(nodes: pl.DataFrame, dur_ns: pl.Series | None = None) -> Replayed:
     wait, wg = nodes["wait"].to_list(), nodes["wait_gap"].to_list()
     awaited, wk = nodes["awaited"].fill_null(-1).to_list(), nodes["wake_gap"].to_list()
     floor = nodes["sync_floor_ns"].to_list()
+    peer, peer_gap = nodes["peer"].to_list(), nodes["peer_gap"].to_list()
     n = len(dur)
-    starts, ends, bind, woke = [0] * n, [0] * n, [0] * n, [False] * n
+    starts, ends, bind, woke, arrived = [0] * n, [0] * n, [0] * n, [False] * n, [False] * n
     low = -(1 << 62)
     for i in range(n):
         s, b = low, 0
@@ -71,9 +73,16 @@ def replay(nodes: pl.DataFrame, dur_ns: pl.Series | None = None) -> Replayed:
                 e = v
                 woke[i] = True
             ends[i] = e
+        elif peer[i] >= 0:
+            e = s + floor[i]
+            v = starts[peer[i]] + peer_gap[i]
+            if v > e:
+                e = v
+                arrived[i] = True
+            ends[i] = e
         else:
             ends[i] = s + dur[i]
-    return Replayed(starts, ends, bind, woke)
+    return Replayed(starts, ends, bind, woke, arrived)
 
 
 def measured(nodes: pl.DataFrame) -> Replayed:
@@ -82,7 +91,7 @@ def measured(nodes: pl.DataFrame) -> Replayed:
     bind = nodes["bind"].to_list()
     fixed = nodes["fixed"].to_list()
     return Replayed(nodes["start_ns"].to_list(), nodes["end_ns"].to_list(),
-                    [0 if f else b for b, f in zip(bind, fixed)], nodes["woke"].to_list())
+                    [0 if f else b for b, f in zip(bind, fixed)], nodes["woke"].to_list(), nodes["arrived"].to_list())
 
 
 def iteration_ends(nodes: pl.DataFrame, ends: list[int], starts: list[int]) -> pl.DataFrame:
@@ -103,22 +112,23 @@ def iteration_ends(nodes: pl.DataFrame, ends: list[int], starts: list[int]) -> p
                             ).with_columns(iteration_ns=pl.col("end_ns") - pl.col("begin_ns"))
 
 
-def predecessors(nodes: pl.DataFrame) -> tuple[list[int], list[int], list[int], list[int]]:
-    """prog, launch, wait and awaited of every node as lists, for `walk`."""
+def predecessors(nodes: pl.DataFrame) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """prog, launch, wait, awaited and peer of every node as lists, for `walk`."""
     return (nodes["prog"].to_list(), nodes["launch"].to_list(), nodes["wait"].to_list(),
-            nodes["awaited"].fill_null(-1).to_list())
+            nodes["awaited"].fill_null(-1).to_list(), nodes["peer"].to_list())
 
 
-def walk(preds: tuple[list[int], list[int], list[int], list[int]], run: Replayed, last: int,
+def walk(preds: tuple[list[int], list[int], list[int], list[int], list[int]], run: Replayed, last: int,
          begin_ns: int, out: tuple[list[int], list[int], list[int], list[int]]) -> int:
     """The critical path ending at node `last`'s end (`preds`: `predecessors`), back to
     `begin_ns`, appended to `out` (node, from_ns, to_ns, what), latest first; returns how many
     segments. What (an index into EDGES) is 'node' (its own time), 'prog' (the gap after the
     previous node of its thread or stream), 'launch' (issue to start), 'wait' (another stream),
-    'wake' (a synchronising call's return after the work it waited for) or 'before' (from
-    begin_ns to a node that nothing earlier bound). The segments cover [begin_ns, end of last]
+    'wake' (a synchronising call's return after the work it waited for), 'arrive' (a collective
+    from the last rank's arrival to its end) or 'before' (from begin_ns to a node that nothing
+    earlier bound). The segments cover [begin_ns, end of last]
     exactly."""
-    prog, launch, wait, awaited = preds
+    prog, launch, wait, awaited, peer = preds
     nodes, los, his, whats = out
     first = len(nodes)
     node, at_end = last, True
@@ -133,6 +143,15 @@ def walk(preds: tuple[list[int], list[int], list[int], list[int]], run: Replayed
                 his.append(t)
                 whats.append(4)
                 node, t = a, lo
+                continue
+            if run.arrived[node]:
+                a = peer[node]
+                lo = run.start_ns[a]
+                nodes.append(node)
+                los.append(lo)
+                his.append(t)
+                whats.append(6)
+                node, t, at_end = a, lo, False
                 continue
             lo = run.start_ns[node]
             nodes.append(node)

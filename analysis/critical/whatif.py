@@ -92,10 +92,25 @@ def apply(con: duckdb.DuckDBPyConnection, trace_id: int, graph: Graph, changes: 
         dur = pl.select(pl.when(comm).then(0.0).otherwise(dur)).to_series()
         notes.append(f"{int(comm.sum())} collective kernels fully hidden behind compute (they take no time on "
                      "any path)")
+    nodes = _coupled_scaled(nodes, dur)
     if changes.no_launch_overhead:
         nodes, note = _without_launches(nodes)
         notes.append(note)
     return nodes, dur.round(0).cast(pl.Int64), notes
+
+
+def _coupled_scaled(nodes: pl.DataFrame, dur: pl.Series) -> pl.DataFrame:
+    """A collective of a run ends at its last rank's arrival plus the transfer (`ranks`): the
+    transfer and the kernel's own least time scaled as its duration was."""
+    old = nodes["dur_ns"].cast(pl.Float64)
+    ratio = pl.select(pl.when(old > 0).then(dur / old).otherwise(1.0)).to_series()
+    coupled = nodes["peer"] >= 0
+    if not coupled.any():
+        return nodes
+    return nodes.with_columns(
+        peer_gap=pl.when(coupled).then((nodes["peer_gap"] * ratio).round(0).cast(pl.Int64)).otherwise(nodes["peer_gap"]),
+        sync_floor_ns=pl.when(coupled).then((nodes["sync_floor_ns"] * ratio).round(0).cast(pl.Int64))
+        .otherwise(nodes["sync_floor_ns"]))
 
 
 def _without_launches(nodes: pl.DataFrame) -> tuple[pl.DataFrame, str]:
