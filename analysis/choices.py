@@ -77,6 +77,7 @@ class CriticalView(str, Enum):
 
     iterations = "iterations"
     composition = "composition"
+    layers = "layers"
     longest = "longest"
     segments = "segments"
 

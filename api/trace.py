@@ -364,7 +364,8 @@ class Trace:
         (`analysis.critical`). `view`: 'segments' (iteration, from_ns, to_ns, dur_ns, category,
         edge, kind, name, library), 'iterations' (per iteration its time and one `<category>_ns`
         column per category, adding up to it), 'composition' (category, library, total_ns,
-        per_iteration_ns, pct) or 'longest' (the ten longest segments)."""
+        per_iteration_ns, pct), 'layers' (the path's kernel time by layer, where the store keeps the
+        attribution) or 'longest' (the ten longest segments)."""
         from traceq.analysis.choices import CriticalView
         from traceq.analysis.critical.path import critical_paths
 
@@ -477,12 +478,14 @@ def _with_instance_context(frame: pl.DataFrame, attributed: pl.DataFrame) -> pl.
 
 def _critical_view(paths: Any, view: Any) -> pl.DataFrame:
     """One view (`choices.CriticalView`) of `analysis.critical.path.Critical` paths."""
-    from traceq.analysis.critical.path import composition, longest
+    from traceq.analysis.critical.path import composition, layer_composition, longest
 
     if view.value == "iterations":
         return paths.iterations
     if view.value == "composition":
         return composition(paths)
+    if view.value == "layers":
+        return layer_composition(paths)
     return longest(paths) if view.value == "longest" else paths.segments
 
 

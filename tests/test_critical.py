@@ -90,7 +90,7 @@ def test_whatif(sample_store):
     measured = critical_paths(graph).segments
     held = measured.filter(measured["library"] == "cuDNN")["dur_ns"].sum()
     assert faster["gain_ns"].sum() <= held // 2 + 1000
-    for bad in ("library=cuDNN", "layer=conv1:0.5", "kernel=(:0.5"):
+    for bad in ("library=cuDNN", "size=conv1:0.5", "kernel=(:0.5"):
         with pytest.raises(TraceqError):
             Scale.parse(bad)
 

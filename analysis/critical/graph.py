@@ -53,7 +53,8 @@ class Graph:
 
     nodes: pl.DataFrame
     """kind (KINDS), lane (a thread or stream number), name (API call, kernel short name, copy
-    kind), library (kernels: `classify`'s, 'NCCL' for collectives), operation, precision,
+    kind), library (kernels: `classify`'s, 'NCCL' for collectives), operation, precision, layer
+    (a kernel's, where the store keeps the trace's attribution),
     iteration (code into `iterations`, null outside every range), start_ns, end_ns, dur_ns,
     fixed (bool: no predecessor, starts at its measured time), prog, prog_gap, launch,
     launch_gap, wait, wait_gap, awaited (sync: the GPU node), wake_gap, sync_floor_ns (a sync
@@ -115,7 +116,27 @@ def build_graph(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: 
         "start_ns": ops["start_ns"], "end_ns": ops["end_ns"], "name": kname.cast(pl.String),
         "library": _kernels_only(is_kernel, lib), "operation": _kernels_only(is_kernel, operation),
         "precision": _kernels_only(is_kernel, precision), "call_thread": op_thread, "call_start_ns": ops["call_start_ns"]})
+    gpu = gpu.with_columns(layer=_layers(con, t, iteration_regex, gpu))
     return _assemble(con, t, host, gpu, iteration_regex)
+
+
+def _layers(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str, gpu: pl.DataFrame) -> pl.Series:
+    """Each kernel's layer where the store keeps the trace's attribution (`traceq layers`), else null."""
+    from traceq.analysis.structure.stored import is_kept
+
+    if not is_kept(con, trace_id, iteration_regex):
+        return pl.repeat(None, gpu.height, dtype=pl.String, eager=True)
+    t = int(trace_id)
+    layers = con.sql(f"""
+        SELECT q.device_id::BIGINT AS device, q.stream_id::BIGINT AS stream, e.start_ns, any_value(c.layer) AS layer
+        FROM kernel_events e JOIN kernel_queues q ON q.trace_id = {t} AND q.queue_id = e.queue_id
+        JOIN kernel_attribution a ON a.trace_id = {t} AND a.kernel_id = e.kernel_id
+        JOIN kernel_contexts c ON c.trace_id = {t} AND c.context_id = a.context_id
+        WHERE e.trace_id = {t} GROUP BY ALL""").pl()
+    keys = gpu.select(device=pl.col("device").cast(pl.Int64), stream=pl.col("stream").cast(pl.Int64),
+                      start_ns="start_ns", kernel=pl.col("kind") == 1)
+    found = keys.join(layers, on=["device", "stream", "start_ns"], how="left", maintain_order="left")
+    return pl.select(pl.when(found["kernel"]).then(found["layer"])).to_series()
 
 
 def _kernels_only(is_kernel: pl.Series, values: pl.Series) -> pl.Series:
@@ -132,11 +153,11 @@ def _assemble(con: duckdb.DuckDBPyConnection, trace_id: int, host: pl.DataFrame,
     nodes = pl.concat([
         host.select("kind", "pid", "start_ns", "end_ns", "name", "sync", device=pl.lit(None, pl.Int64),
                     library=pl.lit(None, pl.String), operation=pl.lit(None, pl.String),
-                    precision=pl.lit(None, pl.String), call_thread=pl.lit(None, pl.Int64),
+                    precision=pl.lit(None, pl.String), layer=pl.lit(None, pl.String), call_thread=pl.lit(None, pl.Int64),
                     call_start_ns=pl.lit(None, pl.Int64), thread=pl.col("thread")),
         gpu.select("kind", pl.col("pid"), "start_ns", "end_ns", "name", sync=pl.lit(False),
                    device=pl.col("device").cast(pl.Int64), library="library", operation="operation",
-                   precision="precision", call_thread="call_thread", call_start_ns="call_start_ns",
+                   precision="precision", layer="layer", call_thread="call_thread", call_start_ns="call_start_ns",
                    thread=pl.lit(None, pl.Int64)),
     ], how="vertical_relaxed").with_columns(lane=lane, dur_ns=pl.col("end_ns") - pl.col("start_ns"))
     # replay order
@@ -176,7 +197,7 @@ def _assemble(con: duckdb.DuckDBPyConnection, trace_id: int, host: pl.DataFrame,
     iterations, codes = _iterations(con, trace_id, nodes, iteration_regex)
     nodes = nodes.with_columns(iteration=codes)
     return Graph(nodes=nodes.select(
-        "kind", "lane", "name", "library", "operation", "precision", "iteration", "start_ns", "end_ns", "dur_ns",
+        "kind", "lane", "name", "library", "operation", "precision", "layer", "iteration", "start_ns", "end_ns", "dur_ns",
         "fixed", "prog", "prog_gap", "launch", "launch_gap", "wait", "wait_gap", "awaited", "wake_gap",
         "sync_floor_ns", "bind", "woke", "peer", "peer_gap", "arrived", "pid", "device"), iterations=iterations, dropped=dropped)
 

@@ -34,7 +34,8 @@ class Critical:
     then one `<category>_ns` column per CATEGORIES (they add up to iteration_ns)."""
     segments: pl.DataFrame
     """iteration, from_ns, to_ns, dur_ns, category, edge ('node', 'prog', 'launch', 'wait',
-    'wake', 'before'), kind (KINDS), name, library; latest first within an iteration."""
+    'wake', 'before', 'arrive'), kind (KINDS), name, library, layer (where the store keeps the
+    attribution); latest first within an iteration."""
 
 
 def critical_paths(graph: Graph, dur_ns: pl.Series | None = None, nodes: pl.DataFrame | None = None) -> Critical:
@@ -73,7 +74,8 @@ def paths_of(graph: Graph, nodes: pl.DataFrame, run: Replayed) -> Critical:
         "iteration": labels.gather(index), "from_ns": pl.Series(lo, dtype=pl.Int64),
         "to_ns": pl.Series(hi, dtype=pl.Int64), "dur_ns": dur,
         "category": pl.Series(CATEGORIES).gather(code), "edge": pl.Series(EDGES).gather(edge),
-        "kind": pl.Series(KINDS).gather(kind), "name": nodes["name"].gather(node), "library": library})
+        "kind": pl.Series(KINDS).gather(kind), "name": nodes["name"].gather(node), "library": library,
+        "layer": nodes["layer"].gather(node)})
     sums = (pl.DataFrame({"index": index, "code": code, "dur_ns": dur}).group_by("index", "code")
             .agg(pl.col("dur_ns").sum()))
     columns = [pl.col("dur_ns").filter(pl.col("code") == i).sum().alias(f"{c.replace(' ', '_')}_ns")
@@ -99,6 +101,17 @@ def composition(critical: Critical) -> pl.DataFrame:
 
 
 def longest(critical: Critical, k: int = 10) -> pl.DataFrame:
-    """The k longest path segments: iteration, category, kind, name, library, dur_ns."""
+    """The k longest path segments: iteration, category, edge, kind, name, library, layer, dur_ns."""
     return (critical.segments.sort("dur_ns", descending=True).head(k)
-            .select("iteration", "category", "edge", "kind", "name", "library", "dur_ns"))
+            .select("iteration", "category", "edge", "kind", "name", "library", "layer", "dur_ns"))
+
+
+def layer_composition(critical: Critical) -> pl.DataFrame:
+    """The path's kernel time (compute and communication) by layer, most first: layer, total_ns,
+    per_iteration_ns, pct (of the iterations' time); layer null where none is kept."""
+    total = max(int(critical.iterations["iteration_ns"].sum()), 1)
+    count = max(critical.iterations.height, 1)
+    kernels = critical.segments.filter(pl.col("category").is_in(["compute", "communication"]))
+    return (kernels.group_by("layer").agg(total_ns=pl.col("dur_ns").sum())
+            .with_columns(per_iteration_ns=pl.col("total_ns") // count, pct=100.0 * pl.col("total_ns") / total)
+            .sort("total_ns", "layer", descending=[True, False], nulls_last=True))

@@ -1,7 +1,8 @@
 """What-if changes to a dependency graph (`traceq whatif`): each change rewrites node durations
 or edges, states its assumption, and the graph is replayed (`path.critical_paths`).
 
-- `Scale`: kernels whose library or name (a regex) matches take `factor` times as long.
+- `Scale`: kernels whose library, name or layer (a regex) matches take `factor` times as long
+  (layers: where the store keeps the trace's attribution).
 - `no_launch_overhead`: the GPU no longer waits for the host to launch its work (CUDA graphs):
   a GPU operation's launch edge is kept only for the first operation of its iteration on its
   stream; one that waited for its launch follows its stream's previous operation after the
@@ -32,7 +33,7 @@ COMPUTE_BOUND = ("gemm", "convolution")
 
 @dataclass(frozen=True)
 class Scale:
-    """Kernels whose `field` ('library' or 'kernel') matches `pattern` take `factor` x as long."""
+    """Kernels whose `field` ('library', 'kernel' or 'layer') matches `pattern` take `factor` x as long."""
 
     field: str
     pattern: str
@@ -43,12 +44,9 @@ class Scale:
         """'library=cuBLAS:0.5', 'kernel=gemm:0.8'."""
         match = re.fullmatch(r"\s*(library|kernel|layer)\s*=\s*(.+):\s*([0-9.eE+-]+)\s*", text)
         if not match:
-            raise TraceqError(f"--scale {text!r}: expected FIELD=REGEX:FACTOR with FIELD library or kernel, "
+            raise TraceqError(f"--scale {text!r}: expected FIELD=REGEX:FACTOR with FIELD library, kernel or layer, "
                               "e.g. 'library=cuBLAS:0.5'")
         field, pattern, factor = match.group(1), match.group(2), float(match.group(3))
-        if field == "layer":
-            raise TraceqError("--scale layer=...: the dependency graph does not carry layers yet; "
-                              "scale by library= or kernel= (a kernel name regex)")
         if factor < 0:
             raise TraceqError(f"--scale {text!r}: the factor must be >= 0")
         try:
@@ -79,8 +77,11 @@ def apply(con: duckdb.DuckDBPyConnection, trace_id: int, graph: Graph, changes: 
     kernel = nodes["kind"] == 1
     notes: list[str] = []
     for scale in changes.scales:
-        column = nodes["library" if scale.field == "library" else "name"].fill_null("")
+        column = nodes[{"library": "library", "kernel": "name", "layer": "layer"}[scale.field]].fill_null("")
         hit = kernel & column.str.contains(scale.pattern)
+        if scale.field == "layer" and nodes["layer"].null_count() == nodes.height:
+            raise TraceqError("--scale layer=...: the store keeps no layer attribution for this trace; run "
+                              "`traceq attribute` first")
         dur = pl.select(pl.when(hit).then(dur * scale.factor).otherwise(dur)).to_series()
         notes.append(f"{int(hit.sum())} kernels whose {scale.field} matches {scale.pattern!r} take "
                      f"{scale.factor:g} x their measured time")
