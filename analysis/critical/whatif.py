@@ -27,6 +27,16 @@ import polars as pl
 from traceq.analysis.critical.graph import Graph
 from traceq.errors import TraceqError
 
+VALIDATION = {
+    "precision": "validated: FP32 -> AMP fp16, AlexNet b256 on an H200, -0.1 % (docs/whatif.md)",
+    "no_launch_overhead": "NOT validated against a real eager/CUDA-graph pair yet",
+    "overlap_comm": "NOT validated against a real pair yet",
+    "gpu": "NOT validated against a real pair of GPUs yet",
+    "scale": "exact for the durations given; the durations are yours",
+}
+"""How each change's prediction fared against real pairs (tools/whatif_validate.py), said with its
+assumption; a change whose validation missed its bound, or that has none, is labelled so."""
+
 COMPUTE_BOUND = ("gemm", "convolution")
 """Kernel operations the GPU and precision models take as compute-bound."""
 
@@ -84,19 +94,21 @@ def apply(con: duckdb.DuckDBPyConnection, trace_id: int, graph: Graph, changes: 
                               "`traceq attribute` first")
         dur = pl.select(pl.when(hit).then(dur * scale.factor).otherwise(dur)).to_series()
         notes.append(f"{int(hit.sum())} kernels whose {scale.field} matches {scale.pattern!r} take "
-                     f"{scale.factor:g} x their measured time")
+                     f"{scale.factor:g} x their measured time ({VALIDATION['scale']})")
     if changes.precision or changes.gpu:
         dur, note = _model(con, trace_id, nodes, dur, changes.precision, changes.gpu)
-        notes.extend(note)
+        said = "; ".join(VALIDATION[what] for what, given in (("precision", changes.precision), ("gpu", changes.gpu))
+                         if given)
+        notes.extend([f"{note[0]} ({said})", *note[1:]])
     if changes.overlap_comm:
         comm = kernel & (nodes["library"] == "NCCL").fill_null(False)
         dur = pl.select(pl.when(comm).then(0.0).otherwise(dur)).to_series()
         notes.append(f"{int(comm.sum())} collective kernels fully hidden behind compute (they take no time on "
-                     "any path)")
+                     f"any path; {VALIDATION['overlap_comm']})")
     nodes = _coupled_scaled(nodes, dur)
     if changes.no_launch_overhead:
         nodes, note = _without_launches(nodes)
-        notes.append(note)
+        notes.append(f"{note} ({VALIDATION['no_launch_overhead']})")
     return nodes, dur.round(0).cast(pl.Int64), notes
 
 
