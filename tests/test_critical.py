@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from conftest import SAMPLES, trace_id
 
@@ -70,7 +72,7 @@ def test_path_is_a_chain_of_real_events(sample_store):
         "SELECT short_name, dur_ns FROM kernels WHERE trace_id = ?", [t]).fetchall()}
     for _, group in paths.segments.group_by("iteration", maintain_order=True):
         rows = group.rows(named=True)
-        for newer, older in zip(rows, rows[1:]):
+        for newer, older in itertools.pairwise(rows):
             assert older["to_ns"] == newer["from_ns"]
         for row in rows:
             if row["kind"] == "kernel" and row["edge"] == "node":

@@ -49,7 +49,7 @@ def run_graph(con: duckdb.DuckDBPyConnection, run_id: int, iteration_regex: str 
         names.extend(graph.iterations.to_list())
     nodes = pl.concat(parts, how="vertical_relaxed").with_row_index("old").with_columns(pl.col("old").cast(pl.Int64))
     nodes = _couple(nodes)
-    order = sorted(set(n for n in names))
+    order = sorted(set(names))
     iterations = pl.Series(order, dtype=pl.String)
     nodes = nodes.with_columns(iteration=pl.col("iteration_name").replace_strict(
         order, list(range(len(order))), default=None, return_dtype=pl.UInt32) if order else pl.lit(None, pl.UInt32))
