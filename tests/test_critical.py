@@ -214,3 +214,21 @@ def test_validation_pairs():
     assert len(amp) == 2 and all(abs(e) <= module.BOUND for e in amp)
     batch = [e for w, e in results.items() if w.startswith("batch")]
     assert len(batch) == 1 and abs(batch[0]) > 0.05  # the linear model overshoots (docs/whatif.md)
+
+
+def test_dropped_binding_edge(tmp_path):
+    """A node whose measured binding edge was left out (times that tie in the replay order) ends
+    the walk there instead of following a missing predecessor (an nvprof trace of the corpus)."""
+    from conftest import shared
+
+    from traceq.api.loading import load_trace
+    from traceq.store import open_store
+
+    path = shared("realtraces", "nvprof_sqlite", "F64081169__Nvprof_Jetson_Nano_Example__yolo.nvvp")
+    con = open_store(tmp_path / "yolo.duckdb", create=True)
+    graph = build_graph(con, load_trace(con, path).trace_id)
+    assert graph.dropped > 0
+    measured = critical_paths(graph).iterations["iteration_ns"]
+    replayed = critical_paths(graph, graph.nodes["dur_ns"]).iterations["iteration_ns"]
+    assert ((replayed - measured).abs() / measured).max() <= 0.02
+    con.close()

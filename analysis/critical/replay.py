@@ -161,6 +161,8 @@ def walk(preds: tuple[list[int], list[int], list[int], list[int], list[int]], ru
             t, at_end = lo, False
             continue
         b = run.bind[node]
+        if b and (prog if b == 1 else launch if b == 2 else wait)[node] < 0:
+            b = 0  # the measured binding edge was left out (`graph._forward_only`)
         if b == 0:
             nodes.append(node)
             los.append(begin_ns)
