@@ -37,6 +37,7 @@ from traceq.analysis.intervals import last_at_or_before, last_open
 from traceq.analysis.operations import api_calls, gpu_work
 from traceq.analysis.structure.conventions import ITERATION_REGEX
 from traceq.analysis.timeline.gaps import COPY_CALL, SYNC_CALL
+from traceq.errors import MissingDataError
 
 WAIT_WINDOW_NS = 5_000
 """A GPU operation that started this close after another stream's operation ended, and later
@@ -116,6 +117,8 @@ def build_graph(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: 
         "start_ns": ops["start_ns"], "end_ns": ops["end_ns"], "name": kname.cast(pl.String),
         "library": _kernels_only(is_kernel, lib), "operation": _kernels_only(is_kernel, operation),
         "precision": _kernels_only(is_kernel, precision), "call_thread": op_thread, "call_start_ns": ops["call_start_ns"]})
+    if gpu.is_empty():
+        raise MissingDataError("the trace has no GPU work (kernels, copies, sets): no critical path to find")
     gpu = gpu.with_columns(layer=_layers(con, t, iteration_regex, gpu))
     return _assemble(con, t, host, gpu, iteration_regex)
 
