@@ -232,3 +232,43 @@ def test_dropped_binding_edge(tmp_path):
     replayed = critical_paths(graph, graph.nodes["dur_ns"]).iterations["iteration_ns"]
     assert ((replayed - measured).abs() / measured).max() <= 0.02
     con.close()
+
+
+@pytest.mark.parametrize("name", ["lenet_b256_cudnn", "alexnet_b256_amp", "badloop_mlp"])
+def test_segments_against_raw_events(sample_store, name):
+    """Every segment of the path, checked against the raw tables on its own terms: a GPU node is
+    a kernel or copy with exactly those times; a launch runs from the start of the call with the
+    work's correlation id to the work's start; a stream gap from the end of the previous work of
+    the same stream to the start of the next; a host call node is a call with those times."""
+    con = sample_store
+    t = trace_id(con, name)
+    work = con.execute("""
+        SELECT start_ns, end_ns, correlation_id, device_id, stream_id FROM kernels WHERE trace_id = ?1
+        UNION ALL SELECT start_ns, end_ns, correlation_id, device_id, stream_id FROM memops WHERE trace_id = ?1""",
+                       [t]).fetchall()
+    by_start = {s: (e, c, d, st) for s, e, c, d, st in work}
+    by_end = {}
+    for s, e, c, d, st in work:
+        by_end.setdefault((d, st), []).append((s, e))
+    calls = con.execute("SELECT start_ns, end_ns, correlation_id FROM api_events WHERE trace_id = ?", [t]).fetchall()
+    call_times = {(s, e) for s, e, _ in calls}
+    call_start = {c: s for s, _, c in calls if c is not None}
+    segments = critical_paths(build_graph(con, t)).segments
+    checked = 0
+    for row in segments.iter_rows(named=True):
+        lo, hi = row["from_ns"], row["to_ns"]
+        if row["edge"] == "node" and row["kind"] in ("kernel", "memcpy", "memset"):
+            assert by_start[lo][0] == hi
+        elif row["edge"] == "node" and row["kind"] == "call" and row["category"] == "host":
+            assert (lo, hi) in call_times or any(e == hi for _, e in call_times)  # clipped at the iteration's start
+        elif row["edge"] == "launch":
+            _, correlation, _, _ = by_start[hi]
+            assert call_start[correlation] == lo
+        elif row["edge"] == "prog" and row["kind"] != "call":
+            _, _, device, stream = by_start[hi]
+            before = max(e for s, e in by_end[(device, stream)] if s < hi)
+            assert before == lo
+        else:
+            continue
+        checked += 1
+    assert checked >= segments.height // 2
