@@ -18,6 +18,7 @@ from traceq.cli.base import (
     _show_trace_table,
     app,
 )
+from traceq.render import Format, format_for
 
 ViewOpt = Annotated[CriticalView, typer.Option(
     help="Per iteration its time and the path's composition, the composition over all iterations "
@@ -95,6 +96,9 @@ def whatif(
         measured, predicted = table["measured_ns"].median() or 0, table["predicted_ns"].median() or 0
         title = (f"{t.name}: what if, median iteration {format_duration(float(measured))} measured, "
                  f"{format_duration(float(predicted))} predicted; {view.value}")
+        if format_for(fmt, out) is not Format.table:  # csv and json carry no title: the assumptions on stderr
+            for note in notes:
+                typer.echo(f"traceq whatif: assuming {note}", err=True)
         return frame, title + "".join(f"\n  assuming {note}" for note in notes)
 
     _show(run, trace, db, dataset, fmt, out, build)
