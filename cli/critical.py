@@ -22,7 +22,7 @@ from traceq.render import Format, format_for
 
 ViewOpt = Annotated[CriticalView, typer.Option(
     help="Per iteration its time and the path's composition, the composition over all iterations "
-         "(by library), the longest segments, or every segment")]
+         "(by library), the path's kernel time by layer, the longest segments, or every segment")]
 RunOpt = Annotated[Optional[str], typer.Option(
     "--run", help="A run (its ranks on one clock, coupled by their collectives) instead of one trace",
     show_default=False)]
