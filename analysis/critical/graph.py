@@ -127,7 +127,11 @@ def _layers(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str,
     """Each kernel's layer where the store keeps the trace's attribution (`traceq layers`), else null."""
     from traceq.analysis.structure.stored import is_kept
 
-    if not is_kept(con, trace_id, iteration_regex):
+    try:
+        kept = is_kept(con, trace_id, iteration_regex)
+    except duckdb.Error:  # a dataset without the kept attribution's tables
+        kept = False
+    if not kept:
         return pl.repeat(None, gpu.height, dtype=pl.String, eager=True)
     t = int(trace_id)
     layers = con.sql(f"""
