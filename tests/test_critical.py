@@ -272,3 +272,15 @@ def test_segments_against_raw_events(sample_store, name):
             continue
         checked += 1
     assert checked >= segments.height // 2
+
+
+def test_no_launch_overhead(sample_store):
+    """A GPU-bound trace gains nothing from removing launch overhead; a launch-bound loop gains."""
+    con = sample_store
+    gains = {}
+    for name in ("alexnet_b256_cudnn", "badloop_mlp"):
+        t = trace_id(con, name)
+        table, _, notes = predict(con, t, Changes(no_launch_overhead=True), build_graph(con, t))
+        gains[name] = float((table["gain_ns"] / table["measured_ns"]).median())
+        assert "NOT validated" in notes[0]
+    assert abs(gains["alexnet_b256_cudnn"]) < 0.01 and gains["badloop_mlp"] > 0.05

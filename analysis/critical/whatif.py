@@ -107,7 +107,8 @@ def apply(con: duckdb.DuckDBPyConnection, trace_id: int, graph: Graph, changes: 
                      f"any path; {VALIDATION['overlap_comm']})")
     nodes = _coupled_scaled(nodes, dur)
     if changes.no_launch_overhead:
-        nodes, note = _without_launches(nodes)
+        nodes, gone, note = _without_launches(nodes)
+        dur = pl.select(pl.when(gone).then(0.0).otherwise(dur)).to_series()
         notes.append(f"{note} ({VALIDATION['no_launch_overhead']})")
     return nodes, dur.round(0).cast(pl.Int64), notes
 
@@ -126,8 +127,10 @@ def _coupled_scaled(nodes: pl.DataFrame, dur: pl.Series) -> pl.DataFrame:
         .otherwise(nodes["sync_floor_ns"]))
 
 
-def _without_launches(nodes: pl.DataFrame) -> tuple[pl.DataFrame, str]:
-    """Launch edges kept for each iteration's first operation per stream only."""
+def _without_launches(nodes: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series, str]:
+    """Launch edges kept for each iteration's first operation per stream only; the calls that
+    launched only the rest (and the host's time before each) gone: (nodes, which calls are gone,
+    the assumption)."""
     gpu = nodes["kind"] > 0
     queued = nodes.filter(gpu & (nodes["prog"] >= 0) & (nodes["prog_gap"] > 0) & (nodes["launch"] >= 0)
                           & (nodes["launch_gap"] == nodes.select(pl.col("launch_gap").min().over("device"))
@@ -138,14 +141,20 @@ def _without_launches(nodes: pl.DataFrame) -> tuple[pl.DataFrame, str]:
     floor = nodes.select(pl.col("launch_gap").min().over("device")).to_series()
     launch_bound = gpu & (nodes["launch"] >= 0) & (nodes["launch_gap"] > floor)
     keep = ~gpu | first | (nodes["prog"] < 0)
+    launch = nodes["launch"]
+    row = pl.int_range(0, nodes.height, dtype=pl.Int64, eager=True)
+    gone = (row.is_in(launch.filter(gpu & ~keep & (launch >= 0)).unique())
+            & ~row.is_in(launch.filter(gpu & keep & (launch >= 0)).unique()))
     out = nodes.with_columns(
         launch=pl.when(keep).then(nodes["launch"]).otherwise(-1),
-        prog_gap=pl.when(launch_bound & ~keep).then(median.fill_null(0)).otherwise(nodes["prog_gap"]))
+        prog_gap=pl.when(launch_bound & ~keep).then(median.fill_null(0))
+        .when(gone).then(0).otherwise(nodes["prog_gap"]))
     out = out.with_columns(fixed=(pl.col("prog") < 0) & (pl.col("launch") < 0) & (pl.col("wait") < 0))
     moved = int((launch_bound & ~keep).sum())
-    return out, (f"no launch overhead (CUDA graphs): GPU work no longer waits for its launch but for the first of "
-                 f"each iteration and stream; {moved} operations that waited for the host follow their stream "
-                 "after its median queued gap")
+    return out, gone, (f"no launch overhead (CUDA graphs): GPU work no longer waits for its launch but for the first "
+                       f"of each iteration and stream; {moved} operations that waited for the host follow their "
+                       f"stream after its median queued gap; {int(gone.sum())} launch calls and the host time "
+                       "before each take no time")
 
 
 def _model(con: duckdb.DuckDBPyConnection, trace_id: int, nodes: pl.DataFrame, dur: pl.Series,
