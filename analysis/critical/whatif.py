@@ -142,9 +142,9 @@ def _without_launches(nodes: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series, str
     launch_bound = gpu & (nodes["launch"] >= 0) & (nodes["launch_gap"] > floor)
     keep = ~gpu | first | (nodes["prog"] < 0)
     launch = nodes["launch"]
-    row = pl.int_range(0, nodes.height, dtype=pl.Int64, eager=True)
-    gone = (row.is_in(launch.filter(gpu & ~keep & (launch >= 0)).unique())
-            & ~row.is_in(launch.filter(gpu & keep & (launch >= 0)).unique()))
+    none = pl.repeat(False, nodes.height, dtype=pl.Boolean, eager=True)
+    gone = (none.scatter(launch.filter(gpu & ~keep & (launch >= 0)).unique(), True)
+            & ~none.scatter(launch.filter(gpu & keep & (launch >= 0)).unique(), True))
     out = nodes.with_columns(
         launch=pl.when(keep).then(nodes["launch"]).otherwise(-1),
         prog_gap=pl.when(launch_bound & ~keep).then(median.fill_null(0))
