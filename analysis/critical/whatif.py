@@ -142,9 +142,10 @@ def _without_launches(nodes: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series, str
     launch_bound = gpu & (nodes["launch"] >= 0) & (nodes["launch_gap"] > floor)
     keep = ~gpu | first | (nodes["prog"] < 0)
     launch = nodes["launch"]
-    none = pl.repeat(False, nodes.height, dtype=pl.Boolean, eager=True)
-    gone = (none.scatter(launch.filter(gpu & ~keep & (launch >= 0)).unique(), True)
-            & ~none.scatter(launch.filter(gpu & keep & (launch >= 0)).unique(), True))
+    def marked(rows: pl.Series) -> pl.Series:
+        return pl.repeat(False, nodes.height, dtype=pl.Boolean, eager=True).scatter(rows.unique(), True)
+
+    gone = marked(launch.filter(gpu & ~keep & (launch >= 0))) & ~marked(launch.filter(gpu & keep & (launch >= 0)))
     out = nodes.with_columns(
         launch=pl.when(keep).then(nodes["launch"]).otherwise(-1),
         prog_gap=pl.when(launch_bound & ~keep).then(median.fill_null(0))
