@@ -283,7 +283,7 @@ def _iterations(con: duckdb.DuckDBPyConnection, trace_id: int, nodes: pl.DataFra
     order = ranges.select(pl.col("name").unique(maintain_order=True))["name"]
     code = ranges["name"].replace_strict(order, pl.int_range(0, len(order), eager=True), return_dtype=pl.UInt32)
     launch = nodes["launch"]
-    when = nodes["start_ns"].scatter((launch >= 0).arg_true(),
+    when = nodes["start_ns"].clone().scatter((launch >= 0).arg_true(),
                                      nodes["start_ns"].gather(launch.filter(launch >= 0)))
     when = pl.select(pl.when(nodes["kind"] == 0).then(nodes["start_ns"]).otherwise(when)).to_series()
     if ranges["pid"].n_unique() > 1:
