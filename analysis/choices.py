@@ -72,6 +72,16 @@ class IdleBy(str, Enum):
     layer = "layer"
 
 
+class CriticalView(str, Enum):
+    """What `traceq critical` and `traceq whatif` show of the critical path."""
+
+    iterations = "iterations"
+    composition = "composition"
+    layers = "layers"
+    longest = "longest"
+    segments = "segments"
+
+
 class StatsReport(str, Enum):
     """The `nsys stats` reports `traceq stats` reproduces."""
 

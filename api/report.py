@@ -95,6 +95,7 @@ def _gather(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str,
         "iteration (mean span)": format_duration(spans.sum() / busy.height) if busy.height else "",
         "GPU idle in iterations": f"{100 * busy['idle_ns'].sum() / spans.sum():.1f} %" if spans.sum() else "",
     }
+    trace.facts["critical path (per iteration)"] = _critical_fact(con, trace_id, iteration_regex)
     summary = trace.frames.get("memory-summary")
     if summary is not None and summary.height:
         peak = summary.sort("peak_bytes", descending=True).row(0, named=True)
@@ -105,6 +106,24 @@ def _gather(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str,
         trace.facts["peak device memory"] = "no memory events"
     _run(con, trace, iteration_regex)
     return trace
+
+
+def _critical_fact(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str) -> str:
+    """The critical path's composition over the iterations, largest share first
+    ('17.9 ms: compute 82 %, copy 17 %, idle 1 %'; `analysis.critical`)."""
+    from traceq.analysis.critical.graph import build_graph
+    from traceq.analysis.critical.path import CATEGORIES, critical_paths
+
+    try:
+        table = critical_paths(build_graph(con, trace_id, iteration_regex)).iterations
+    except TraceqError as e:
+        return str(e)
+    total = int(table["iteration_ns"].sum())
+    if not total:
+        return ""
+    shares = sorted(((int(table[f"{c.replace(' ', '_')}_ns"].sum()) / total, c) for c in CATEGORIES), reverse=True)
+    parts = ", ".join(f"{c} {100 * share:.0f} %" for share, c in shares if share >= 0.005)
+    return f"{format_duration(total / table.height)}: {parts}"
 
 
 def _efficiency(con: duckdb.DuckDBPyConnection, trace: ReportTrace, attributed: pl.DataFrame, order: pl.DataFrame,

@@ -38,6 +38,7 @@ class Run:
         self.name = name
         self.load_results: list[LoadResult] | None = None
         self._con = con
+        self._kept: dict[tuple, object] = {}
         world, clock, shift = first_row(self.con, "SELECT world_size, clock, max(abs(k.shift_ns)) FROM runs "
                                         "JOIN ranks k USING (run_id) WHERE run_id = ? GROUP BY ALL", [run_id])
         self.world_size, self.clock, self.max_shift_ns = int(world), str(clock), int(shift)
@@ -48,6 +49,37 @@ class Run:
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
         return self.store.con if self._con is None else self._con
+
+    def critical(self, view: str = "segments", *, iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq critical --run`: `Trace.critical` over the run's ranks on one clock, coupled
+        by their collectives (`analysis.critical.ranks`); an iteration ends with its last rank."""
+        from traceq.analysis.choices import CriticalView
+        from traceq.analysis.critical.path import critical_paths
+        from traceq.api.trace import _critical_view
+
+        key = ("critical", _regex(iteration_regex))
+        if key not in self._kept:
+            self._kept[key] = critical_paths(self._graph(iteration_regex))
+        return _critical_view(self._kept[key], CriticalView(view))
+
+    def whatif(self, scale: list[str] | tuple[str, ...] = (), *, no_launch_overhead: bool = False,
+               overlap_comm: bool = False, precision: str | None = None, gpu: str | None = None,
+               view: str = "iterations", iteration_regex: str | None = None) -> tuple[pl.DataFrame, list[str]]:
+        """`traceq whatif --run`: `Trace.whatif` over the run's coupled graph (the GPU model reads
+        the first rank's GPU)."""
+        from traceq.api.trace import _whatif
+
+        first = self.traces()[0]
+        return _whatif(self.con, first.id, self._graph(iteration_regex), scale, no_launch_overhead, overlap_comm,
+                       precision, gpu, view)
+
+    def _graph(self, iteration_regex: str | None):
+        from traceq.analysis.critical.ranks import run_graph
+
+        key = ("graph", _regex(iteration_regex))
+        if key not in self._kept:
+            self._kept[key] = run_graph(self.con, self.id, _regex(iteration_regex))
+        return self._kept[key]
 
     def traces(self) -> list[Trace]:
         """The run's traces, by their first rank."""

@@ -359,6 +359,35 @@ class Trace:
 
         return idle_split(self.con, self.id, IdleBy(by), _regex(iteration_regex), self._gaps(iteration_regex))
 
+    def critical(self, view: str = "segments", *, iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq critical`: each iteration's critical path through the dependency graph
+        (`analysis.critical`). `view`: 'segments' (iteration, from_ns, to_ns, dur_ns, category,
+        edge, kind, name, library), 'iterations' (per iteration its time and one `<category>_ns`
+        column per category, adding up to it), 'composition' (category, library, total_ns,
+        per_iteration_ns, pct), 'layers' (the path's kernel time by layer, where the store keeps the
+        attribution) or 'longest' (the ten longest segments)."""
+        from traceq.analysis.choices import CriticalView
+        from traceq.analysis.critical.path import critical_paths
+
+        graph = self._graph(iteration_regex)
+        paths = self._keep("critical", (_regex(iteration_regex),), lambda: critical_paths(graph))
+        return _critical_view(paths, CriticalView(view))
+
+    def whatif(self, scale: list[str] | tuple[str, ...] = (), *, no_launch_overhead: bool = False,
+               overlap_comm: bool = False, precision: str | None = None, gpu: str | None = None,
+               view: str = "iterations", iteration_regex: str | None = None) -> tuple[pl.DataFrame, list[str]]:
+        """`traceq whatif`: the dependency graph replayed with the changes: (per iteration
+        measured_ns, replayed_ns, predicted_ns, gain_ns, gain_pct, or another `view` of the new
+        critical path as `critical` gives; one assumption per change)."""
+        return _whatif(self.con, self.id, self._graph(iteration_regex), scale, no_launch_overhead, overlap_comm,
+                       precision, gpu, view)
+
+    def _graph(self, iteration_regex: str | None):
+        from traceq.analysis.critical.graph import build_graph
+
+        regex = _regex(iteration_regex)
+        return self._keep("graph", (regex,), lambda: build_graph(self.con, self.id, regex))
+
     def idle_totals(self, *, iteration_regex: str | None = None) -> IdleTotals:
         """The devices' span, all idle time, iterations and devices (the title of `traceq idle`
         and `traceq advise`)."""
@@ -445,3 +474,29 @@ def _with_instance_context(frame: pl.DataFrame, attributed: pl.DataFrame) -> pl.
     joined = frame.join(context, on="kernel_id", how="left", maintain_order="left")
     first = ["rank", "layer", "pass", "name", "dur_ns"]  # the paper's Table 3: layer, function, time
     return joined.select(*first, *[c for c in joined.columns if c not in first])
+
+
+def _critical_view(paths: Any, view: Any) -> pl.DataFrame:
+    """One view (`choices.CriticalView`) of `analysis.critical.path.Critical` paths."""
+    from traceq.analysis.critical.path import composition, layer_composition, longest
+
+    if view.value == "iterations":
+        return paths.iterations
+    if view.value == "composition":
+        return composition(paths)
+    if view.value == "layers":
+        return layer_composition(paths)
+    return longest(paths) if view.value == "longest" else paths.segments
+
+
+def _whatif(con: Any, trace_id: int, graph: Any, scale: Any, no_launch_overhead: bool, overlap_comm: bool,
+            precision: str | None, gpu: str | None, view: str) -> tuple[pl.DataFrame, list[str]]:
+    """`Trace.whatif` and `Run.whatif` over `graph` (the GPU model reads `trace_id`'s GPU)."""
+    from traceq.analysis.choices import CriticalView
+    from traceq.analysis.critical.whatif import Changes, Scale, predict
+
+    changes = Changes(scales=tuple(Scale.parse(s) for s in scale), no_launch_overhead=no_launch_overhead,
+                      overlap_comm=overlap_comm, precision=precision, gpu=gpu)
+    table, paths, notes = predict(con, trace_id, changes, graph)
+    chosen = CriticalView(view)
+    return (table if chosen is CriticalView.iterations else _critical_view(paths, chosen)), notes

@@ -1,0 +1,215 @@
+"""What-if changes to a dependency graph (`traceq whatif`): each change rewrites node durations
+or edges, states its assumption, and the graph is replayed (`path.critical_paths`).
+
+- `Scale`: kernels whose library, name or layer (a regex) matches take `factor` times as long
+  (layers: where the store keeps the trace's attribution).
+- `no_launch_overhead`: the GPU no longer waits for the host to launch its work (CUDA graphs):
+  a GPU operation's launch edge is kept only for the first operation of its iteration on its
+  stream; one that waited for its launch follows its stream's previous operation after the
+  device's median queued gap.
+- `overlap_comm`: collective kernels are fully hidden behind compute: they take no time.
+- `precision`: GEMM and convolution kernels run in another precision: scaled by the ratio of
+  the GPU's dense peaks (`efficiency.peaks`) in their own precision and the new one.
+- `gpu`: the trace on another GPU (`efficiency.gpu_products`): GEMM and convolution kernels by
+  the ratio of peak FLOP/s in their precision, every other kernel and device-to-device copies
+  by the ratio of DRAM bandwidths (taken as memory-bound); host-device copies and host time
+  unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import duckdb
+import polars as pl
+
+from traceq.analysis.critical.graph import Graph
+from traceq.errors import TraceqError
+
+VALIDATION = {
+    "precision": "validated: FP32 -> AMP fp16, AlexNet b256 on an H200, -0.1 % (docs/whatif.md)",
+    "no_launch_overhead": "NOT validated against a real eager/CUDA-graph pair yet",
+    "overlap_comm": "NOT validated against a real pair yet",
+    "gpu": "NOT validated against a real pair of GPUs yet",
+    "scale": "exact for the durations given; the durations are yours",
+}
+"""How each change's prediction fared against real pairs (tools/whatif_validate.py), said with its
+assumption; a change whose validation missed its bound, or that has none, is labelled so."""
+
+COMPUTE_BOUND = ("gemm", "convolution")
+"""Kernel operations the GPU and precision models take as compute-bound."""
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Kernels whose `field` ('library', 'kernel' or 'layer') matches `pattern` take `factor` x as long."""
+
+    field: str
+    pattern: str
+    factor: float
+
+    @classmethod
+    def parse(cls, text: str) -> Scale:
+        """'library=cuBLAS:0.5', 'kernel=gemm:0.8'."""
+        match = re.fullmatch(r"\s*(library|kernel|layer)\s*=\s*(.+):\s*([0-9.eE+-]+)\s*", text)
+        if not match:
+            raise TraceqError(f"--scale {text!r}: expected FIELD=REGEX:FACTOR with FIELD library, kernel or layer, "
+                              "e.g. 'library=cuBLAS:0.5'")
+        field, pattern, factor = match.group(1), match.group(2), float(match.group(3))
+        if factor < 0:
+            raise TraceqError(f"--scale {text!r}: the factor must be >= 0")
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise TraceqError(f"--scale {text!r}: bad regex ({error})") from None
+        return cls(field, pattern, factor)
+
+
+@dataclass(frozen=True)
+class Changes:
+    """The changes of one what-if; they combine (applied in this order)."""
+
+    scales: tuple[Scale, ...] = ()
+    no_launch_overhead: bool = False
+    overlap_comm: bool = False
+    precision: str | None = None
+    gpu: str | None = None
+
+    def any(self) -> bool:
+        return bool(self.scales or self.no_launch_overhead or self.overlap_comm or self.precision or self.gpu)
+
+
+def apply(con: duckdb.DuckDBPyConnection, trace_id: int, graph: Graph, changes: Changes
+          ) -> tuple[pl.DataFrame, pl.Series, list[str]]:
+    """The graph's node table and durations with `changes` made, and one assumption per change."""
+    nodes, dur = graph.nodes, graph.nodes["dur_ns"].cast(pl.Float64)
+    kernel = nodes["kind"] == 1
+    notes: list[str] = []
+    for scale in changes.scales:
+        column = nodes[{"library": "library", "kernel": "name", "layer": "layer"}[scale.field]].fill_null("")
+        hit = kernel & column.str.contains(scale.pattern)
+        if scale.field == "layer" and nodes["layer"].null_count() == nodes.height:
+            raise TraceqError("--scale layer=...: the store keeps no layer attribution for this trace; run "
+                              "`traceq attribute` first")
+        dur = pl.select(pl.when(hit).then(dur * scale.factor).otherwise(dur)).to_series()
+        notes.append(f"{int(hit.sum())} kernels whose {scale.field} matches {scale.pattern!r} take "
+                     f"{scale.factor:g} x their measured time ({VALIDATION['scale']})")
+    if changes.precision or changes.gpu:
+        dur, note = _model(con, trace_id, nodes, dur, changes.precision, changes.gpu)
+        said = "; ".join(VALIDATION[what] for what, given in (("precision", changes.precision), ("gpu", changes.gpu))
+                         if given)
+        notes.extend([f"{note[0]} ({said})", *note[1:]])
+    if changes.overlap_comm:
+        comm = kernel & (nodes["library"] == "NCCL").fill_null(False)
+        dur = pl.select(pl.when(comm).then(0.0).otherwise(dur)).to_series()
+        notes.append(f"{int(comm.sum())} collective kernels fully hidden behind compute (they take no time on "
+                     f"any path; {VALIDATION['overlap_comm']})")
+    nodes = _coupled_scaled(nodes, dur)
+    if changes.no_launch_overhead:
+        nodes, gone, note = _without_launches(nodes)
+        dur = pl.select(pl.when(gone).then(0.0).otherwise(dur)).to_series()
+        notes.append(f"{note} ({VALIDATION['no_launch_overhead']})")
+    return nodes, dur.round(0).cast(pl.Int64), notes
+
+
+def _coupled_scaled(nodes: pl.DataFrame, dur: pl.Series) -> pl.DataFrame:
+    """A collective of a run ends at its last rank's arrival plus the transfer (`ranks`): the
+    transfer and the kernel's own least time scaled as its duration was."""
+    old = nodes["dur_ns"].cast(pl.Float64)
+    ratio = pl.select(pl.when(old > 0).then(dur / old).otherwise(1.0)).to_series()
+    coupled = nodes["peer"] >= 0
+    if not coupled.any():
+        return nodes
+    return nodes.with_columns(
+        peer_gap=pl.when(coupled).then((nodes["peer_gap"] * ratio).round(0).cast(pl.Int64)).otherwise(nodes["peer_gap"]),
+        sync_floor_ns=pl.when(coupled).then((nodes["sync_floor_ns"] * ratio).round(0).cast(pl.Int64))
+        .otherwise(nodes["sync_floor_ns"]))
+
+
+def _without_launches(nodes: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series, str]:
+    """Launch edges kept for each iteration's first operation per stream only; the calls that
+    launched only the rest (and the host's time before each) gone: (nodes, which calls are gone,
+    the assumption)."""
+    gpu = nodes["kind"] > 0
+    queued = nodes.filter(gpu & (nodes["prog"] >= 0) & (nodes["prog_gap"] > 0) & (nodes["launch"] >= 0)
+                          & (nodes["launch_gap"] == nodes.select(pl.col("launch_gap").min().over("device"))
+                             .to_series()))
+    medians = queued.group_by("device").agg(median=pl.col("prog_gap").median().round(0).cast(pl.Int64))
+    median = nodes.select("device").join(medians, on="device", how="left", maintain_order="left")["median"]
+    first = nodes.select(pl.int_range(pl.len()).over("lane", pl.col("iteration")) == 0).to_series()
+    floor = nodes.select(pl.col("launch_gap").min().over("device")).to_series()
+    launch_bound = gpu & (nodes["launch"] >= 0) & (nodes["launch_gap"] > floor)
+    keep = ~gpu | first | (nodes["prog"] < 0)
+    launch = nodes["launch"]
+    def marked(rows: pl.Series) -> pl.Series:
+        return pl.repeat(False, nodes.height, dtype=pl.Boolean, eager=True).scatter(rows.unique(), True)
+
+    gone = marked(launch.filter(gpu & ~keep & (launch >= 0))) & ~marked(launch.filter(gpu & keep & (launch >= 0)))
+    out = nodes.with_columns(
+        launch=pl.when(keep).then(nodes["launch"]).otherwise(-1),
+        prog_gap=pl.when(launch_bound & ~keep).then(median.fill_null(0))
+        .when(gone).then(0).otherwise(nodes["prog_gap"]))
+    out = out.with_columns(fixed=(pl.col("prog") < 0) & (pl.col("launch") < 0) & (pl.col("wait") < 0))
+    moved = int((launch_bound & ~keep).sum())
+    return out, gone, (f"no launch overhead (CUDA graphs): GPU work no longer waits for its launch but for the first "
+                       f"of each iteration and stream; {moved} operations that waited for the host follow their "
+                       f"stream after its median queued gap; {int(gone.sum())} launch calls and the host time "
+                       "before each take no time")
+
+
+def _model(con: duckdb.DuckDBPyConnection, trace_id: int, nodes: pl.DataFrame, dur: pl.Series,
+           precision: str | None, gpu: str | None) -> tuple[pl.Series, list[str]]:
+    """Durations under another precision and/or GPU (the per-kernel model of the module docstring)."""
+    from traceq.analysis.efficiency.gpu_products import gpu_product, trace_gpu
+    from traceq.analysis.efficiency.peaks import peak_flops
+
+    here = trace_gpu(con, trace_id)
+    there = gpu_product(gpu) if gpu else here
+    compute = (nodes["kind"] == 1) & nodes["operation"].is_in(list(COMPUTE_BOUND)).fill_null(False)
+    own = nodes["precision"].fill_null("").replace("", "fp32")
+    factors: dict[str, float] = {}
+    for p in own.filter(compute).unique().to_list():
+        before = peak_flops(*here.cc, here.sm_count, here.clock_hz, p)
+        new = precision or p
+        after = peak_flops(*there.cc, there.sm_count, there.clock_hz, new)
+        if not before or not after:
+            raise TraceqError(f"no dense {p if not before else new} peak for "
+                              f"{here.name if not before else there.name} in traceq's peak table")
+        factors[p] = before / after
+    factor = own.replace_strict(list(factors), list(factors.values()), default=1.0, return_dtype=pl.Float64)
+    notes = []
+    scaled = pl.select(pl.when(compute).then(dur * factor).otherwise(dur)).to_series()
+    what = f"in {precision}" if precision else "in their own precision"
+    where = f"on {there.name}" if gpu else f"on {here.name}"
+    notes.append(f"{int(compute.sum())} GEMM/convolution kernels compute-bound, {what} {where}: x "
+                 + ", ".join(f"{v:.3g} ({k})" for k, v in sorted(factors.items())))
+    if gpu:
+        ratio = here.dram_bytes_per_s / there.dram_bytes_per_s
+        memory = ((nodes["kind"] == 1) & ~compute) | (nodes["name"].fill_null("").str.contains("Device-to-Device"))
+        scaled = pl.select(pl.when(memory).then(scaled * ratio).otherwise(scaled)).to_series()
+        notes.append(f"{int(memory.sum())} other kernels and device copies memory-bound: x {ratio:.3g} "
+                     f"(DRAM {here.dram_bytes_per_s / 1e12:.2f} -> {there.dram_bytes_per_s / 1e12:.2f} TB/s)")
+    return scaled, notes
+
+
+def predict(con: duckdb.DuckDBPyConnection, trace_id: int, changes: Changes, graph: Graph
+            ) -> tuple[pl.DataFrame, object, list[str]]:
+    """The graph replayed unchanged and with `changes`: (per iteration: iteration, measured_ns
+    (the trace's times), replayed_ns (the unchanged graph's replay), predicted_ns, gain_ns
+    (measured - predicted), gain_pct; the predicted `path.Critical`; the assumptions)."""
+    from traceq.analysis.critical.path import critical_paths
+    from traceq.analysis.critical.replay import iteration_ends, replay
+
+    nodes = graph.nodes
+    measured = iteration_ends(nodes, nodes["end_ns"].to_list(), nodes["start_ns"].to_list())
+    unchanged = replay(nodes)
+    same = iteration_ends(nodes, unchanged.end_ns, unchanged.start_ns)
+    changed_nodes, dur, notes = apply(con, trace_id, graph, changes)
+    new = critical_paths(graph, dur, changed_nodes)
+    table = new.iterations.select(
+        "iteration", measured_ns=measured["iteration_ns"], replayed_ns=same["iteration_ns"],
+        predicted_ns=pl.col("iteration_ns"))
+    table = table.with_columns(gain_ns=pl.col("measured_ns") - pl.col("predicted_ns")).with_columns(
+        gain_pct=100.0 * pl.col("gain_ns") / pl.col("measured_ns"))
+    return table, new, notes or ["no change: the graph replayed as measured"]
