@@ -16,8 +16,8 @@ from traceq.cli import agents, comparing, critical, loading, multigpu, output, t
 from traceq.cli.base import app
 
 _ORDER = ("load", "traces", "top", "layers", "libs", "stages", "idle", "launches", "critical", "whatif", "stats",
-          "advise", "rm", "sql", "attribute", "occupancy", "ru", "ce", "traffic", "compare", "comm", "overlap", "ranks", "memory", "report",
-          "export", "mcp")
+          "advise", "rm", "sql", "attribute", "occupancy", "ru", "ce", "traffic", "compare", "comm", "overlap", "ranks",
+          "memory", "report", "export", "mcp")
 """The commands in the order `traceq --help` lists them."""
 
 app.registered_commands.sort(key=lambda c: _ORDER.index(c.callback.__name__))
