@@ -79,6 +79,14 @@ def _run_tool(name: str) -> Tool:
     return Tool(name, _doc(method), parameters_schema(method, skip=_SKIP, extra={"run": dict(_RUN)}), call)
 
 
+def _whatif(store: Path | None, args: dict[str, Any]) -> Any:
+    """`whatif` returns (frame, assumptions): the frame bounded, the assumptions beside it."""
+    ref = args.pop("trace", None)
+    with Store(store) as s:
+        frame, assumptions = s.trace(ref).whatif(**args)
+    return {"frame": frame, "assumptions": assumptions}
+
+
 def _load(store: Path | None, args: dict[str, Any]) -> Any:
     path = args.pop("path")
     with Store(store, lazy=True) as s:
@@ -122,7 +130,9 @@ def _tools() -> dict[str, Tool]:
             _load),
         Tool("traces", _doc(Store.traces), parameters_schema(Store.traces), _traces),
         *(_trace_tool(n) for n in ("top", "layers", "libs", "stages", "ce", "ru", "idle", "launches", "memory",
-                                   "advise")),
+                                   "advise", "critical")),
+        Tool("whatif", _doc(Trace.whatif) + " Returns the frame and the assumptions each change makes.",
+             parameters_schema(Trace.whatif, skip=_SKIP, extra={"trace": dict(_TRACE)}), _whatif),
         Tool("compare", _doc(Trace.compare), parameters_schema(Trace.compare, skip=(*_SKIP, "other"), extra={
             "trace": dict(_TRACE), "other": {"type": ["string", "integer"], "description": "the trace to compare with"}}),
             _compare),
@@ -170,6 +180,8 @@ def bounded(result: Any, limit: int) -> dict[str, Any]:
     RESULT_CAP characters of JSON."""
     import polars as pl
 
+    if isinstance(result, dict) and isinstance(result.get("frame"), pl.DataFrame):  # whatif: a frame and notes
+        return {**bounded(result["frame"], limit), "assumptions": _cap(result["assumptions"])}
     if not isinstance(result, pl.DataFrame):
         return {"result": _cap(result)}
     rows = [_cap(r) for r in result.head(limit).to_dicts()]

@@ -14,7 +14,8 @@ def mcp(db: DbOpt = None) -> None:
     """Serve traceq's commands to a coding agent (MCP server on stdio).
 
     The tools are load, traces, top, layers, libs, stages, ce, ru, idle, launches, memory, advise,
-    compare, comm, overlap, ranks, sql (read-only) and report; the resources are the docs pages.
+    critical, whatif, compare, comm, overlap, ranks, sql (read-only) and report; the resources are
+    the docs pages.
     Needs the `mcp` extra (docs/agents.md).
 
     Example, in an agent's MCP settings: {"command": "traceq", "args": ["mcp", "--db", "/path/traceq.duckdb"]}

@@ -20,7 +20,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 EXPECTED_TOOLS = {"load", "traces", "top", "layers", "libs", "stages", "ce", "ru", "idle", "launches", "memory",
-                  "advise", "compare", "comm", "overlap", "ranks", "sql", "report"}
+                  "advise", "critical", "whatif", "compare", "comm", "overlap", "ranks", "sql", "report"}
 
 
 def _session(db: Path, work):
