@@ -18,6 +18,7 @@ from typing import Any
 from traceq.errors import (
     MissingDataError,
     NotFoundError,
+    OptionError,
     RegressionError,
     StoreError,
     TraceFormatError,
@@ -31,7 +32,7 @@ _API = ("Run", "Store", "Trace", "load", "load_dataset", "occupancy", "open", "u
 _MODULES = ("analysis", "api", "cli", "dataset", "errors", "ingest", "render", "store")
 
 __all__ = [*_API, "MissingDataError", "NotFoundError", "RegressionError", "StoreError", "TraceFormatError",
-           "TraceqError", "TraceqWarning", "__version__"]
+           "TraceqError", "TraceqWarning", "OptionError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,6 +12,11 @@ class TraceqError(Exception):
     exit_code = 1
 
 
+class OptionError(TraceqError, ValueError):
+    """An option's value is none of its choices (the API's form of a CLI usage error); a ValueError
+    too, for code that caught the ValueError an enum raised before."""
+
+
 class TraceFormatError(TraceqError):
     """The input is not a trace traceq can read (or is damaged)."""
 

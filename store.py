@@ -91,7 +91,6 @@ def open_store(
         lock_timeout = float(os.environ.get("TRACEQ_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT_S))
     con = _connect_waiting(path, read_only and path.exists(), lock_timeout, on_wait)
     try:
-        _check_whole(con, path)
         _ensure_schema(con, path, create=create and not read_only)
         if not read_only:
             reclaim_space(con, path)
@@ -103,19 +102,6 @@ def open_store(
         raise
     return con
 
-
-def _check_whole(con: duckdb.DuckDBPyConnection, path: Path) -> None:
-    """Refuse a store file shorter than the blocks its header counts (cut short by a copy or a
-    full disk): DuckDB opens it, and fails later in whichever query reads a missing block."""
-    row = first_row(con, "SELECT total_blocks, block_size FROM pragma_database_size() "
-                         "WHERE database_name = current_database()")
-    if row is None or not path.exists():
-        return
-    needed = HEADER_BYTES + int(row[0]) * int(row[1])
-    size = path.stat().st_size
-    if size < needed:
-        raise StoreError(f"{path} is truncated: its header counts {needed:,} bytes but the file has {size:,}; "
-                         "copy it again, or load the traces into a new store")
 
 
 HEADER_BYTES = 3 * 4096

@@ -8,8 +8,27 @@ from __future__ import annotations
 
 from enum import Enum
 
+from traceq.errors import OptionError
 
-class NameBy(str, Enum):
+
+class Choice(str, Enum):
+    """An option's choices: a value that is none of them raises OptionError (a TraceqError, one
+    line naming the choices), as the API's docs promise, instead of the enum's bare ValueError."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> Choice:
+        choices = ", ".join(repr(m.value) for m in cls)
+        raise OptionError(f"{value!r} is not a valid {_words(cls.__name__)}: choose one of {choices}")
+
+
+def _words(name: str) -> str:
+    """'CompareBy' -> 'compare by', 'StatsReport' -> 'stats report'."""
+    import re
+
+    return re.sub(r"(?<!^)(?=[A-Z])", " ", name).lower()
+
+
+class NameBy(Choice):
     """Which kernel name to group by."""
 
     demangled = "demangled"
@@ -17,7 +36,7 @@ class NameBy(str, Enum):
     mangled = "mangled"
 
 
-class GroupBy(str, Enum):
+class GroupBy(Choice):
     """What `traceq ru` and `traceq ce` group launches by."""
 
     kernel = "kernel"
@@ -25,7 +44,7 @@ class GroupBy(str, Enum):
     library = "library"
 
 
-class Precision(str, Enum):
+class Precision(Choice):
     """The number format a kernel's arithmetic runs in: what `traceq ce` measures it against
     (`analysis.efficiency.peaks`), and the `[[precision]]` answers of the kernel rules."""
 
@@ -41,7 +60,7 @@ class Precision(str, Enum):
 PRECISIONS = tuple(p.value for p in Precision)
 
 
-class CompareBy(str, Enum):
+class CompareBy(Choice):
     """What `traceq compare` lines two traces up by."""
 
     layer = "layer"
@@ -50,21 +69,21 @@ class CompareBy(str, Enum):
     stage = "stage"
 
 
-class MemoryBy(str, Enum):
+class MemoryBy(Choice):
     """What `traceq memory` lists: allocations per layer, or bytes in use after each event."""
 
     layer = "layer"
     time = "time"
 
 
-class TrafficBy(str, Enum):
+class TrafficBy(Choice):
     """What `traceq traffic` lists: one row per layer and pass, or per kernel name."""
 
     layer = "layer"
     kernel = "kernel"
 
 
-class IdleBy(str, Enum):
+class IdleBy(Choice):
     """What `traceq idle` splits the GPU's idle time by, beside its cause."""
 
     iteration = "iteration"
@@ -72,7 +91,7 @@ class IdleBy(str, Enum):
     layer = "layer"
 
 
-class CriticalView(str, Enum):
+class CriticalView(Choice):
     """What `traceq critical` and `traceq whatif` show of the critical path."""
 
     iterations = "iterations"
@@ -82,7 +101,7 @@ class CriticalView(str, Enum):
     segments = "segments"
 
 
-class StatsReport(str, Enum):
+class StatsReport(Choice):
     """The `nsys stats` reports `traceq stats` reproduces."""
 
     cuda_api_sum = "cuda_api_sum"
@@ -94,20 +113,20 @@ class StatsReport(str, Enum):
     cuda_kern_exec_sum = "cuda_kern_exec_sum"
 
 
-class ExportFormat(str, Enum):
+class ExportFormat(Choice):
     """What `traceq export` writes: Chrome trace events, which Perfetto opens."""
 
     perfetto = "perfetto"
 
 
-class CommBy(str, Enum):
+class CommBy(Choice):
     """What `traceq comm` lists: per collective, iteration and rank, or per collective instance."""
 
     rank = "rank"
     instance = "instance"
 
 
-class RanksBy(str, Enum):
+class RanksBy(Choice):
     """What `traceq ranks` lists: per iteration and rank, or the collectives that started late."""
 
     iteration = "iteration"

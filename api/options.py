@@ -6,7 +6,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from traceq.errors import TraceqWarning
+from traceq.errors import OptionError, TraceqWarning
 
 if TYPE_CHECKING:
     import duckdb
@@ -26,9 +26,30 @@ def _remove_store(path: Path) -> None:
 
 
 def _regex(value: str | None) -> str:
+    """The iteration regex to use: `value` (checked: a regex DuckDB's RE2 compiles), else the default.
+
+    Raises:
+        OptionError: `value` is not a regular expression.
+    """
     from traceq.analysis.structure.conventions import ITERATION_REGEX
 
-    return ITERATION_REGEX if value is None else value
+    if value is None:
+        return ITERATION_REGEX
+    import duckdb
+
+    try:
+        duckdb.connect().execute("SELECT regexp_matches('', ?)", [value])
+    except duckdb.Error as e:
+        first = str(e).splitlines()[0] if str(e) else "not a regular expression"
+        raise OptionError(f"iteration regex {value!r}: {first}") from None
+    return value
+
+
+def _positive(name: str, value: int | None) -> int | None:
+    """`value` when it is None or at least 1; else OptionError naming the option."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise OptionError(f"{name} must be a whole number of at least 1 ({value!r} given)")
+    return value
 
 
 def _path(value: str | Path | None) -> Path | None:

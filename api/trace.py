@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from traceq.api.store import Store
     from traceq.ingest import LoadResult
 
-from traceq.api.options import _note, _path, _regex, _rules_key
+from traceq.api.options import _note, _path, _positive, _regex, _rules_key
 
 AUTO_CONTEXT_MAX_KERNELS = 1_000_000
 """Above this many kernels `top` gives the library column alone unless asked for `context`."""
@@ -165,6 +165,7 @@ class Trace:
         (rank, instances, total_ns, pct, avg_ns, median_ns, min_ns, max_ns, stddev_ns, name), with
         layer, pass and library (`context`; default: up to 1M kernels, the library alone above);
         with `instances`, the k longest launches."""
+        _positive("k", k)
         relation = self.top_relation(k, by, instances=instances, context=context)
         return relation.pl()
 

@@ -14,6 +14,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
+import duckdb
 import typer
 from typer.core import TyperCommand
 
@@ -139,6 +140,12 @@ def user_errors() -> Iterator[None]:
     except TraceqError as e:
         _err(str(e))
         raise typer.Exit(code=e.exit_code) from None
+    except duckdb.IOException as e:  # a store cut short (a copy, a full disk) fails where a query reads past its end
+        if "Could not read enough bytes" not in str(e):
+            raise
+        _err(f"the store is damaged (cut short?): {str(e).splitlines()[0]}; copy it again, or load the traces "
+             "into a new store")
+        raise typer.Exit(code=1) from None
     except KeyboardInterrupt:
         _err("interrupted")
         raise typer.Exit(code=130) from None

@@ -301,7 +301,7 @@ def test_dir_shows_the_public_api_and_imports_stay_lazy() -> None:
     code = ("import sys, traceq; print(sorted(n for n in dir(traceq) if not n.startswith('_'))); "
             "print('polars' in sys.modules, 'traceq.analysis.structure.layers' in sys.modules); import traceq.analysis.structure.layers")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert eval(out[0]) == ["MissingDataError", "NotFoundError", "RegressionError", "Run", "Store", "StoreError",
+    assert eval(out[0]) == ["MissingDataError", "NotFoundError", "OptionError", "RegressionError", "Run", "Store", "StoreError",
                             "Trace", "TraceFormatError", "TraceqError", "TraceqWarning", "load", "load_dataset", "occupancy", "open",
                             "use_rules"]
     assert out[1] == "False False"
