@@ -30,3 +30,15 @@ def visible(s: str, *, keep_newlines: bool = False) -> str:
     if not keep_newlines:
         out = _LINE_BREAKS.sub(_escape, out)
     return out
+
+
+_UNSAFE_IN_NAMES = re.compile(r"[^A-Za-z0-9._+=@,-]+")
+
+
+def file_name(name: str, suffix: str = "", *, limit: int = 120) -> str:
+    """A file name made from `name` (a trace's, say) that stays in the folder it is joined to:
+    no path separator, no leading dot (no '..' or hidden file), no control or shell-special
+    character (each run of them becomes '_'), at most `limit` characters before `suffix`;
+    'trace' when nothing is left."""
+    base = _UNSAFE_IN_NAMES.sub("_", name).strip("._-")[:limit] or "trace"
+    return base + suffix

@@ -25,6 +25,7 @@ from traceq.cli.base import (
     app,
     user_errors,
 )
+from traceq.text import file_name
 
 
 @app.command()
@@ -71,7 +72,7 @@ def export(
     with user_errors():
         started = time.monotonic()
         t = _store(db, dataset).trace(trace)
-        out = out or Path(f"{t.name}.json.gz")
+        out = out or Path(file_name(t.name, ".json.gz"))  # a trace named ../../x writes ./x.json.gz
         progress = _LazyProgress(f"exporting {t.name}")
         try:
             written = t.export(out, format=export_format.value, progress=progress)

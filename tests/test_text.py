@@ -20,3 +20,15 @@ def test_ordinary_text_unchanged():
     name = "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(Params) µs ±"
     assert visible(name) == name
     assert visible(123) == "123"
+
+
+def test_file_names_made_from_trace_names_stay_in_their_folder():
+    from traceq.text import file_name
+
+    assert file_name("../../../x", ".json.gz") == "x.json.gz"
+    assert file_name("/etc/passwd") == "etc_passwd"
+    assert file_name("..") == "trace"
+    assert file_name(".hidden", ".html") == "hidden.html"
+    assert file_name("run\x1b[2J name;rm -rf ~", ".gz") == "run_2J_name_rm_-rf.gz"
+    assert file_name("alexnet_b256_cudnn", ".json.gz") == "alexnet_b256_cudnn.json.gz"
+    assert len(file_name("a" * 1000, ".json.gz")) == 120 + len(".json.gz")
