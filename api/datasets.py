@@ -297,6 +297,14 @@ def _registrar(dataset: Path, trace_ids: list[int]) -> Callable[..., int]:
     return lambda con, name, _ids: register_summaries(con, name, summaries)
 
 
+def ensure_free(dataset: Path) -> None:
+    """Raise StoreError now, before a cluster starts (whose shutdown would print Dask's warnings
+    around the one line), when another load is writing `dataset`; `load_dataset` checks again."""
+    if (dataset / ".lock").exists():
+        with _locked(dataset):
+            pass
+
+
 @contextmanager
 def _locked(dataset: Path) -> Iterator[None]:
     with (dataset / ".lock").open("w") as lock:

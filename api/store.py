@@ -367,7 +367,7 @@ def load_dataset(paths: list[str | Path], dataset: str | Path, *, run: str | Non
     Raises TraceFormatError for a file traceq cannot read and TraceqError for a name taken,
     before anything starts; TraceqError when Dask is not installed (`traceq-gpu[dask]`).
     """
-    from traceq.api.datasets import DatasetLoad, dask_client, plan_load
+    from traceq.api.datasets import DatasetLoad, dask_client, ensure_free, plan_load
     from traceq.api.datasets import load_dataset as load_on
 
     if scheduler is not None and workers is not None:
@@ -377,6 +377,7 @@ def load_dataset(paths: list[str | Path], dataset: str | Path, *, run: str | Non
         if plan.run is None or plan.run.status == "loaded":
             return DatasetLoad([], plan.skipped, [], 0.0, 0, plan.run)
         return load_on(None, plan)
+    ensure_free(Path(dataset))
     with dask_client(scheduler, workers) as client:
         return load_on(client, plan, progress=progress, python_functions=python_functions, attribute=attribute)
 

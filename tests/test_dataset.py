@@ -467,3 +467,18 @@ def test_comm_overlap_and_ranks_fan_out_over_worker_processes(loaded, monkeypatc
     fanned = [_run([*c, "--dataset", dataset]) for c in commands]
     assert fanned == alone
     assert len(calls) >= len(commands)
+
+
+def test_a_load_into_a_dataset_another_load_is_writing_is_one_line(tmp_path: Path) -> None:
+    """While a load holds the dataset's lock, a second is refused in one line before any cluster
+    starts (no Dask warning around it)."""
+    import fcntl
+
+    dataset = tmp_path / "ds"
+    dataset.mkdir()
+    with (dataset / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = runner.invoke(app, ["load", str(sample("lenet_b256_cudnn.sqlite")), "--dataset", str(dataset),
+                                     "--workers", "1"])
+    assert result.exit_code == 1
+    assert result.stderr == f"traceq: {dataset} is being written by another traceq load; try again when it finishes\n"
