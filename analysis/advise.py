@@ -20,12 +20,7 @@ import duckdb
 import polars as pl
 
 from traceq.analysis.advice import Finding
-from traceq.analysis.advice.catalogue import (
-    allocator_churn,
-    exposed_comm,
-    is_communication,
-    layout_transforms,
-)
+from traceq.analysis.advice.catalogue import allocator_churn, exposed_comm, is_communication, layout_transforms
 from traceq.analysis.structure.conventions import ITERATION_REGEX
 from traceq.analysis.timeline.idle import IdleTotals, idle_causes
 from traceq.analysis.timeline.launches import launch_table

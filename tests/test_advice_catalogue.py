@@ -5,6 +5,7 @@ allocator-churn rule on a crafted store; the planted-problem traces when they ar
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def _exposed_us(kernels: list[tuple[str, int, float, float]]) -> float:
     """Time a nccl kernel ran with no other kernel beside it: a plain sweep over the events."""
     points = sorted({t for _, _, s, e in kernels for t in (s, e)})
     exposed = 0.0
-    for a, b in zip(points, points[1:]):
+    for a, b in itertools.pairwise(points):
         running = [n for n, _, s, e in kernels if s <= a and e >= b]
         if any(n.startswith("nccl") for n in running) and not any(not n.startswith("nccl") for n in running):
             exposed += b - a
@@ -68,11 +69,40 @@ def test_exposed_communication_equals_a_sweep_of_the_raw_file(dlrm_rank0) -> Non
     assert "ncclKernel_SendRecv" in row["evidence"]
 
 
-def test_allocator_churn_fires_on_malloc_free_after_the_first_iteration(sample_store) -> None:
-    """badloop_mlp is copied into a store of its own and given cudaMalloc/cudaFree calls in its
-    third iteration; the rule reports their host time, and none before."""
+def test_allocator_churn_counts_malloc_free_after_the_first_iteration(tmp_path) -> None:
+    """badloop_mlp copied and given cudaMalloc/cudaFree calls: one in its first iteration (a
+    caching allocator warming up: not counted) and three in later ones (counted, their host time)."""
+    import shutil
+    import sqlite3
+
+    from conftest import sample
+
+    from traceq.api.loading import load_trace
+    from traceq.store import open_store
+
+    path = tmp_path / "churn.sqlite"
+    shutil.copy(sample("badloop_mlp.sqlite"), path)
+    with sqlite3.connect(path) as db:
+        iterations = db.execute("SELECT start FROM NVTX_EVENTS WHERE text LIKE 'iteration %' ORDER BY start").fetchall()
+        tid = db.execute("SELECT globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME LIMIT 1").fetchone()[0]
+        top = db.execute("SELECT max(id) FROM StringIds").fetchone()[0]
+        db.execute("INSERT INTO StringIds VALUES (?, 'cudaMalloc_v3020'), (?, 'cudaFree_v3020')", [top + 1, top + 2])
+        calls = [(iterations[0][0] + 1000, 500_000, top + 1), (iterations[1][0] + 1000, 700_000, top + 1),
+                 (iterations[2][0] + 2000, 1_100_000, top + 2), (iterations[2][0] + 2_000_000, 300_000, top + 1)]
+        for k, (start, dur, name) in enumerate(calls):
+            db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, correlationId, "
+                       "nameId, returnValue) VALUES (?, ?, 1, ?, ?, ?, 0)", [start, start + dur, tid, 9_000_000 + k, name])
+    con = open_store(tmp_path / "s.duckdb", create=True)
+    load_trace(con, path)
+    frame, _ = advise(con, int(con.execute("SELECT max(trace_id) FROM traces").fetchone()[0]))
+    row = frame.filter(frame["rule"] == "allocator_churn").row(0, named=True)
+    assert row["time_ns"] == 700_000 + 1_100_000 + 300_000
+    assert "3 allocator calls" in row["evidence"]
+    con.close()
+
+
+def test_allocator_churn_silent_without_allocator_calls(sample_store) -> None:
     from conftest import trace_id
 
-    tid = trace_id(sample_store, "badloop_mlp")
-    frame, _ = advise(sample_store, tid)
+    frame, _ = advise(sample_store, trace_id(sample_store, "badloop_mlp"))
     assert "allocator_churn" not in frame["rule"].to_list()

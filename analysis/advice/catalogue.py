@@ -20,9 +20,10 @@ LAYOUT_REGEX = r"(?i)nchwToNhwc|nhwcToNchw|nchw_?to_?nhwc|nhwc_?to_?nchw"
 
 ALLOC_CALLS = ("cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync", "hipMalloc", "hipFree",
                "cuMemAlloc", "cuMemFree", "cuMemAlloc_v2", "cuMemFree_v2")
-"""Allocator calls: a caching allocator makes them in the first iteration, not in steady state."""
+"""Allocator calls (nsys's version suffix, `cudaMalloc_v3020`, dropped): a caching allocator makes
+them in the first iteration, not in steady state."""
 
-_COMM_REGEX = re.compile(r"^(nccl|rccl|ncclDev)|ncclKernel|ncclDevKernel|rcclKernel|__nccl|msccl", re.I)
+_COMM_REGEX = re.compile(r"^(nccl|rccl|ncclDev)|ncclKernel|ncclDevKernel|rcclKernel|__nccl|msccl", re.IGNORECASE)
 
 
 def communication(facts: object) -> set[str]:
@@ -109,8 +110,9 @@ def allocator_churn(facts: object) -> list[Finding]:
         "AND regexp_matches(coalesce(name, ''), ?) ORDER BY start_ns LIMIT 1 OFFSET 1",
         [t, facts.iteration_regex]).fetchall()[0][0]
     calls = facts.con.execute(
-        "SELECT name, count(*), sum(dur_ns) FROM api_calls WHERE trace_id = ? AND list_contains(?, name) "
-        "AND start_ns >= ? GROUP BY name ORDER BY 3 DESC", [t, list(ALLOC_CALLS), int(second)]).fetchall()
+        "SELECT regexp_replace(name, '_v[0-9]+$', '') AS call, count(*), sum(dur_ns) FROM api_calls "
+        "WHERE trace_id = ? AND list_contains(?, regexp_replace(name, '_v[0-9]+$', '')) AND start_ns >= ? "
+        "GROUP BY call ORDER BY 3 DESC, call", [t, list(ALLOC_CALLS), int(second)]).fetchall()
     if not calls:
         return []
     total = float(sum(c[2] or 0 for c in calls))
