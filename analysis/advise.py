@@ -20,7 +20,13 @@ import duckdb
 import polars as pl
 
 from traceq.analysis.advice import Finding
-from traceq.analysis.advice.catalogue import allocator_churn, exposed_comm, is_communication, layout_transforms
+from traceq.analysis.advice.catalogue import (
+    allocator_churn,
+    exposed_comm,
+    is_communication,
+    layout_transforms,
+    straggler,
+)
 from traceq.analysis.structure.conventions import ITERATION_REGEX
 from traceq.analysis.timeline.idle import IdleTotals, idle_causes
 from traceq.analysis.timeline.launches import launch_table
@@ -465,6 +471,7 @@ RULES: dict[str, Callable[[_Facts], list[Finding]]] = {
     "transposed_gemm": _transposed_gemms,
     "low_ru": _low_ru,
     "exposed_comm": exposed_comm,
+    "straggler": straggler,
     "layout_transforms": layout_transforms,
     "allocator_churn": allocator_churn,
 }

@@ -106,3 +106,33 @@ def test_allocator_churn_silent_without_allocator_calls(sample_store) -> None:
 
     frame, _ = advise(sample_store, trace_id(sample_store, "badloop_mlp"))
     assert "allocator_churn" not in frame["rule"].to_list()
+
+
+def test_the_straggler_is_the_same_in_ranks_by_collective_and_advise(dlrm_store) -> None:
+    """On the 8-rank DLRM job: the rank the others waited for longest, summed from the raw start
+    skews of `comm --by instance` rows, is `ranks`' slowest, the last rank of the most skewed
+    collectives in `ranks --by collective`, and the rank every rank's advise names."""
+    import polars as pl
+
+    from traceq.analysis.multigpu.comm import collective_kernels, with_skew
+    from traceq.analysis.multigpu.ranks import late_collectives, rank_iterations
+
+    con, run = dlrm_store
+    kernels = with_skew(collective_kernels(con, run)).filter(pl.col("instance").is_not_null())
+    held: dict[int, int] = {}
+    for r in kernels.filter(pl.col("start_ns") == pl.col("last_start_ns")).unique(
+            ["collective", "group", "instance"], keep="first").iter_rows(named=True):
+        held[r["rank"]] = held.get(r["rank"], 0) + r["start_skew_ns"]
+    straggler = max(held, key=held.get)
+    assert straggler == 7
+    ranks = rank_iterations(con, run)
+    assert ranks.filter(pl.col("slowest"))["rank"].to_list() == [straggler]
+    late = late_collectives(con, run, k=8)
+    assert late["last_rank"].value_counts().sort("count", descending=True)["last_rank"][0] == straggler
+    for rank, trace in con.execute("SELECT rank, trace_id FROM ranks WHERE run_id = ? ORDER BY rank", [run]).fetchall():
+        frame, _ = advise(con, trace)
+        row = frame.filter(frame["rule"] == "straggler").row(0, named=True)
+        assert f"rank {straggler} was the last" in row["evidence"]
+        if rank == straggler:
+            assert abs(row["time_ns"] - held[straggler]) <= 8  # rounding of µs timestamps
+        assert frame["rule"][0] in {"straggler", "launch_bound"}, (rank, frame["rule"].to_list())

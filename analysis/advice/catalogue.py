@@ -1,5 +1,5 @@
 """Rules of the findings catalogue that read kernels, API calls and communication directly:
-`exposed_comm`, `layout_transforms`, `allocator_churn`, and `is_communication`, which the
+`exposed_comm`, `straggler`, `layout_transforms`, `allocator_churn`, and `is_communication`, which the
 compute rules of `analysis.advise` use to leave communication kernels out.
 
 Every rule takes advise's `_Facts` (con, trace_id, iteration_regex, totals, classified) and
@@ -131,3 +131,49 @@ def _short(name: str) -> str:
     bare = re.sub(r"[<(].*$", "", re.sub(r"^void\s+", "", name)).strip()
     name = bare.rsplit("::", 1)[-1] or name
     return name if len(name) <= 48 else name[:47] + "…"
+
+
+def straggler(facts: object) -> list[Finding]:
+    """On a rank of a run (`load --run`): the straggler, as `traceq ranks` names it (the rank the
+    others waited for longest: the start skews of the collectives it started last). On the
+    straggler, at stake is that wait it caused (the step could be that much shorter); on another
+    rank, the time it waited inside collectives for later ranks."""
+    t = int(facts.trace_id)
+    runs = facts.con.execute("SELECT r.run_id, min(k.rank), count(*) OVER (PARTITION BY r.run_id) FROM runs r "
+                             "JOIN ranks k USING (run_id) WHERE r.world_size > 1 AND k.trace_id = ? "
+                             "GROUP BY r.run_id ORDER BY r.run_id", [t]).fetchall()
+    if not runs:
+        return []
+    from traceq.analysis.multigpu.ranks import rank_iterations
+    from traceq.errors import TraceqError
+
+    run_id, mine = runs[0][0], runs[0][1]
+    try:
+        ranks = rank_iterations(facts.con, run_id, facts.iteration_regex)
+    except TraceqError:
+        return []
+    if ranks.is_empty() or not int(ranks["last_starts"].sum()):
+        return []
+    late = ranks.group_by("rank").agg(last=pl.col("last_starts").sum(), held=pl.col("held_ns").sum(),
+                                      slowest=pl.col("slowest").sum(), wait=pl.col("wait_ns").sum())
+    top = late.sort("held", "rank", descending=[True, False]).row(0, named=True)
+    me = late.filter(pl.col("rank") == mine)
+    if me.is_empty() or not top["held"]:
+        return []
+    me_row = me.row(0, named=True)
+    iterations = ranks["iteration"].n_unique()
+    said = (f"rank {top['rank']} was the last to start {top['last']:,} collectives, the other ranks waiting "
+            f"{_ms(top['held'])} for it (start skews summed); the straggler in {top['slowest']:,} of {iterations:,} "
+            f"iteration(s) (`traceq ranks`; what delayed it: `traceq ranks RUN --by collective`)")
+    fix = ("Even the load across ranks (shard embedding tables and data by cost, not count; the same batch "
+           "shape on every rank), and remove what delays the slow rank before its collectives: its host "
+           "(data loading, Python), other jobs on its node, a slower GPU or link")
+    if top["rank"] == mine:
+        return [Finding("straggler", f"This rank ({mine}) is the straggler: the others wait for it", float(top["held"]),
+                        said, fix)]
+    if not me_row["wait"]:
+        return []
+    evidence = (f"this rank ({mine}) waited {_ms(me_row['wait'])} inside collectives for ranks that started them "
+                f"later; " + said)
+    return [Finding("straggler", f"Waiting for a slower rank (rank {top['rank']})", float(me_row["wait"]),
+                    evidence, fix)]
