@@ -136,3 +136,49 @@ def test_the_straggler_is_the_same_in_ranks_by_collective_and_advise(dlrm_store)
         if rank == straggler:
             assert abs(row["time_ns"] - held[straggler]) <= 8  # rounding of µs timestamps
         assert frame["rule"][0] in {"straggler", "launch_bound"}, (rank, frame["rule"].to_list())
+
+
+PLANTED = Path(__file__).resolve().parent.parent / ".recorded" / "r14" / "planted"
+EXPECTED = {"pageable": {"pageable_copies"}, "sync": {"sync"}, "smallkernels": {"tiny_kernels", "launch_bound"},
+            "fp32": {"fp32_math"}, "layout": {"layout_transforms"}, "dataloader": {"iteration_start"},
+            "churn": {"allocator_churn"}, "recompile": {"launch_bound", "iteration_start"},
+            "exposed_comm": {"exposed_comm"}, "straggler": {"straggler"}}
+"""The rule(s) that must name each planted problem first."""
+
+
+def _step_ns(truth: dict) -> float:
+    """The measured step time of a truth.json, whatever unit its key names."""
+    for key, scale in (("step_ns", 1), ("step_us", 1e3), ("step_ms", 1e6), ("step_s", 1e9)):
+        if key in truth:
+            return float(truth[key]) * scale
+    raise KeyError(f"no step time in {sorted(truth)}")
+
+
+@pytest.mark.parametrize("planted", sorted(EXPECTED))
+def test_planted_problem_is_the_first_finding(tmp_path, planted: str) -> None:
+    """A recorded variant of the base loop with one planted problem: advise's first finding is it,
+    its time at stake within 25 % of the cost measured against the base loop (per step, times the
+    steps the trace marks). Skips until the recordings exist (they are not in CI)."""
+    from traceq.api.loading import load_trace
+    from traceq.store import open_store
+
+    if not (PLANTED / "DONE").exists():
+        pytest.skip("the planted recordings (.recorded/r14/planted/) are absent or incomplete")
+    files = sorted(PLANTED.glob(f"{planted}*.sqlite"))
+    if not files or not (PLANTED / f"{planted}.truth.json").exists():
+        pytest.skip(f"no planted recording {planted}")
+    truth = json.loads((PLANTED / f"{planted}.truth.json").read_text())
+    base = json.loads((PLANTED / "base.truth.json").read_text()) if (PLANTED / "base.truth.json").exists() else {}
+    cost_per_step = _step_ns(truth) - _step_ns(truth.get("base", base))
+    con = open_store(tmp_path / "s.duckdb", create=True)
+    if len(files) > 1:  # the two GPUs' files of one job: a run, so that the straggler rule sees both ranks
+        from traceq.api.loading import load_run
+
+        load_run(con, files, planted)
+    else:
+        load_trace(con, files[0])
+    frame, totals = advise(con, int(con.execute("SELECT min(trace_id) FROM traces").fetchone()[0]))
+    assert frame.height and frame["rule"][0] in EXPECTED[planted], frame.select("rule", "time_ns").rows()
+    steps = max(totals.iterations, 1)
+    assert abs(frame["time_ns"][0] / steps - cost_per_step) <= 0.25 * cost_per_step
+    con.close()
