@@ -27,6 +27,7 @@ CASES = {
     "h2d_pinned": (None, "alexnet_b256_amp"),
     # the catalogue's rules of analysis/advice (fired on the DLRM ranks and crafted traces: test_advice_catalogue.py)
     "exposed_comm": (None, "alexnet_b256_amp"),
+    "straggler": (None, "alexnet_b256_amp"),  # fires only on a rank of a run (the DLRM job)
     "layout_transforms": ("alexnet_b256_amp", "badloop_mlp"),  # cuDNN converts NCHW activations for fp16 convs
     "allocator_churn": (None, "alexnet_b256_amp"),
 }
