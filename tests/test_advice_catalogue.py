@@ -182,3 +182,22 @@ def test_planted_problem_is_the_first_finding(tmp_path, planted: str) -> None:
     steps = max(totals.iterations, 1)
     assert abs(frame["time_ns"][0] / steps - cost_per_step) <= 0.25 * cost_per_step
     con.close()
+
+
+def test_layout_transforms_on_a_third_party_vgg16_trace(tmp_path) -> None:
+    """HTA's VGG-16 NCCL test trace: the finding's time is every nchwToNhwc/nhwcToNchw kernel's
+    duration, summed from the raw JSON."""
+    from conftest import shared
+
+    from traceq.api.loading import load_trace
+    from traceq.store import open_store
+
+    path = shared("realtraces/kineto_json", "facebookresearch__HolisticTraceAnalysis__nccl_parser_config__nccl_data.json.gz")
+    raw = [k for k in _raw_kernels(path) if "nchwToNhwc" in k[0] or "nhwcToNchw" in k[0]]
+    con = open_store(tmp_path / "s.duckdb", create=True)
+    load_trace(con, path)
+    frame, _ = advise(con, int(con.execute("SELECT max(trace_id) FROM traces").fetchone()[0]))
+    row = frame.filter(frame["rule"] == "layout_transforms").row(0, named=True)
+    assert abs(row["time_ns"] - 1000 * sum(e - s for _, _, s, e in raw)) <= len(raw)
+    assert row["evidence"].startswith(f"{len(raw):,} layout transforms")
+    con.close()
