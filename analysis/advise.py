@@ -19,6 +19,14 @@ from functools import cached_property
 import duckdb
 import polars as pl
 
+from traceq.analysis.advice import Finding
+from traceq.analysis.advice.catalogue import (
+    allocator_churn,
+    exposed_comm,
+    is_communication,
+    layout_transforms,
+    straggler,
+)
 from traceq.analysis.structure.conventions import ITERATION_REGEX
 from traceq.analysis.timeline.idle import IdleTotals, idle_causes
 from traceq.analysis.timeline.launches import launch_table
@@ -39,15 +47,6 @@ LOW_RU = 0.5
 
 TF32_CC = (8, 0)
 """TF32 tensor cores from this compute capability on (FP16 ones from 7.0)."""
-
-
-@dataclass(frozen=True)
-class Finding:
-    rule: str
-    title: str
-    time_ns: float
-    evidence: str
-    fix: str
 
 
 @dataclass
@@ -289,7 +288,7 @@ def _fp32_math(facts: _Facts) -> list[Finding]:
     cc = tuple(int(part) for part in gpu["cc"].split("."))
     if cc < (7, 0):
         return []
-    kernels = facts.classified.filter(pl.col("operation").is_in(["gemm", "convolution"])
+    kernels = facts.classified.filter(pl.col("operation").is_in(["gemm", "convolution"]) & ~is_communication(facts)
                                       & ~pl.col("tensor_cores").fill_null(False)
                                       & pl.col("precision").fill_null("fp32").eq("fp32"))
     if kernels.is_empty():
@@ -392,7 +391,7 @@ def _low_ru(facts: _Facts) -> list[Finding]:
         ru = facts.ru
     except TraceqError:  # no GPU description
         return []
-    low = (ru.filter(pl.col("ru") < LOW_RU).with_columns(waste_ns=pl.col("total_ns") * (1 - pl.col("ru")))
+    low = (ru.filter((pl.col("ru") < LOW_RU) & ~is_communication(facts)).with_columns(waste_ns=pl.col("total_ns") * (1 - pl.col("ru")))
            .sort("waste_ns", descending=True).join(facts.classified.select("name", "label"), on="name", how="left",
                                                    maintain_order="left"))
     if low.is_empty():
@@ -471,5 +470,9 @@ RULES: dict[str, Callable[[_Facts], list[Finding]]] = {
     "fp32_math": _fp32_math,
     "transposed_gemm": _transposed_gemms,
     "low_ru": _low_ru,
+    "exposed_comm": exposed_comm,
+    "straggler": straggler,
+    "layout_transforms": layout_transforms,
+    "allocator_churn": allocator_churn,
 }
 """Every rule, by id: each takes the shared facts and returns its findings (none or one)."""

@@ -77,6 +77,6 @@ def ranks(
                            f"kernel that ran longer there than on the others before it ({_ranks_said(r)})")
         return frame, (
             f"{r.name}: iteration time per rank ({_ranks_said(r)}; wait: in collectives for later "
-            "ranks; slowest: the most time not waiting; shift: added to the rank's clock)")
+            "ranks; slowest: the one the others waited for longest; shift: added to the rank's clock)")
 
     _show_run_table(run, db, dataset, fmt, out, build)

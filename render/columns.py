@@ -235,6 +235,7 @@ COLUMNS: dict[str, Column] = {
     "work_ns": Column("Work", "duration", 2),
     "slowest": Column("Slowest", "label", 2),
     "last_starts": Column("Last to start", "integer", 3),
+    "held_ns": Column("Waited for", "duration", 3),
     "shift_ns": Column("Clock shift", "duration", 4),
     "drift_ppm": Column("Drift ppm", "number", 5),
     "delayed_by": Column("Delayed by", "name", 2),

@@ -25,6 +25,11 @@ CASES = {
     "low_ru": ("alexnet_b256_cudnn", "alexnet_b256_amp"),  # FP32 FC GEMMs of 256 blocks on 528 slots
     "iteration_start": ("alexnet_b64_graph", "alexnet_b256_cudnn"),  # 10 ms between capture and first replay
     "h2d_pinned": (None, "alexnet_b256_amp"),
+    # the catalogue's rules of analysis/advice (fired on the DLRM ranks and crafted traces: test_advice_catalogue.py)
+    "exposed_comm": (None, "alexnet_b256_amp"),
+    "straggler": (None, "alexnet_b256_amp"),  # fires only on a rank of a run (the DLRM job)
+    "layout_transforms": ("alexnet_b256_amp", "badloop_mlp"),  # cuDNN converts NCHW activations for fp16 convs
+    "allocator_churn": (None, "alexnet_b256_amp"),
 }
 
 

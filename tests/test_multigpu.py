@@ -285,6 +285,15 @@ def test_skew_and_wait_across_ranks(ddp) -> None:
         {k: v for k, v in waits.items() if k[1] is not None}
     slowest = ranks.filter(pl.col("slowest"))
     assert slowest["iteration"].n_unique() == slowest.height == 5  # one per iteration
+    held = defaultdict(int)  # the straggler: the rank the others waited for longest (start skews it caused)
+    for p in pairs:
+        if p["starts"][0] != p["starts"][1]:
+            late = int(p["starts"][1] > p["starts"][0])
+            held[(late, p["iterations"][late])] += abs(p["starts"][0] - p["starts"][1])
+    for r in slowest.iter_rows(named=True):
+        mine = {k: v for k, v in held.items() if k[1] == r["iteration"]}
+        if mine:
+            assert held[(r["rank"], r["iteration"])] == max(mine.values())
 
 
 def test_what_delayed_the_latest_collective(ddp) -> None:

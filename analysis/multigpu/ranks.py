@@ -5,7 +5,10 @@ A collective cannot finish before its last rank starts it, so a rank that reache
 waits inside its kernel: wait_ns sums, per rank and iteration, the time between a collective's
 start on the rank and its start on the last rank (clipped to the kernel). What a rank did in an
 iteration without waiting for others is work_ns = span_ns - wait_ns; the slowest rank of an
-iteration is the one with the most (the others waited for it).
+iteration (the straggler) is the one the others waited for longest: the sum of the start skews
+of the collectives it was the last to start (what `ranks --by collective` lists, so the two
+agree); a rank with a longer span but no late start is not one (its span may begin earlier).
+Where no collective started late, the rank with the most work_ns.
 
 What delayed a late collective: on each rank, the window from the end of its previous
 collective (or its iteration's first GPU work) to its start of this one. The late rank's window
@@ -36,8 +39,11 @@ def rank_iterations(
     progress: Progress | None = None,
 ) -> pl.DataFrame:
     """Per iteration and rank: span_ns (first start to last end of its GPU work), comm_ns,
-    wait_ns (in collectives, for later ranks), work_ns (span_ns - wait_ns), slowest (the rank
-    of the iteration with the most work_ns), last_starts (collectives it was the last to start),
+    wait_ns (in collectives, for later ranks), work_ns (span_ns - wait_ns), slowest (the
+    straggler: the rank the others waited for longest, summing each collective's start skew over
+    the collectives it started last; with no collective started late, the rank with the most
+    work_ns), last_starts (collectives it was the last to start), held_ns (the start skews of
+    those collectives summed: how long the others waited for it),
     shift_ns and drift_ppm (what puts the rank's times on the run's clock: `ranks` table). By iteration,
     then rank; work outside iteration ranges left out."""
     halves = [None, None] if progress is None else [lambda d, n: progress(d, 2 * n), lambda d, n: progress(n + d, 2 * n)]
@@ -50,18 +56,22 @@ def rank_iterations(
         waits = (kernels.filter(pl.col("instance").is_not_null())
                  .group_by("rank", "iteration")
                  .agg(wait_ns=(pl.min_horizontal("end_ns", "last_start_ns") - pl.col("start_ns")).clip(0).sum(),
-                      last_starts=(pl.col("start_ns") == pl.col("last_start_ns")).sum().cast(pl.Int64)))
+                      last_starts=(pl.col("start_ns") == pl.col("last_start_ns")).sum().cast(pl.Int64),
+                      held_ns=pl.col("start_skew_ns").filter(pl.col("start_ns") == pl.col("last_start_ns")).sum()))
         spans = spans.join(waits, on=["rank", "iteration"], how="left")
     else:
-        spans = spans.with_columns(wait_ns=pl.lit(0, pl.Int64), last_starts=pl.lit(0, pl.Int64))
+        spans = spans.with_columns(wait_ns=pl.lit(0, pl.Int64), last_starts=pl.lit(0, pl.Int64),
+                                   held_ns=pl.lit(0, pl.Int64))
     shifts = pl.DataFrame([(r.rank, r.shift_ns, r.drift_ppm) for r in run_ranks(con, run_id)],
                           schema={"rank": pl.Int32, "shift_ns": pl.Int64, "drift_ppm": pl.Float64}, orient="row")
-    frame = (spans.with_columns(pl.col("wait_ns", "last_starts").fill_null(0))
+    held = pl.col("held_ns").max().over("iteration") > 0  # someone was waited for: the one waited for longest
+    frame = (spans.with_columns(pl.col("wait_ns", "last_starts", "held_ns").fill_null(0))
              .with_columns(work_ns=pl.col("span_ns") - pl.col("wait_ns"))
-             .with_columns(slowest=pl.col("work_ns") == pl.col("work_ns").max().over("iteration"))
+             .with_columns(slowest=pl.when(held).then(pl.col("held_ns") == pl.col("held_ns").max().over("iteration"))
+                           .otherwise(pl.col("work_ns") == pl.col("work_ns").max().over("iteration")))
              .join(shifts, on="rank", how="left", maintain_order="left"))
     return frame.select("iteration", "rank", "span_ns", "comm_ns", "wait_ns", "work_ns", "slowest", "last_starts",
-                        "shift_ns", "drift_ppm")
+                        "held_ns", "shift_ns", "drift_ppm")
 
 
 def late_collectives(

@@ -1,0 +1,179 @@
+"""Rules of the findings catalogue that read kernels, API calls and communication directly:
+`exposed_comm`, `straggler`, `layout_transforms`, `allocator_churn`, and `is_communication`, which the
+compute rules of `analysis.advise` use to leave communication kernels out.
+
+Every rule takes advise's `_Facts` (con, trace_id, iteration_regex, totals, classified) and
+returns a list of `Finding`s (none or one); docs/advise.md gives the thresholds and estimates.
+"""
+
+from __future__ import annotations
+
+import re
+
+import polars as pl
+
+from traceq.analysis.advice import Finding
+from traceq.units import format_duration as _ms
+
+LAYOUT_REGEX = r"(?i)nchwToNhwc|nhwcToNchw|nchw_?to_?nhwc|nhwc_?to_?nchw"
+"""Kernel names of layout transforms between NCHW and NHWC (cuDNN's, MIOpen's, PyTorch's)."""
+
+ALLOC_CALLS = ("cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync", "hipMalloc", "hipFree",
+               "cuMemAlloc", "cuMemFree", "cuMemAlloc_v2", "cuMemFree_v2")
+"""Allocator calls (nsys's version suffix, `cudaMalloc_v3020`, dropped): a caching allocator makes
+them in the first iteration, not in steady state."""
+
+_COMM_REGEX = re.compile(r"^(nccl|rccl|ncclDev)|ncclKernel|ncclDevKernel|rcclKernel|__nccl|msccl", re.IGNORECASE)
+
+
+def communication(facts: object) -> set[str]:
+    """The trace's communication kernel names (by the classification rules, and NCCL/RCCL
+    names), computed once per facts."""
+    cached = getattr(facts, "_comm_names", None)
+    if cached is None:
+        from traceq.analysis.multigpu.collectives import communication_names
+
+        cached = set(communication_names(facts.con, facts.trace_id)["name"].to_list())
+        names = facts.con.execute("SELECT DISTINCT name FROM kernel_names WHERE trace_id = ?",
+                                  [int(facts.trace_id)]).fetchall()
+        cached |= {n for (n,) in names if _COMM_REGEX.search(n)}
+        facts._comm_names = cached
+    return cached
+
+
+def is_communication(facts: object) -> pl.Expr:
+    """True for a row of a frame with a `name` column whose kernel is communication."""
+    return pl.col("name").is_in(sorted(communication(facts)))
+
+
+def exposed_comm(facts: object) -> list[Finding]:
+    """Communication the GPU ran with no computation beside it (per device, the time a
+    communication kernel ran and no other kernel did), as `traceq overlap` counts it."""
+    names = communication(facts)
+    if not names:
+        return []
+    from traceq.analysis.multigpu.overlap import interval_sums
+
+    kernels = facts.con.sql(f"SELECT device_id, name, start_ns, end_ns FROM kernels "
+                            f"WHERE trace_id = {int(facts.trace_id)}").pl()
+    work = kernels.with_columns(device_id=pl.col("device_id").fill_null(-1),
+                                work=pl.when(pl.col("name").is_in(sorted(names))).then(pl.lit("comm"))
+                                .otherwise(pl.lit("compute")))
+    sums = interval_sums(work.select("device_id", "work", "start_ns", "end_ns"), ["device_id"])
+    comm, overlap = float(sums["comm_ns"].fill_null(0).sum()), float(sums["overlap_ns"].fill_null(0).sum())
+    exposed = comm - overlap
+    if exposed <= 0:
+        return []
+    heavy = (work.filter(pl.col("work") == "comm").group_by("name")
+             .agg(n=pl.len(), ns=(pl.col("end_ns") - pl.col("start_ns")).sum()).sort("ns", "name", descending=[True, False]))
+    top = ", ".join(f"{_short(r['name'])} x{r['n']} {_ms(r['ns'])}" for r in heavy.head(3).iter_rows(named=True))
+    evidence = (f"communication kernels ran {_ms(comm)}, {100 * overlap / comm:.0f} % of it beside computation: "
+                f"{_ms(exposed)} exposed, the step waits for it; heaviest: {top}. A communication kernel's time "
+                f"includes waiting for the slowest rank: `traceq ranks RUN --by collective` names the rank that "
+                f"arrives last")
+    fix = ("Overlap communication with computation (DDP's gradient buckets: bucket_cap_mb, "
+           "gradient_as_bucket_view; FSDP prefetch), make the slowest rank faster (an even load across "
+           "ranks), or communicate less (gradient compression, a larger batch per collective)")
+    return [Finding("exposed_comm", "Exposed communication: the GPU waits for collectives", exposed, evidence, fix)]
+
+
+def layout_transforms(facts: object) -> list[Finding]:
+    """Kernels that convert tensors between NCHW and NHWC: all their time is at stake, since a
+    model kept in one layout end to end needs none of them."""
+    kernels = facts.classified.filter(pl.col("name").str.contains(LAYOUT_REGEX))
+    if kernels.is_empty():
+        return []
+    total = float(kernels["total_ns"].sum())
+    top = ", ".join(f"{r['label'] or _short(r['name'])} x{r['launches']:,} {_ms(r['total_ns'])}"
+                    for r in kernels.sort("total_ns", descending=True).head(3).iter_rows(named=True))
+    busy = float(facts.classified["total_ns"].sum())
+    evidence = (f"{int(kernels['launches'].sum()):,} layout transforms (NCHW <-> NHWC) took {_ms(total)}, "
+                f"{100 * total / max(busy, 1):.1f} % of kernel time; {top}")
+    fix = ("Keep one layout end to end: model.to(memory_format=torch.channels_last) and inputs in "
+           "channels_last (tensor cores' convolutions want NHWC), so cuDNN does not convert around each layer")
+    return [Finding("layout_transforms", "Layout transforms between NCHW and NHWC", total, evidence, fix)]
+
+
+def allocator_churn(facts: object) -> list[Finding]:
+    """cudaMalloc/cudaFree (and their HIP and driver twins) after the first iteration: a caching
+    allocator reuses its blocks, so these calls in steady state mean it keeps freeing and
+    allocating (fragmentation, empty_cache(), changing shapes). At stake: the calls' host time."""
+    t = int(facts.trace_id)
+    ranges = facts.con.execute(
+        "SELECT min(start_ns), count(*) FROM nvtx WHERE trace_id = ? AND end_ns IS NOT NULL "
+        "AND kind IN ('pushpop', 'startend') AND regexp_matches(coalesce(name, ''), ?)",
+        [t, facts.iteration_regex]).fetchall()[0]
+    if not ranges[1] or ranges[1] < 2:
+        return []
+    second = facts.con.execute(
+        "SELECT start_ns FROM nvtx WHERE trace_id = ? AND end_ns IS NOT NULL AND kind IN ('pushpop', 'startend') "
+        "AND regexp_matches(coalesce(name, ''), ?) ORDER BY start_ns LIMIT 1 OFFSET 1",
+        [t, facts.iteration_regex]).fetchall()[0][0]
+    calls = facts.con.execute(
+        "SELECT regexp_replace(name, '_v[0-9]+$', '') AS call, count(*), sum(dur_ns) FROM api_calls "
+        "WHERE trace_id = ? AND list_contains(?, regexp_replace(name, '_v[0-9]+$', '')) AND start_ns >= ? "
+        "GROUP BY call ORDER BY 3 DESC, call", [t, list(ALLOC_CALLS), int(second)]).fetchall()
+    if not calls:
+        return []
+    total = float(sum(c[2] or 0 for c in calls))
+    n = sum(c[1] for c in calls)
+    evidence = (f"{n:,} allocator calls after the first iteration took {_ms(total)} of host time"
+                f" ({_ms(total / max(ranges[1] - 1, 1))} per iteration); "
+                + ", ".join(f"{name} x{k:,} {_ms(ns or 0)}" for name, k, ns in calls[:3])
+                + "; cudaFree also waits for the whole device")
+    fix = ("Let the caching allocator reuse memory: no torch.cuda.empty_cache() in the loop, fixed or bucketed "
+           "shapes, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation")
+    return [Finding("allocator_churn", "Allocator churn: cudaMalloc/cudaFree in steady state", total, evidence, fix)]
+
+
+def _short(name: str) -> str:
+    """A kernel name without return type, namespaces, templates or arguments."""
+    bare = re.sub(r"[<(].*$", "", re.sub(r"^void\s+", "", name)).strip()
+    name = bare.rsplit("::", 1)[-1] or name
+    return name if len(name) <= 48 else name[:47] + "…"
+
+
+def straggler(facts: object) -> list[Finding]:
+    """On a rank of a run (`load --run`): the straggler, as `traceq ranks` names it (the rank the
+    others waited for longest: the start skews of the collectives it started last). On the
+    straggler, at stake is that wait it caused (the step could be that much shorter); on another
+    rank, the time it waited inside collectives for later ranks."""
+    t = int(facts.trace_id)
+    runs = facts.con.execute("SELECT r.run_id, min(k.rank), count(*) OVER (PARTITION BY r.run_id) FROM runs r "
+                             "JOIN ranks k USING (run_id) WHERE r.world_size > 1 AND k.trace_id = ? "
+                             "GROUP BY r.run_id ORDER BY r.run_id", [t]).fetchall()
+    if not runs:
+        return []
+    from traceq.analysis.multigpu.ranks import rank_iterations
+    from traceq.errors import TraceqError
+
+    run_id, mine = runs[0][0], runs[0][1]
+    try:
+        ranks = rank_iterations(facts.con, run_id, facts.iteration_regex)
+    except TraceqError:
+        return []
+    if ranks.is_empty() or not int(ranks["last_starts"].sum()):
+        return []
+    late = ranks.group_by("rank").agg(last=pl.col("last_starts").sum(), held=pl.col("held_ns").sum(),
+                                      slowest=pl.col("slowest").sum(), wait=pl.col("wait_ns").sum())
+    top = late.sort("held", "rank", descending=[True, False]).row(0, named=True)
+    me = late.filter(pl.col("rank") == mine)
+    if me.is_empty() or not top["held"]:
+        return []
+    me_row = me.row(0, named=True)
+    iterations = ranks["iteration"].n_unique()
+    said = (f"rank {top['rank']} was the last to start {top['last']:,} collectives, the other ranks waiting "
+            f"{_ms(top['held'])} for it (start skews summed); the straggler in {top['slowest']:,} of {iterations:,} "
+            f"iteration(s) (`traceq ranks`; what delayed it: `traceq ranks RUN --by collective`)")
+    fix = ("Even the load across ranks (shard embedding tables and data by cost, not count; the same batch "
+           "shape on every rank), and remove what delays the slow rank before its collectives: its host "
+           "(data loading, Python), other jobs on its node, a slower GPU or link")
+    if top["rank"] == mine:
+        return [Finding("straggler", f"This rank ({mine}) is the straggler: the others wait for it", float(top["held"]),
+                        said, fix)]
+    if not me_row["wait"]:
+        return []
+    evidence = (f"this rank ({mine}) waited {_ms(me_row['wait'])} inside collectives for ranks that started them "
+                f"later; " + said)
+    return [Finding("straggler", f"Waiting for a slower rank (rank {top['rank']})", float(me_row["wait"]),
+                    evidence, fix)]
