@@ -42,9 +42,7 @@ docs/damaged-traces.md), as in the other readers.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -56,6 +54,7 @@ from traceq.errors import TraceFormatError
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo
 from traceq.ingest.json_events import Batch, TraceEvents, uncompressed_size
 from traceq.ingest.nvprof import base_name, demangle
+from traceq.ingest.scratch import new_scratch
 from traceq.ingest.validate import TIME_LIMIT_NS, Damage
 from traceq.store import connect
 
@@ -194,52 +193,6 @@ class KinetoSource:
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
-
-
-SCRATCH_PREFIX = "traceq-kineto-"
-OWNER_FILE = "owner.pid"
-
-
-def new_scratch() -> Path:
-    """A new scratch folder in the temporary folder, marked with this process's id; first, the
-    folders of loads whose process is gone (killed: no `close` ran) are removed, so a killed
-    load's staging (tens of MB) lasts only until the next load."""
-    sweep_stale_scratch()
-    folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
-    (folder / OWNER_FILE).write_text(f"{os.getpid()}\n", encoding="ascii")
-    return folder
-
-
-def sweep_stale_scratch(root: Path | None = None) -> list[Path]:
-    """Remove the scratch folders under `root` (the temporary folder) whose owning process no
-    longer runs (or, unmarked, that are over a day old); the folders removed."""
-    import time
-
-    root = Path(root or tempfile.gettempdir())
-    removed = []
-    for folder in root.glob(SCRATCH_PREFIX + "*"):
-        try:
-            owner = (folder / OWNER_FILE).read_text(encoding="ascii").strip()
-            stale = not _running(int(owner))
-        except (OSError, ValueError):
-            try:
-                stale = time.time() - folder.stat().st_mtime > 86_400
-            except OSError:
-                continue
-        if stale and folder.is_dir():
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    return removed
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: running
-        return True
-    return True
 
 
 class KinetoReader:
@@ -503,7 +456,7 @@ _OPERATORS = """
            CAST(concrete_inputs AS VARCHAR) AS concrete_inputs, flops
     FROM ev WHERE kind = 'cpu_op' AND (input_dims IS NOT NULL OR flops IS NOT NULL) ORDER BY seq"""
 
-_MEMORY_EVENTS = f"""
+_MEMORY_EVENTS = """
     WITH m AS (SELECT * FROM ev WHERE kind = 'memory'),
     before AS (  -- what was allocated before the first event, per device
         SELECT arg_min(ts_ns, seq) AS ts_ns, arg_min(total_allocated - mem_bytes, seq) AS bytes, mem_device,
@@ -519,7 +472,7 @@ _MEMORY_EVENTS = f"""
         SELECT seq, ts_ns, 'alloc', bytes, NULL, 'Device', mem_device, pid, NULL FROM before WHERE bytes > 0
     ) ORDER BY seq"""
 
-_COLLECTIVES = f"""
+_COLLECTIVES = """
     WITH kernel_ids AS (SELECT seq, row_number() OVER (ORDER BY seq) - 1 AS kernel_id FROM ev WHERE kind = 'kernel')
     SELECT * EXCLUDE (seq) FROM (
         SELECT seq, k.kernel_id, kind AS event, CASE WHEN kind = 'kernel' THEN NULL ELSE pid END AS pid,

@@ -70,7 +70,7 @@ def test_a_truncated_store_is_one_line(store: Path, tmp_path: Path, size: int) -
 
 
 def test_a_twenty_megabyte_kernel_name_is_cut_at_load(store: Path, tmp_path: Path) -> None:
-    from traceq.ingest.base import TEXT_CAP
+    from traceq.ingest.texts import TEXT_CAP
 
     name = "void huge<" + "A" * (20 << 20) + ">()"
     trace = tmp_path / "huge.json"
@@ -95,7 +95,7 @@ def test_a_twenty_megabyte_kernel_name_is_cut_at_load(store: Path, tmp_path: Pat
 def test_a_killed_kineto_load_leaves_no_staging_after_the_next(tmp_path: Path) -> None:
     """A load killed mid-way leaves its scratch folder; the next load removes it (its process is
     gone), and leaves running loads' folders alone."""
-    from traceq.ingest.kineto import OWNER_FILE, SCRATCH_PREFIX, new_scratch, sweep_stale_scratch
+    from traceq.ingest.scratch import OWNER_FILE, SCRATCH_PREFIX, new_scratch, sweep_stale_scratch
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True).stdout.strip()
