@@ -21,6 +21,7 @@ import duckdb
 import polars as pl
 
 from traceq.errors import TraceqError
+from traceq.store import connect
 
 READ_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 
@@ -32,7 +33,7 @@ SANDBOX_CONFIG = {"autoinstall_known_extensions": "false", "autoload_known_exten
 def sandboxed_store(path: Path) -> duckdb.DuckDBPyConnection:
     """An in-memory database that reads the store at `path` (attached READ_ONLY, the default
     catalog) and can reach nothing else (`lock_down`)."""
-    con = duckdb.connect(":memory:", config=SANDBOX_CONFIG)
+    con = connect(":memory:", **SANDBOX_CONFIG)
     try:
         literal = "'" + str(path).replace("'", "''") + "'"
         con.execute(f"ATTACH {literal} AS store (READ_ONLY)")

@@ -37,8 +37,10 @@ def _regex(value: str | None) -> str:
         return ITERATION_REGEX
     import duckdb
 
+    from traceq.store import connect
+
     try:
-        duckdb.connect().execute("SELECT regexp_matches('', ?)", [value])
+        connect().execute("SELECT regexp_matches('', ?)", [value])
     except duckdb.Error as e:
         first = str(e).splitlines()[0] if str(e) else "not a regular expression"
         raise OptionError(f"iteration regex {value!r}: {first}") from None

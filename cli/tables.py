@@ -52,6 +52,8 @@ def top(
     # in a fraction of a second
     def build(t: Trace):
         ranking = t.top_relation(k, by, instances=instances, context=context)
+        if format_for(fmt, out) == Format.table:  # a row's position: '#', as 'Rank' is a process's rank elsewhere
+            ranking = ranking.project('* RENAME (rank AS "position")')
         if instances:
             return ranking, f"{t.name}: the {len(ranking)} longest kernel launches"
         return ranking, (f"{t.name}: top {len(ranking)} kernels by total time "

@@ -39,6 +39,7 @@ class Column:
 COLUMNS: dict[str, Column] = {
     # identity: what a row is
     "rank": Column("Rank", "id", 1),
+    "position": Column("#", "id", 1),
     "run": Column("Run", "name", 2),
     "structure": Column("Structure", "label", 3),
     "trace_id": Column("ID", "id", 1),

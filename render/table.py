@@ -32,6 +32,9 @@ NAME_WIDTHS = (40, 16, 8)
 out for good, least of all."""
 LIST_WIDTHS = (24, 12, 8)
 ELLIPSIS = "…"
+SAID_WHEN_NONE = frozenset({"layer", "pass", "iteration", "stage", "layer_path"})
+"""Columns whose empty cell would read as a missing value: a row in no layer, pass or iteration
+says `(none)` (csv and json keep their empty value)."""
 
 
 @dataclass
@@ -170,7 +173,28 @@ def cut_names(values: list[str], width: int) -> list[str]:
             for v in members:
                 differs = max(_common_prefix(v, other) for other in members if other is not v)
                 short[v] = _cut_showing(v, width, differs)
-    return [short[v] for v in values]
+    return [short[v] for v in values] if len(set(short.values())) == len(short) else \
+        [_numbered(short, width)[v] for v in values]
+
+
+def _numbered(short: dict[str, str], width: int) -> dict[str, str]:
+    """`short` (full name -> cut name) with every cut shared by different names made unique: each
+    of them ends in '~1', '~2', ... (numbered across the table, in the order the names first
+    came), its cut made that much shorter, so that two different kernels never print alike."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for full, cut in short.items():
+        groups[cut].append(full)
+    out = dict(short)
+    number = 0
+    for cut, members in groups.items():
+        if len(members) < 2:
+            continue
+        for full in members:
+            number += 1
+            mark = f"~{number}"
+            room = max(width - len(mark), 1)
+            out[full] = (cut[:room - 1] + ELLIPSIS if len(cut) > room else cut) + mark
+    return out
 
 
 def _essential(name: str) -> str:
@@ -230,7 +254,10 @@ def render_table(frame: pl.DataFrame | duckdb.DuckDBPyRelation, *, title: str | 
     for i, name in enumerate(names):
         spec = column_spec(name, numeric[name])
         # a trace's names can hold terminal sequences: shown as escapes before any cutting
-        columns.append(_Column(name, spec, [visible(format_value(spec.kind, row[i])) for row in rows]))
+        cells = [visible(format_value(spec.kind, row[i])) for row in rows]
+        if name in SAID_WHEN_NONE:
+            cells = [c or "(none)" for c in cells]
+        columns.append(_Column(name, spec, cells))
     kept, left_out = _layout(columns, width)
     table = Table(header_style="bold")
     for c in kept:

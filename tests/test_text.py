@@ -32,3 +32,20 @@ def test_file_names_made_from_trace_names_stay_in_their_folder():
     assert file_name("run\x1b[2J name;rm -rf ~", ".gz") == "run_2J_name_rm_-rf.gz"
     assert file_name("alexnet_b256_cudnn", ".json.gz") == "alexnet_b256_cudnn.json.gz"
     assert len(file_name("a" * 1000, ".json.gz")) == 120 + len(".json.gz")
+
+
+def test_different_names_never_print_alike_at_any_width():
+    """Names that share long stretches (cuDNN's sm90 kernels differ in one segment) stay apart
+    at every width a table gives them; the check is a plain set comparison."""
+    import random
+
+    from traceq.render.table import cut_names
+
+    rng = random.Random(7)
+    base = "sm90_xmma_dgrad_implicit_gemm_indexed_f32f32_tf32f32_f32_nhwckrsc_nchw_tilesize{}x{}x32_segment_k_{}_kernel__5x_cudnn"
+    names = [base.format(a, b, c) for a in (64, 128, 256) for b in (64, 128) for c in ("on", "off")]
+    names += ["".join(rng.choice("ab_") for _ in range(60)) for _ in range(40)]
+    for width in (8, 12, 16, 23, 40, 80):  # 8: the least a name column gets (NAME_WIDTHS)
+        shown = cut_names(names, width)
+        assert len(set(shown)) == len(set(names)), width
+        assert all(len(s) <= width for s in shown), width
