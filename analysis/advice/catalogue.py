@@ -133,6 +133,11 @@ def _short(name: str) -> str:
     return name if len(name) <= 48 else name[:47] + "…"
 
 
+_RUN_RANKS: dict[tuple, pl.DataFrame] = {}
+"""The last run's `rank_iterations`, keyed by connection, run, iteration regex, the store's file
+and its traces (a load or removal makes a new key)."""
+
+
 def straggler(facts: object) -> list[Finding]:
     """On a rank of a run (`load --run`): the straggler, as `traceq ranks` names it (the rank the
     others waited for longest: the start skews of the collectives it started last). On the
@@ -148,10 +153,16 @@ def straggler(facts: object) -> list[Finding]:
     from traceq.errors import TraceqError
 
     run_id, mine = runs[0][0], runs[0][1]
-    try:
-        ranks = rank_iterations(facts.con, run_id, facts.iteration_regex)
-    except TraceqError:
-        return []
+    state = facts.con.execute("SELECT count(*), max(trace_id), (SELECT any_value(path) FROM duckdb_databases() "
+                              "WHERE database_name = current_database()) FROM traces").fetchone()
+    key = (id(facts.con), run_id, facts.iteration_regex, state)
+    if key not in _RUN_RANKS:  # `report RUN` advises every rank: the run's ranks are read once, not once per rank
+        try:
+            _RUN_RANKS.clear()
+            _RUN_RANKS[key] = rank_iterations(facts.con, run_id, facts.iteration_regex)
+        except TraceqError:
+            return []
+    ranks = _RUN_RANKS[key]
     if ranks.is_empty() or not int(ranks["last_starts"].sum()):
         return []
     late = ranks.group_by("rank").agg(last=pl.col("last_starts").sum(), held=pl.col("held_ns").sum(),
