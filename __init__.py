@@ -26,7 +26,7 @@ from traceq.errors import (
     TraceqWarning,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"
 
 _API = ("Run", "Store", "Trace", "load", "load_dataset", "occupancy", "open", "use_rules")
 _MODULES = ("analysis", "api", "cli", "dataset", "errors", "ingest", "render", "store")
