@@ -81,7 +81,7 @@ def test_top_with_the_library_column_needs_no_polars(tmp_path) -> None:
             "try:\n    traceq.cli.main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n")
         assert "polars" not in loaded, extra
         headers = [h.strip() for h in out.splitlines()[2].split("┃")[1:-1]]
-        assert headers[0] == "Rank" and headers[-1] == ("Name" if "--no-context" in extra else "Library")
+        assert headers[0] == "#" and headers[-1] == ("Name" if "--no-context" in extra else "Library")
 
 
 def test_rm_removes_the_summary(tmp_path) -> None:
