@@ -35,6 +35,9 @@ def crafted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     con.commit()
     con.close()
     db = tmp_path_factory.mktemp("store") / "s.duckdb"
+    loaded = runner.invoke(app, ["load", str(path), "--db", str(db), "--name", f"run{CLEAR}"])
+    assert loaded.exit_code == 0, loaded.output
+    assert "\\x1b[2J" in loaded.stdout and "\x1b" not in loaded.stdout
     return path, db
 
 
@@ -47,9 +50,6 @@ def _clean(result) -> str:
 
 def test_the_load_line_and_every_table_show_escapes(crafted: tuple[Path, Path]) -> None:
     path, db = crafted
-    loaded = runner.invoke(app, ["load", str(path), "--db", str(db), "--name", f"run{CLEAR}"])
-    assert loaded.exit_code == 0, loaded.output
-    assert "\\x1b[2J" in _clean(loaded)
     top = runner.invoke(app, ["top", "--db", str(db), "--k", "3"], env={"COLUMNS": "200"})
     assert top.exit_code == 0
     assert "\\x1b[2Jevil_kernel" in _clean(top)
