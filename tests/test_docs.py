@@ -193,8 +193,9 @@ def test_every_quoted_command_runs_as_written(doc: Path, tmp_path: Path, monkeyp
         return folders[name]
 
     ran = 0
+    measured_only = doc.name == "performance.md"  # commands quoted as what was timed (on 10M-kernel stores)
     for q in quoted(doc):
-        if _is_synopsis(q.command) or len(q.command.split()) == 2 and not q.output:
+        if measured_only and q.output is None or _is_synopsis(q.command) or len(q.command.split()) == 2 and not q.output:
             _check_synopsis(q)  # `traceq top` in a sentence names the command
             continue
         monkeypatch.chdir(folder(q))
