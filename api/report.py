@@ -13,7 +13,7 @@ import polars as pl
 
 from traceq.analysis.advise import advise
 from traceq.analysis.memory import CAPTURE_HINT, memory_by_layer, memory_summary, memory_timeline
-from traceq.analysis.structure.conventions import ITERATION_REGEX
+from traceq.analysis.structure.conventions import ITERATION_REGEX, steady
 from traceq.analysis.structure.layers import attributed_kernels, layer_times, library_times, stage_times
 from traceq.errors import MissingDataError, TraceqError
 from traceq.render.report import ReportTrace, render_report
@@ -69,7 +69,7 @@ def _gather(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str,
     attributed = attributed_kernels(con, trace_id, iteration_regex)
     order = _first_ns(attributed)
     stages = stage_times(con, trace_id, iteration_regex)
-    trace.iterations = stages.filter(pl.col("iteration").is_not_null())["iteration"].n_unique()
+    trace.iterations = stages.filter(steady())["iteration"].n_unique()
     trace.frames["stages"] = stages
     trace.frames["layers"] = _with_order(layer_times(con, trace_id, iteration_regex), order)
     trace.frames["libraries"] = library_times(con, trace_id, iteration_regex=iteration_regex)
@@ -84,7 +84,7 @@ def _gather(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str,
     if spec is not None:
         _activations(con, trace, attributed, spec, batch)
     trace.findings = advise(con, trace_id, iteration_regex)[0]
-    busy = stages.filter(pl.col("iteration").is_not_null())
+    busy = stages.filter(steady())
     spans = busy["span_ns"].cast(pl.Float64)
     trace.facts = {
         "GPUs": row[1] or "",
@@ -179,7 +179,7 @@ def _traffic(con: duckdb.DuckDBPyConnection, trace: ReportTrace, attributed: pl.
 
 def _window(attributed: pl.DataFrame) -> tuple[pl.DataFrame, str]:
     """The kernels of the first iteration (all kernels when there are no iteration ranges)."""
-    iterations = attributed.filter(pl.col("iteration").is_not_null()).sort("start_ns")
+    iterations = attributed.filter(steady()).sort("start_ns")
     if iterations.is_empty():
         return attributed, "the whole trace"
     first = iterations["iteration"][0]

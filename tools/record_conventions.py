@@ -350,7 +350,12 @@ def cudagraph_infer(name: str, out: Path) -> None:
           **torch_facts(torch))
 
 
-def jax_mlp(out: Path) -> None:
+def jax_mlp(out: Path, name: str = "nsys_jax_mlp") -> None:
+    """A jitted MLP training step, STEPS times after its first (compiling) call. With
+    `name` 'xplane_jax_mlp' the steps run under `jax.profiler.trace` (an XPlane in
+    `out/xplane_jax_mlp/`); otherwise under whatever profiler runs the script (nsys)."""
+    import contextlib
+
     import jax
     import jax.numpy as jnp
 
@@ -386,13 +391,17 @@ def jax_mlp(out: Path) -> None:
         updates, s = tx.update(g, s, p)
         return optax.apply_updates(p, updates), s, loss
 
+    steps = int(os.environ.get("STEPS", "5"))
     losses = []
-    for _ in range(5):
-        params, state, loss = train_step(params, state, x, y)
-        losses.append(float(loss))
-    jax.block_until_ready(params)
+    profiling = (jax.profiler.trace(str(out / name), create_perfetto_link=False) if name.startswith("xplane")
+                 else contextlib.nullcontext())
+    with profiling:
+        for _ in range(steps):
+            params, state, loss = train_step(params, state, x, y)
+            losses.append(float(loss))
+        jax.block_until_ready(params)
     print("losses", losses)
-    truth(out, "nsys_jax_mlp", steps=5, jit_function="train_step", xla_module_expected="jit_train_step",
+    truth(out, name, steps=steps, jit_function="train_step", xla_module_expected="jit_train_step",
           model="MLP 1024-4096-4096-1024 gelu, float32, batch 512", optimizer=optimizer,
           compile_inside_trace=True, capture="whole process (no capture range)",
           xla_flags=os.environ.get("XLA_FLAGS"), jax=jax.__version__,
@@ -401,7 +410,8 @@ def jax_mlp(out: Path) -> None:
 
 CASES = ["kineto_resnet18_plain", "kineto_gpt_plain", "kineto_gpt_modules", "kineto_gpt_compile",
          "kineto_gpt_compile_cold", "nsys_gpt_cudagraph_infer", "nsys_gpt_cudagraph_infer_graphmode",
-         "nsys_resnet18_emit_nvtx", "nsys_gpt_train_step", "nsys_jax_mlp", "kineto_fsdp_gpt", "nsys_fsdp_gpt"]
+         "nsys_resnet18_emit_nvtx", "nsys_gpt_train_step", "nsys_jax_mlp", "xplane_jax_mlp", "kineto_fsdp_gpt",
+         "nsys_fsdp_gpt"]
 
 
 def main() -> None:
@@ -414,8 +424,8 @@ def main() -> None:
     print("case", args.case, "python", sys.version.split()[0], flush=True)
     if args.case.startswith("nsys_gpt_cudagraph_infer"):
         cudagraph_infer(args.case, out)
-    elif args.case == "nsys_jax_mlp":
-        jax_mlp(out)
+    elif args.case in ("nsys_jax_mlp", "xplane_jax_mlp"):
+        jax_mlp(out, args.case)
     elif args.case.startswith("kineto_"):
         kineto(args.case, out)
     else:

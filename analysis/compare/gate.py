@@ -20,7 +20,7 @@ from functools import lru_cache
 import duckdb
 import polars as pl
 
-from traceq.analysis.structure.conventions import ITERATION_REGEX
+from traceq.analysis.structure.conventions import ITERATION_REGEX, steady, steady_sql
 from traceq.errors import MissingDataError
 from traceq.store import side_by_side
 
@@ -78,20 +78,20 @@ def iteration_times(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_reg
     each operation's iteration alone (`gaps.operation_iterations`, as attribution finds it), not
     from the stages' full attribution: at ten million kernels about a second, not seven."""
     if stages is not None:
-        stages = stages.filter(pl.col("iteration").is_not_null())
+        stages = stages.filter(steady())
         return stages.group_by("iteration", maintain_order=True).agg(pl.col("span_ns").max())["span_ns"]
     from traceq.analysis.operations import gpu_work
     from traceq.analysis.timeline.gaps import operation_iterations
     from traceq.store import registered
 
     work = gpu_work(con, trace_id)
-    _, iteration = operation_iterations(con, trace_id, work, iteration_regex)
-    frame = pl.DataFrame([iteration.alias("iteration"), work.of("device_id"), work.ops["start_ns"], work.ops["end_ns"]])
+    names, codes = operation_iterations(con, trace_id, work, iteration_regex)
+    frame = pl.DataFrame([names.gather(codes).alias("iteration"), work.of("device_id"), work.ops["start_ns"], work.ops["end_ns"]])
     with registered(con, work=frame) as view:
         return con.sql(f"""
             SELECT max(span_ns) AS span_ns FROM (
                 SELECT iteration, max(end_ns) - min(start_ns) AS span_ns, min(start_ns) AS first_ns
-                FROM {view['work']} WHERE iteration IS NOT NULL GROUP BY iteration, device_id)
+                FROM {view['work']} WHERE {steady_sql()} GROUP BY iteration, device_id)
             GROUP BY iteration ORDER BY min(first_ns), iteration""").pl()["span_ns"]
 
 

@@ -20,7 +20,7 @@ import polars as pl
 from traceq.analysis.choices import CompareBy
 from traceq.analysis.multigpu.collectives import by_trace, run_ranks
 from traceq.analysis.multigpu.overlap import overlap_table
-from traceq.analysis.structure.conventions import ITERATION_REGEX
+from traceq.analysis.structure.conventions import ITERATION_REGEX, steady
 from traceq.analysis.structure.layers import STAGE_COLUMNS, attributed_kernels, stage_times
 
 _KEYS = {CompareBy.layer: ["layer", "pass"], CompareBy.kernel: ["name"], CompareBy.library: ["library"],
@@ -41,16 +41,16 @@ def per_gpu_times(con: duckdb.DuckDBPyConnection, run_id: int, by: CompareBy,
     parts = []
     for trace_id in by_trace(ranks):
         if by is CompareBy.stage:
-            stages = stage_times(con, trace_id, iteration_regex).filter(pl.col("iteration").is_not_null())
+            stages = stage_times(con, trace_id, iteration_regex).filter(steady())
             per = max(stages["iteration"].n_unique(), 1)
             parts.append(pl.DataFrame({"stage": list(STAGE_COLUMNS),
                                        "time_ns": [stages[f"{s}_ns"].sum() / per for s in STAGE_COLUMNS]}))
         else:
-            kernels = attributed_kernels(con, trace_id, iteration_regex).filter(pl.col("iteration").is_not_null())
+            kernels = attributed_kernels(con, trace_id, iteration_regex).filter(steady())
             per = max(kernels["iteration"].n_unique(), 1)
             parts.append(kernels.group_by(keys).agg(time_ns=pl.col("dur_ns").sum() / per))
     frame = pl.concat(parts).group_by(keys).agg(pl.col("time_ns").sum() / gpus)
-    overlap = overlap_table(con, run_id, iteration_regex).filter(pl.col("iteration").is_not_null())
+    overlap = overlap_table(con, run_id, iteration_regex).filter(steady())
     extra = {"(communication)": overlap["comm_ns"].mean(), "(exposed communication)": overlap["exposed_ns"].mean(),
              "(iteration)": overlap["span_ns"].mean()}
     rows = pl.DataFrame({keys[0]: list(extra), "time_ns": [float(v or 0.0) for v in extra.values()]})

@@ -15,7 +15,7 @@ import polars as pl
 from traceq.analysis.choices import CompareBy
 from traceq.analysis.efficiency.ce import GroupBy
 from traceq.analysis.efficiency.ru import ru_table
-from traceq.analysis.structure.conventions import ITERATION_REGEX
+from traceq.analysis.structure.conventions import ITERATION_REGEX, steady
 from traceq.analysis.structure.layers import launch_groups, stage_times
 from traceq.errors import MissingDataError
 
@@ -24,15 +24,15 @@ _KEYS = {CompareBy.layer: ["layer", "pass"], CompareBy.kernel: ["name"], Compare
 
 
 def iteration_count(kernels: pl.DataFrame) -> int:
-    """Distinct iterations the kernels ran in (0 when the trace marks none); `kernels`: a
+    """Distinct steady-state iterations the kernels ran in (0 when the trace marks none); `kernels`: a
     trace's `attributed_kernels` or its `launch_groups`."""
-    return kernels["iteration"].drop_nulls().n_unique()
+    return kernels.filter(steady())["iteration"].n_unique()
 
 
 def _stage_times(stages: pl.DataFrame, per_iteration: bool) -> pl.DataFrame:
     """stage, kernels (null), time_ns from one trace's `stage_times` (per iteration when asked)."""
     if per_iteration:
-        stages = stages.filter(pl.col("iteration").is_not_null())
+        stages = stages.filter(steady())
     columns = ["data_copy_ns", "forward_ns", "backward_ns", "weight_update_ns", "other_ns", "idle_ns", "span_ns"]
     sums = stages.select(pl.col(columns).sum())
     divisor = stages["iteration"].n_unique() if per_iteration else 1
@@ -46,7 +46,7 @@ def _group_times(groups: pl.DataFrame, keys: list[str], per_iteration: bool) -> 
     """keys, kernels, time_ns from one trace's launch groups (per iteration when asked)."""
     divisor = iteration_count(groups) if per_iteration else 1
     if per_iteration:
-        groups = groups.filter(pl.col("iteration").is_not_null())
+        groups = groups.filter(steady())
     frame = groups.group_by(keys).agg(kernels=pl.col("instances").sum().cast(pl.Int64),
                                       time_ns=pl.col("dur_ns").sum())
     return frame.with_columns(kernels=pl.col("kernels") // divisor, time_ns=pl.col("time_ns") // divisor)

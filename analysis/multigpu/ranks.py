@@ -27,7 +27,7 @@ from traceq.analysis.multigpu.comm import collective_kernels, with_skew
 from traceq.analysis.multigpu.fanout import map_traces
 from traceq.analysis.multigpu.overlap import interval_sums, overlap_table
 from traceq.analysis.structure.attribution import kernel_launches, point_contexts
-from traceq.analysis.structure.conventions import ITERATION_REGEX
+from traceq.analysis.structure.conventions import ITERATION_REGEX, steady
 from traceq.errors import MissingDataError
 
 IDLE = "(GPU idle)"
@@ -47,7 +47,7 @@ def rank_iterations(
     shift_ns and drift_ppm (what puts the rank's times on the run's clock: `ranks` table). By iteration,
     then rank; work outside iteration ranges left out."""
     halves = [None, None] if progress is None else [lambda d, n: progress(d, 2 * n), lambda d, n: progress(n + d, 2 * n)]
-    spans = overlap_table(con, run_id, iteration_regex, halves[0]).filter(pl.col("iteration").is_not_null())
+    spans = overlap_table(con, run_id, iteration_regex, halves[0]).filter(steady())
     try:
         kernels = with_skew(collective_kernels(con, run_id, iteration_regex, halves[1]))
     except MissingDataError:  # no collectives: nobody waits

@@ -50,6 +50,7 @@ import duckdb
 import polars as pl
 
 from traceq.analysis.kernels.classify import default_rules
+from traceq.analysis.structure import xla
 from traceq.analysis.structure.attribution_sql import (
     BY_TIME_CTES,
     name_flags,
@@ -70,6 +71,7 @@ from traceq.analysis.structure.operators import (
     top_ops,
     with_operators,
 )
+from traceq.analysis.structure.phases import compile_intervals, inside, warm_up
 from traceq.analysis.structure.steps import step_iterations
 from traceq.store import registered
 
@@ -273,6 +275,7 @@ def point_contexts(
     t = int(trace_id)
     names = _range_names(con, t, iteration_regex)
     ranges = _ranges(con, t, names)
+    compiling = compile_intervals(con, t, names["name"])
     optimizers = ranges.filter(pl.col("name_id").is_in(names.filter("is_optimizer")["name_id"].implode()))
     threads, by_time_ranges, forward_names = _split_ranges(ranges, names)
     if not optimizers.is_empty():  # a trace without iteration ranges: its optimizer steps
@@ -280,6 +283,11 @@ def point_contexts(
                                    "AND pid IS NOT NULL GROUP BY pid").pl(), points.select("pid", first_ns="t")])
         by_time_ranges = step_iterations(by_time_ranges, optimizers, names,
                                          first.group_by("pid").agg(pl.col("first_ns").min()))
+    xla_ops = None
+    if names["name"].str.starts_with(xla.MODULE_PREFIX).any():  # JAX: programs as iterations, thunks as ops
+        by_time_ranges = xla.module_iterations(by_time_ranges, ranges, names,
+                                               inside(compiling, ranges["pid"], ranges["start_ns"]))
+        xla_ops = xla.op_labels(ranges, names)
     del ranges
     replay = points["time"] if "time" in points.columns else None
     replay_tid = points["time_tid"] if "time_tid" in points.columns else None
@@ -299,6 +307,22 @@ def point_contexts(
     contexts = _contexts(con, names, chains, by_time, combos, forward_names, paths)
     if replay is not None:  # kernels replayed from CUDA graphs: the iteration of the replay
         index, contexts = replay_iterations(by_time_ranges, points, replay, index, contexts)
+    index, contexts = _structured(con, t, points, index, contexts, by_time_ranges, names, optimizers, iteration_regex,
+                                  paths=paths, infer=infer, operators=operators, replay=replay, replay_tid=replay_tid)
+    if xla_ops is not None:
+        index, contexts = xla.with_xla_ops(index, contexts, xla_ops)
+    iterations = by_time_ranges.filter(pl.col("is_iter")).select("pid", "start_ns", "end_ns", "nm")
+    time = points["t"] if replay is None else pl.select(pl.coalesce(replay, points["t"])).to_series()
+    return warm_up(index, contexts, points["pid"], time, compiling, iterations)
+
+
+def _structured(
+    con: duckdb.DuckDBPyConnection, t: int, points: pl.DataFrame, index: pl.Series, contexts: pl.DataFrame,
+    by_time_ranges: pl.DataFrame, names: pl.DataFrame, optimizers: pl.DataFrame, iteration_regex: str, *,
+    paths: bool, infer: bool, operators: bool, replay: pl.Series | None, replay_tid: pl.Series | None,
+) -> tuple[pl.Series, pl.DataFrame]:
+    """`point_contexts`' (index, contexts) from the ranges alone, with what operators, CUDA-graph
+    replays and the inference rules add."""
     candidates = names.filter(~pl.col("is_iter") & ~pl.col("is_stage") & ~pl.col("is_optimizer") & ~pl.col("is_op"))
     ops = operator_ranges(con, t) if operators and _may_have_operators(con, t, names) else None
     tops = None

@@ -3,6 +3,8 @@ suffixes an autograd op name carries, the range domains that are the application
 
 from __future__ import annotations
 
+import polars as pl
+
 ITERATION_REGEX = (r"(?i)^\s*(((train(ing)?|global)[\s_-]*)?(iteration|iter|step|ProfilerStep)[\s_#:-]*"
                    r"|decode[\s_-]*(step)?[\s_#:-]*)\d+\s*$")
 """Range names that mark one step: 'iteration 0', 'step 12', Kineto's 'ProfilerStep#3', the
@@ -37,3 +39,17 @@ STAGES = ("data_copy", "forward", "backward", "weight_update")
 
 SUFFIX_REGEX = r",\s*(seq|op_id|sizes|input_op_ids)\s*=.*$"
 """', seq = 470, op_id = 1, sizes = [...]' and the like after an autograd op name (emit_nvtx)."""
+
+WARM_UP = "warm-up"
+"""The iteration of the work done while compiling or in an iteration that compiled
+(`phases`): shown like an iteration, left out of per-iteration statistics."""
+
+
+def steady(column: str = "iteration") -> pl.Expr:
+    """Polars: whether the iteration column names a steady-state iteration (neither null nor WARM_UP)."""
+    return pl.col(column).is_not_null() & (pl.col(column) != WARM_UP)
+
+
+def steady_sql(column: str = "iteration") -> str:
+    """SQL: whether the iteration expression `column` names a steady-state iteration."""
+    return f"({column} IS NOT NULL AND {column} <> '{WARM_UP}')"

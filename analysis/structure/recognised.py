@@ -10,6 +10,7 @@ import polars as pl
 from traceq.analysis.structure.attribution_sql import sql_string
 from traceq.analysis.structure.conventions import APPLICATION_DOMAINS, ITERATION_REGEX, stage_of
 from traceq.analysis.structure.operators import is_operator
+from traceq.analysis.structure.xla import XLA_DOMAINS
 
 LABELS = {
     "layers": "layer ranges",
@@ -28,8 +29,10 @@ LABELS = {
 def recognised(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """trace_id, structure: for every trace, the conventions found in it (LABELS' values joined
     by ', '; 'none' for a trace with no ranges at all)."""
-    domains = ", ".join(sql_string(d) for d in APPLICATION_DOMAINS if d != "cpu_op")
+    # XLA's own domains too (nsys: TSL; the XPlane reader's): their names are read only for the XLA flag
+    domains = ", ".join(sql_string(d) for d in (*[d for d in APPLICATION_DOMAINS if d != "cpu_op"], *XLA_DOMAINS))
     op = is_operator("name")
+    xla = ", ".join(sql_string(d) for d in XLA_DOMAINS)
     frame = con.sql(f"""
         WITH names AS (
             SELECT DISTINCT trace_id, coalesce(name, '') AS name, domain FROM nvtx
@@ -43,7 +46,8 @@ def recognised(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
                    bool_or(domain IS NULL AND {op}) AS nvtx_ops,
                    bool_or(name LIKE '%CompiledFxGraph%' OR name LIKE '%CompiledFunction%') AS compiled,
                    bool_or(starts_with(name, 'XlaModule:')) AS xla,
-                   bool_or(NOT regexp_matches(name, {sql_string(ITERATION_REGEX)}) AND {stage_of("name")} IS NULL
+                   bool_or((domain IS NULL OR domain NOT IN ({xla})) AND NOT regexp_matches(name, {sql_string(ITERATION_REGEX)})
+                           AND {stage_of("name")} IS NULL
                            AND NOT starts_with(name, 'Optimizer.') AND NOT ({op}) AND name <> ''
                            AND NOT starts_with(name, 'XlaModule:') AND NOT starts_with(name, 'Thunk:')
                            AND NOT starts_with(name, 'ProfilerStep')) AS layers

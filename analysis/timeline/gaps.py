@@ -44,7 +44,8 @@ import polars as pl
 
 from traceq.analysis.intervals import last_at_or_before, last_open
 from traceq.analysis.operations import KINDS, Work, api_calls, gpu_work
-from traceq.analysis.structure.conventions import ITERATION_REGEX
+from traceq.analysis.structure.conventions import ITERATION_REGEX, WARM_UP
+from traceq.analysis.structure.phases import COMPILE_REGEX, merged, overlapping
 
 CAUSES = ("sync", "h2d_pageable", "h2d_pinned", "iteration_start", "launch_bound", "other")
 """Gap causes (the host-caused ones in the order they are tested)."""
@@ -189,11 +190,18 @@ def operation_iterations(
     codes (UInt32, null outside every iteration) index `names`, one per iteration range name."""
     ops = work.ops
     # a range of no process (Kineto's GPU-track annotations) holds no call, as attribution has it
+    # the compile ranges in the same scan: an iteration during which its process compiled is
+    # the warm-up (`structure.phases`), as attribution has it
     ranges = con.sql(f"""
-        SELECT pid, name, start_ns, end_ns FROM nvtx
+        SELECT pid, name, start_ns, end_ns, regexp_matches(coalesce(name, ''), ?) AS is_iter FROM nvtx
         WHERE trace_id = {int(trace_id)} AND kind IN ('pushpop', 'startend') AND pid IS NOT NULL
-          AND regexp_matches(coalesce(name, ''), ?)
-        ORDER BY pid, start_ns""", params=[iteration_regex]).pl()
+          AND (regexp_matches(coalesce(name, ''), ?) OR regexp_matches(coalesce(name, ''), ?))
+        ORDER BY pid, start_ns""", params=[iteration_regex, iteration_regex, COMPILE_REGEX]).pl()
+    compiling = merged(ranges.filter(~pl.col("is_iter") & pl.col("end_ns").is_not_null()))
+    ranges = ranges.filter("is_iter").drop("is_iter")
+    if not compiling.is_empty():
+        warm = overlapping(compiling, ranges["pid"], ranges["start_ns"], ranges["end_ns"].fill_null(ranges["start_ns"]))
+        ranges = ranges.with_columns(name=pl.when(warm).then(pl.lit(WARM_UP)).otherwise(pl.col("name")))
     # a range that never ended lasts to the trace's end (not to the end of time: times are packed
     # into keys with the process, so they must span what the trace spans)
     horizon = max((v for v in (ops["end_ns"].max(), ops["call_end_ns"].max(), ranges["start_ns"].max())

@@ -13,7 +13,7 @@ import duckdb
 import polars as pl
 
 from traceq.analysis.choices import IdleBy
-from traceq.analysis.structure.conventions import ITERATION_REGEX
+from traceq.analysis.structure.conventions import ITERATION_REGEX, WARM_UP
 from traceq.analysis.timeline.gaps import CAUSES, gap_frame, work_names
 from traceq.store import registered
 
@@ -99,7 +99,8 @@ def idle_totals(
 ) -> IdleTotals:
     """The totals of `idle_causes` alone (what `traceq idle --by` states in its title). `gaps` as
     for `idle_causes`."""
-    frame = (gap_frame(con, trace_id, iteration_regex) if gaps is None else gaps)[0]
+    frame, lookups = gap_frame(con, trace_id, iteration_regex) if gaps is None else gaps
+    steady_codes = [i for i, name in enumerate(lookups["iteration"].to_list()) if name != WARM_UP]
     t = int(trace_id)
     span = con.execute(f"""
         SELECT coalesce(sum(hi - lo), 0), count(*) FROM (
@@ -111,7 +112,8 @@ def idle_totals(
                 UNION ALL SELECT device_id, start_ns, end_ns FROM memops WHERE trace_id = {t})
             GROUP BY device_id)""").fetchall()[0]
     idle_ns, iterations = frame.select(pl.col("dur_ns").sum(),
-                                       pl.col("iteration").drop_nulls().n_unique()).collect().row(0)
+                                       pl.col("iteration").filter(pl.col("iteration").is_in(steady_codes)).n_unique()
+                                       ).collect().row(0)
     return IdleTotals(span_ns=int(span[0]), idle_ns=int(idle_ns), iterations=iterations, devices=int(span[1]))
 
 
