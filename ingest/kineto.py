@@ -23,7 +23,8 @@ What comes from where (old traces' categories in brackets):
   name ("Memcpy HtoD (Pinned -> Device)"), bytes from args.
 - API calls: `cuda_runtime` [`Runtime`] (HIP's calls too, on ROCm) and `cuda_driver`.
 - ranges (the nvtx tables, domain = the Kineto category): `cpu_op` [`Operator`],
-  `user_annotation` (ProfilerStep#N, Optimizer.step...) and, opt-in, `python_function`, as
+  `user_annotation` (ProfilerStep#N, Optimizer.step...) and, opt-in, `python_function` (the
+  modules' frames, `nn.Module: Linear_0`, always: `with_modules=True` records them), as
   push/pop ranges of their thread; `gpu_user_annotation` as start/end ranges of no process.
   Shapes and PyTorch's own FLOPs of operators go to `operators`.
 - `[memory]` instant events into memory_events (the bytes already allocated before the first
@@ -140,7 +141,8 @@ def _collective_columns() -> str:
 def _stage_sql(files: list[Path], first: int, python_functions: bool) -> str:
     """The staging rows of the events in `files` (JSON arrays of consecutive events), numbered
     (`seq`) from `first` on."""
-    keep = "" if python_functions else " AND kind <> 'python_function'"
+    # without the opt-in, of the Python frames only the modules' (`with_modules`: `nn.Module: Linear_0`)
+    keep = "" if python_functions else " AND (kind <> 'python_function' OR starts_with(name, 'nn.Module: '))"
     paths = ", ".join(f"'{p}'" for p in files)
     gpu = ", ".join(f"'{k}'" for k in _GPU_KINDS)
     return f"""

@@ -126,21 +126,17 @@ def test_jax_programs_thunks_and_compilation(store) -> None:
 
 
 def test_jax_steady_state_coverage(store) -> None:
-    """What JAX's ranges can name in the steady state: every kernel has an op; those of XLA's
-    command buffer (cuBLAS GEMMs captured into child graphs, which nsys's node records do not
-    trace back) keep the buffer's name and no pass; every other kernel has its pass or the
-    weight update. The share is stated in docs/structure.md."""
+    """The issue's bar on JAX's steady state: every kernel has an op, and at least 95 % of the
+    kernel time has its pass or is the weight update (measured: 100 %, the command buffer's
+    GEMMs included)."""
     con, ids = store
     t = ids[JAX]
     frame = kernel_attribution(con, t).join(
         con.sql(f"SELECT kernel_id, dur_ns FROM kernels WHERE trace_id = {t}").pl(), on="kernel_id")
     steady = frame.filter(pl.col("iteration").str.starts_with("jit_train_step "))
-    assert steady["layer"].null_count() == 0
-    buffer = steady.filter(pl.col("layer").str.starts_with("command_buffer"))
-    assert buffer["pass"].null_count() == buffer.height
-    named = steady.filter(~pl.col("layer").str.starts_with("command_buffer"))
-    placed = named.filter(pl.col("pass").is_not_null() | (pl.col("stage") == "weight_update"))
-    assert placed["dur_ns"].sum() >= 0.99 * named["dur_ns"].sum()
+    assert steady.height == 10 * 27 and steady["layer"].null_count() == 0  # 27 kernels a step
+    placed = steady.filter(pl.col("pass").is_not_null() | (pl.col("stage") == "weight_update"))
+    assert placed["dur_ns"].sum() >= 0.95 * steady["dur_ns"].sum()
 
 
 def _raw_cold_steps() -> tuple[dict[str, tuple[int, int]], set[str]]:
@@ -178,3 +174,25 @@ def test_torch_compile_first_step_is_the_warm_up(store) -> None:
     expected = [round(spans[f"ProfilerStep#{n}"][1] - spans[f"ProfilerStep#{n}"][0], 3) for n in (1, 2, 3)]
     for times in (iteration_times(con, t), iteration_times(con, t, stages=stage_times(con, t))):
         assert [round(v / 1000, 3) for v in times] == pytest.approx(expected, abs=0.002)
+
+
+def test_command_buffer_kernels_are_their_ops(store) -> None:
+    """The GEMMs cuBLAS captured into XLA's command buffer (child graphs, which nsys's node
+    records do not trace back) take the op of their child graph's holder, in order. Ground
+    truth from another recording of the same program with command buffers off, where each op
+    launches its GEMM inside its own thunk (`jax_nsys_nocb_ops.json`, made by
+    tools/trim_samples.py from the raw export): every GEMM op's kernel is the same cuBLAS kernel
+    there, and all but one launch the same grid (cuBLAS picked another grid for one shape)."""
+    con, ids = store
+    t = ids[JAX]
+    truth = json.loads(sample("conventions/jax_nsys_nocb_ops.json").read_text())
+    frame = kernel_attribution(con, t).join(con.sql(
+        f"SELECT kernel_id, short_name, grid_x, grid_y, grid_z FROM kernels WHERE trace_id = {t}").pl(), on="kernel_id")
+    gemms = (frame.filter(pl.col("iteration").str.starts_with("jit_train_step ")
+                          & pl.col("short_name").str.starts_with("sm90_xmma_gemm"))
+             .select("layer", "short_name", grid=pl.format("grid {}x{}x{}", "grid_x", "grid_y", "grid_z")).unique())
+    assert gemms.height == 8 and gemms["layer"].n_unique() == 8
+    names = {op: {s.split(" grid ")[0] for s in signatures} for op, signatures in truth.items()}
+    assert [op for op, name, _ in gemms.iter_rows() if name not in names.get(op, set())] == []
+    same_grid = sum(f"{name} {grid}" in truth[op] for op, name, grid in gemms.iter_rows())
+    assert same_grid >= 7

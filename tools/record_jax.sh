@@ -3,6 +3,9 @@
 # step of tools/record_conventions.py (`--case nsys_jax_mlp`), STEPS=10 steps after compiling,
 #   nsys_jax_mlp_node   nsys --cuda-graph-trace=node: XLA's command buffers (CUDA graphs) kernel by kernel
 #   nsys_jax_mlp_graph  nsys's default graph-level trace: one record per graph execution
+#   nsys_jax_mlp_nocb   as _node with XLA_FLAGS=--xla_gpu_enable_command_buffer= : every op launched
+#                       by its own thunk, the ground truth for which op a command buffer's kernel ran
+# ONLY="nocb" records that one alone.
 #   xplane_jax_mlp      jax.profiler.trace (an .xplane.pb), no nsys
 # The node report is also exported as parquetdir and arrow (nsys export --type). The nsys CLI
 # inside Nsight Compute needs libdw, libelf and libbz2 carried in .carry/lib. Output: $OUT/jax.tar.gz.
@@ -19,20 +22,24 @@ WORK=$(mktemp -d /tmp/traceq-jax.XXXX)
 REC="python3 tools/record_conventions.py --out $WORK"
 mkdir -p "$OUT"
 "$NSYS" --version
-for mode in node graph; do
+for mode in ${ONLY:-node graph nocb}; do
     name=nsys_jax_mlp_$mode
-    timeout 150 "$NSYS" profile -t cuda,nvtx -s none --cpuctxsw=none --cuda-graph-trace=$mode -f true \
+    trace=$([ "$mode" = graph ] && echo graph || echo node)
+    flags=$([ "$mode" = nocb ] && echo "--xla_gpu_enable_command_buffer=" || echo "${XLA_FLAGS:-}")
+    XLA_FLAGS=$flags timeout 150 "$NSYS" profile -t cuda,nvtx -s none --cpuctxsw=none --cuda-graph-trace=$trace -f true \
         -o "$WORK/$name" $REC --case nsys_jax_mlp > "$WORK/$name.log" 2>&1 || echo "FAILED $name"
     mv "$WORK/nsys_jax_mlp.truth.json" "$WORK/$name.truth.json" 2>/dev/null
     timeout 90 "$NSYS" export --type sqlite -f true -o "$WORK/$name.sqlite" "$WORK/$name.nsys-rep" >> "$WORK/$name.log" 2>&1 \
         || echo "FAILED $name export"
 done
-timeout 90 "$NSYS" export --type parquetdir -f true -o "$WORK/nsys_jax_mlp_node_parquet" "$WORK/nsys_jax_mlp_node.nsys-rep" \
+[ -f "$WORK/nsys_jax_mlp_node.nsys-rep" ] && timeout 90 "$NSYS" export --type parquetdir -f true -o "$WORK/nsys_jax_mlp_node_parquet" "$WORK/nsys_jax_mlp_node.nsys-rep" \
     >> "$WORK/nsys_jax_mlp_node.log" 2>&1 || echo "FAILED parquetdir"
-timeout 90 "$NSYS" export --type arrow -f true -o "$WORK/nsys_jax_mlp_node_arrow" "$WORK/nsys_jax_mlp_node.nsys-rep" \
+[ -f "$WORK/nsys_jax_mlp_node.nsys-rep" ] && timeout 90 "$NSYS" export --type arrow -f true -o "$WORK/nsys_jax_mlp_node_arrow" "$WORK/nsys_jax_mlp_node.nsys-rep" \
     >> "$WORK/nsys_jax_mlp_node.log" 2>&1 || echo "FAILED arrow"
-timeout 150 $REC --case xplane_jax_mlp > "$WORK/xplane_jax_mlp.log" 2>&1 || echo "FAILED xplane_jax_mlp"
+if [ -z "${ONLY:-}" ]; then
+    timeout 150 $REC --case xplane_jax_mlp > "$WORK/xplane_jax_mlp.log" 2>&1 || echo "FAILED xplane_jax_mlp"
+fi
 find "$WORK" -name '*.xplane.pb' -exec cp {} "$WORK/xplane_jax_mlp.xplane.pb" \;
 rm -f "$WORK"/*.nsys-rep
-(cd "$WORK" && ls -la && tar czf "$OUT/jax.tar.gz" --exclude='inductor_*' nsys_jax_* xplane_jax_mlp.* *.log)
+(cd "$WORK" && ls -la && shopt -s nullglob && tar czf "$OUT/jax.tar.gz" --exclude='*.qdstrm' nsys_jax_* xplane_jax_mlp.* *.log)
 ls -la "$OUT"

@@ -63,7 +63,31 @@ def kineto_compile_cold(source: Path, target: Path) -> None:
         json.dump(trace, out, separators=(",", ":"))
 
 
+def command_buffer_truth(source: Path, target: Path) -> None:
+    """From nsys_jax_mlp_nocb.sqlite (the same MLP with XLA's command buffers off, so every op
+    launches its own kernels inside its thunk): for each HLO op, the name and grid of the kernels
+    it launched in each step, as JSON: the ground truth for which op each kernel of the command
+    buffer in jax_nsys_train_step.sqlite ran (tests/test_structure_jax.py)."""
+    raw = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+    ranges = raw.execute("""
+        SELECT n.start, n."end", n.globalTid, coalesce(n.text, s.value) FROM NVTX_EVENTS n
+        LEFT JOIN StringIds s ON s.id = n.textId WHERE n.eventType = 59""").fetchall()
+    first = min(r[0] for r in ranges if r[3].startswith("XlaModule:#hlo_module=jit_train_step,"))
+    thunks = sorted((r for r in ranges if r[3].startswith("Thunk:") and r[0] >= first), key=lambda r: r[0])
+    ops: dict[str, set] = {}
+    for at, tid, name, gx, gy, gz in raw.execute("""
+            SELECT a.start, a.globalTid, s.value, k.gridX, k.gridY, k.gridZ FROM CUPTI_ACTIVITY_KIND_KERNEL k
+            JOIN CUPTI_ACTIVITY_KIND_RUNTIME a ON a.correlationId = k.correlationId
+            JOIN StringIds s ON s.id = k.shortName WHERE a.start >= ?""", [first]):
+        around = [t for t in thunks if t[2] == tid and t[0] <= at < t[1]]
+        if around:
+            op = re.search(r"hlo_op=([^,#]+)", around[-1][3]).group(1)
+            ops.setdefault(op, set()).add(f"{name} grid {gx}x{gy}x{gz}")
+    target.write_text(json.dumps({op: sorted(v) for op, v in sorted(ops.items())}, indent=1) + "\n")
+
+
 if __name__ == "__main__":
     recorded, out = Path(sys.argv[1]), Path(sys.argv[2])
     jax_nsys(recorded / "r15/jax/nsys_jax_mlp_node.sqlite", out / "jax_nsys_train_step.sqlite")
     kineto_compile_cold(recorded / "kineto_gpt_compile_cold.json.gz", out / "gpt_kineto_compile_cold.json.gz")
+    command_buffer_truth(recorded / "r15/jax/nsys_jax_mlp_nocb.sqlite", out / "jax_nsys_nocb_ops.json")

@@ -36,6 +36,7 @@ import polars as pl
 from traceq.analysis.intervals import last_at_or_before, last_open
 from traceq.analysis.operations import api_calls, gpu_work
 from traceq.analysis.structure.conventions import ITERATION_REGEX
+from traceq.analysis.structure.phases import COMPILE_REGEX, merged, overlapping
 from traceq.analysis.timeline.gaps import COPY_CALL, SYNC_CALL
 from traceq.errors import MissingDataError
 
@@ -271,13 +272,20 @@ def _forward_only(nodes: pl.DataFrame) -> tuple[pl.DataFrame, int]:
 def _iterations(con: duckdb.DuckDBPyConnection, trace_id: int, nodes: pl.DataFrame,
                 iteration_regex: str) -> tuple[pl.Series, pl.Series]:
     """Each node's iteration: the range (`iteration_regex`, of its process) open when it, or the
-    call that issued it, began."""
+    call that issued it, began; none in an iteration that compiled (the warm-up)."""
     ranges = con.sql(f"""
         SELECT pid, name, start_ns, coalesce(end_ns, (SELECT max(end_ns) + 1 FROM kernel_events
-                                                      WHERE trace_id = {int(trace_id)})) AS end_ns
+                                                      WHERE trace_id = {int(trace_id)})) AS end_ns,
+               regexp_matches(coalesce(name, ''), ?) AS is_iter
         FROM nvtx WHERE trace_id = {int(trace_id)} AND kind IN ('pushpop', 'startend') AND pid IS NOT NULL
-          AND regexp_matches(coalesce(name, ''), ?) ORDER BY start_ns""", params=[iteration_regex]).pl()
+          AND (regexp_matches(coalesce(name, ''), ?) OR regexp_matches(coalesce(name, ''), ?)) ORDER BY start_ns""",
+                     params=[iteration_regex, iteration_regex, COMPILE_REGEX]).pl()
     ranges = ranges.filter(pl.col("end_ns").is_not_null())
+    # an iteration during which its process compiled is the warm-up, on no critical path (`structure.phases`)
+    compiling = merged(ranges.filter(~pl.col("is_iter")))
+    ranges = ranges.filter("is_iter").drop("is_iter")
+    if not compiling.is_empty():
+        ranges = ranges.filter(~overlapping(compiling, ranges["pid"], ranges["start_ns"], ranges["end_ns"]))
     if ranges.height == 0:
         return pl.Series([], dtype=pl.String), pl.repeat(None, nodes.height, dtype=pl.UInt32, eager=True)
     order = ranges.select(pl.col("name").unique(maintain_order=True))["name"]

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from traceq.analysis.structure.conventions import steady
-
 BINDS = ("fixed", "prog", "launch", "wait")
 """What bound a node's start: nothing (its measured start), program order, launch, a wait."""
 
@@ -103,7 +101,7 @@ def iteration_ends(nodes: pl.DataFrame, ends: list[int], starts: list[int]) -> p
     its first start)."""
     frame = pl.DataFrame({"iteration": nodes["iteration"], "start": starts, "end": ends}).with_row_index("row")
     if frame["iteration"].null_count() < frame.height:
-        frame = frame.filter(steady())
+        frame = frame.filter(pl.col("iteration").is_not_null())
     else:
         frame = frame.with_columns(pl.lit(0, pl.UInt32).alias("iteration"))
     per = (frame.sort("end", "row").group_by("iteration")

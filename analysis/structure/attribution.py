@@ -67,6 +67,7 @@ from traceq.analysis.structure.operators import (
     OP_SEQUENCE,
     is_operator,
     launcher_ops,
+    module_ranges,
     operator_ranges,
     top_ops,
     with_operators,
@@ -329,7 +330,8 @@ def _structured(
     stage_ranges = by_time_ranges.filter(pl.col("is_stage") & ~pl.col("is_iter")).height > 0
     if ops is not None and not ops.is_empty():
         tops = top_ops(ops, optimizers.select("pid", "start_ns", "end_ns"),
-                       by_time_ranges.filter(pl.col("is_iter")).select("pid", "start_ns", "end_ns", "nm"))
+                       by_time_ranges.filter(pl.col("is_iter")).select("pid", "start_ns", "end_ns", "nm"),
+                       module_ranges(con, t))
         layers = not _has_layer_ranges(con, t, candidates)
         index, contexts = with_operators(index, contexts, points, tops, layers=layers, stage_ranges=stage_ranges,
                                          launchers=launcher_ops(ops, default_rules().launches))

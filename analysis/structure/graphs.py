@@ -59,6 +59,41 @@ def node_origins_sql(trace_id: int) -> str:
         GROUP BY b.pid, b.graph_node_id"""
 
 
+def child_origins_sql(trace_id: int) -> str:
+    """`node_origins_sql` with the kernels of child graphs too. A graph node that holds a graph
+    (XLA's command buffers put each cuBLAS call, captured from a stream, in one) is recorded as
+    it is made and cloned, but the kernels inside it get node ids of their own when the
+    executable graph is instantiated, after the parent's nodes, and nsys records nothing for
+    them. In an executable graph (the node id's upper 32 bits) whose orphan kernel nodes are
+    exactly as many as its recorded nodes that never ran as kernels (the child-graph holders),
+    each orphan, in id order, takes the origin of the holder in the same place of theirs: one
+    kernel per child graph, laid out in order. Otherwise the orphans keep none."""
+    t = int(trace_id)
+    return f"""
+        WITH origins AS ({node_origins_sql(t)}),
+        kernel_nodes AS (SELECT DISTINCT pid, graph_node_id FROM kernels
+                         WHERE trace_id = {t} AND graph_node_id IS NOT NULL),
+        orphans AS (
+            SELECT k.pid, k.graph_node_id, k.graph_node_id >> 32 AS g FROM kernel_nodes k
+            ANTI JOIN origins o ON o.pid = k.pid AND o.graph_node_id = k.graph_node_id
+        ),
+        holders AS (
+            SELECT DISTINCT n.pid, n.graph_node_id, n.graph_node_id >> 32 AS g FROM graph_nodes n
+            ANTI JOIN kernel_nodes k ON k.pid = n.pid AND k.graph_node_id = n.graph_node_id
+            WHERE n.trace_id = {t} AND n.original_graph_node_id IS NOT NULL
+              AND (n.pid, n.graph_node_id >> 32) IN (SELECT pid, g FROM orphans)
+        ),
+        o AS (SELECT *, row_number() OVER (PARTITION BY pid, g ORDER BY graph_node_id) AS i,
+                     count(*) OVER (PARTITION BY pid, g) AS n FROM orphans),
+        h AS (SELECT *, row_number() OVER (PARTITION BY pid, g ORDER BY graph_node_id) AS i,
+                     count(*) OVER (PARTITION BY pid, g) AS n FROM holders)
+        SELECT * FROM origins
+        UNION ALL
+        SELECT o.pid, o.graph_node_id, r.origin_tid, r.origin_ns
+        FROM o JOIN h ON h.pid = o.pid AND h.g = o.g AND h.i = o.i AND h.n = o.n
+        JOIN origins r ON r.pid = h.pid AND r.graph_node_id = h.graph_node_id"""
+
+
 def kernel_points_sql(con: duckdb.DuckDBPyConnection, trace_id: int, columns: str = "k.*") -> str:
     """SQL of the trace's `kernel_launches` rows (`columns` of them, the view aliased `k`) with
     the point attribution places each at: point_tid and point_ns, the capture point for a kernel
@@ -73,7 +108,7 @@ def kernel_points_sql(con: duckdb.DuckDBPyConnection, trace_id: int, columns: st
                CASE WHEN o.origin_tid IS NULL THEN k.launch_start_ns ELSE o.origin_ns END AS point_ns,
                k.launch_start_ns AS time_ns
         FROM kernel_launches k
-        LEFT JOIN ({node_origins_sql(t)}) o ON o.pid = k.pid AND o.graph_node_id = k.graph_node_id
+        LEFT JOIN ({child_origins_sql(t)}) o ON o.pid = k.pid AND o.graph_node_id = k.graph_node_id
         WHERE k.trace_id = {t}"""
 
 

@@ -32,14 +32,20 @@ import polars as pl
 from traceq.analysis.intervals import last_at_or_before
 from traceq.analysis.structure.attribution_sql import sql_string
 from traceq.analysis.structure.conventions import ITERATION_REGEX, SUFFIX_REGEX, stage_of
+from traceq.analysis.structure.nesting import range_tree
 
 OP_SEQUENCE = "op sequence"
 AUTOGRAD_LINK = "autograd link"
 AUTOGRAD_OP = "autograd op"
 
-OP_NAME_REGEX = r"^(aten|autograd|torch|prim|c10d|inductor|triton)::|Backward\d*(,|$)|^AccumulateGrad|, (seq|op_id) = "
+OP_NAME_REGEX = (r"^(aten|autograd|torch|prim|c10d|inductor|triton)::|Backward\d*(,|$)|^AccumulateGrad|, (seq|op_id) = "
+                 r"|^nn\.Module: ")
 """Range names that are PyTorch operators: ATen and autograd ops as Kineto and emit_nvtx name them
-(emit_nvtx gives the optimizer's ranges an `op_id` too: `is_operator` leaves them out)."""
+(emit_nvtx gives the optimizer's ranges an `op_id` too: `is_operator` leaves them out); and the
+module frames Kineto records with `with_modules=True` (`nn.Module: Linear_0`), which name the
+ops inside them (`module_ranges`), never layer ranges of their own."""
+MODULE_PREFIX = "nn.Module: "
+MODULE = "module"
 
 _SEQ_REGEX = r",\s*seq\s*=\s*(\d+)"
 
@@ -76,13 +82,43 @@ def operator_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFra
     return ops.with_columns(pl.col("seq").cast(pl.Int64))
 
 
-def top_ops(ops: pl.DataFrame, optimizer_ranges: pl.DataFrame, iteration_ranges: pl.DataFrame) -> pl.DataFrame:
+def module_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame | None:
+    """The nn.Module frames Kineto records with `with_modules=True`: pid, tid, start_ns, end_ns,
+    name (`Linear_0`: the class and its instance number); None when the trace has none."""
+    frame = con.sql(f"""
+        SELECT pid, tid, start_ns, end_ns, substr(name, {len(MODULE_PREFIX) + 1}) AS name FROM nvtx
+        WHERE trace_id = {int(trace_id)} AND domain = 'python_function' AND kind = 'pushpop'
+          AND starts_with(name, '{MODULE_PREFIX}') AND end_ns IS NOT NULL AND pid IS NOT NULL AND tid IS NOT NULL
+    """).pl()
+    return None if frame.is_empty() else frame
+
+
+def _innermost_module(tops: pl.DataFrame, modules: pl.DataFrame) -> pl.Series:
+    """For each top op (pid, tid, start_ns), the innermost module frame of its thread open at its
+    start (null outside all): modules nest on their thread (`nesting.range_tree`)."""
+    found = pl.repeat(None, tops.height, dtype=pl.String, eager=True)
+    tops = tops.with_row_index("row")
+    for (pid, tid), part in modules.sort("start_ns", pl.col("end_ns"), descending=[False, True]).partition_by(
+            "pid", "tid", as_dict=True, maintain_order=True).items():
+        at = tops.filter((pl.col("pid") == pid) & (pl.col("tid") == tid))
+        if at.is_empty():
+            continue
+        _, _, row = range_tree(part["start_ns"], part["end_ns"], at["start_ns"])
+        names = pl.select(pl.when(row.is_not_null()).then(part["name"].gather(row.fill_null(0)))).to_series()
+        found = found.scatter(at["row"], names)
+    return found
+
+
+def top_ops(ops: pl.DataFrame, optimizer_ranges: pl.DataFrame, iteration_ranges: pl.DataFrame,
+            modules: pl.DataFrame | None = None) -> pl.DataFrame:
     """The outermost operator of every nest on each thread, with what it says: pid, tid,
     start_ns, end_ns, label (the layer it names), pass, how (OP_SEQUENCE, AUTOGRAD_LINK,
     AUTOGRAD_OP; null inside an optimizer's range), backward, sorted by (pid, tid, start_ns).
 
     optimizer_ranges: pid, start_ns, end_ns of the optimizers' ranges; iteration_ranges: pid,
-    start_ns, end_ns, nm of the iteration ranges (forward ops are numbered per iteration)."""
+    start_ns, end_ns, nm of the iteration ranges (forward ops are numbered per iteration);
+    modules (`module_ranges`): a forward top op inside a module frame is named by the innermost
+    one (`Linear_3`, how MODULE) instead of its op sequence."""
     ops = (ops.sort("pid", "tid", "start_ns", pl.col("end_ns"), descending=[False, False, False, True])
            .with_columns(prev_end=pl.col("end_ns").cum_max().shift(1).over("pid", "tid")))
     ops = ops.with_columns(top=pl.col("prev_end").is_null() | (pl.col("start_ns") >= pl.col("prev_end")))
@@ -99,7 +135,11 @@ def top_ops(ops: pl.DataFrame, optimizer_ranges: pl.DataFrame, iteration_ranges:
     forward = forward.with_columns(
         op=_short(pl.col("name")),
     ).with_columns(label=pl.col("op") + " #" + (pl.col("start_ns").rank("ordinal").over("iteration", "op"))
-                   .cast(pl.String))
+                   .cast(pl.String), how=pl.lit(OP_SEQUENCE))
+    if modules is not None and not forward.is_empty():
+        module = _innermost_module(forward, modules)
+        forward = forward.with_columns(label=pl.coalesce(module, "label"),
+                                       how=pl.when(module.is_not_null()).then(pl.lit(MODULE)).otherwise("how"))
     # every sequence number recorded inside a forward top op names that op's layer
     # ... the last to record it: ops before the one that makes the node record the number it will
     # get too (BatchNorm's `num_batches_tracked.add_(1)`, the input's `.to(device)`)
@@ -108,7 +148,7 @@ def top_ops(ops: pl.DataFrame, optimizer_ranges: pl.DataFrame, iteration_ranges:
     backward = (tops.filter(pl.col("backward")).join(link, on="top_id", how="left")
                 .join(made.rename({"seq": "link_seq", "label": "linked"}), on=["pid", "link_seq"], how="left"))
     labels = pl.concat([
-        forward.select("top_id", "label", pass_=pl.lit("forward"), how=pl.lit(OP_SEQUENCE)),
+        forward.select("top_id", "label", pass_=pl.lit("forward"), how=pl.col("how")),
         backward.select("top_id", label=pl.coalesce("linked", _short(pl.col("name"))), pass_=pl.lit("backward"),
                         how=pl.when(pl.col("linked").is_not_null()).then(pl.lit(AUTOGRAD_LINK))
                         .otherwise(pl.lit(AUTOGRAD_OP))),

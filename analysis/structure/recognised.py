@@ -15,6 +15,7 @@ from traceq.analysis.structure.xla import XLA_DOMAINS
 LABELS = {
     "layers": "layer ranges",
     "kineto_ops": "PyTorch ops",
+    "modules": "module names",
     "nvtx_ops": "emit_nvtx ops",
     "iterations": "iteration ranges",
     "steps": "optimizer steps",
@@ -55,6 +56,8 @@ def recognised(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
         )
         SELECT t.trace_id, coalesce(f.layers, false) AS layers,
                EXISTS (SELECT 1 FROM nvtx_attributes a WHERE a.trace_id = t.trace_id AND a.domain = 'cpu_op') AS kineto_ops,
+               EXISTS (SELECT 1 FROM nvtx_attributes a WHERE a.trace_id = t.trace_id
+                       AND a.domain = 'python_function') AS modules,
                coalesce(f.nvtx_ops, false) AS nvtx_ops, coalesce(f.iterations, false) AS iterations,
                coalesce(f.steps AND NOT f.iterations, false) AS steps, coalesce(f.stages, false) AS stages,
                coalesce(f.compiled, false) AS compiled,

@@ -27,8 +27,8 @@ From those, for a trace with no iteration or layer ranges of its own:
   forward (inference). An op with no name takes the pass of the op before it on its thread.
   A command buffer (`command_buffer_1`: XLA runs several ops as one CUDA graph) has none: the
   graph's kernels are replayed, and where nsys recorded the graph nodes' creation
-  (`--cuda-graph-trace=node`) each kernel takes the op it was captured in (`graphs`); the
-  GEMMs cuBLAS captures into child graphs are not in those records and keep the buffer's name.
+  (`--cuda-graph-trace=node`) each kernel takes the op it was captured in (`graphs`, which also
+  places the GEMMs cuBLAS captured into child graphs).
 """
 
 from __future__ import annotations
