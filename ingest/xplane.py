@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 from traceq.errors import TraceFormatError
 from traceq.ingest import protobuf as pb
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo
+from traceq.ingest.xla_hlo import op_names
 
 PID = 0
 """XPlane records no process: every event is this process's."""
@@ -59,6 +60,7 @@ class Plane:
     event_names: dict[int, str] = field(default_factory=dict)
     stat_names: dict[int, str] = field(default_factory=dict)
     stats: list[pb.Span] = field(default_factory=list)
+    span: pb.Span | None = None
 
 
 @dataclass
@@ -135,6 +137,8 @@ class XPlaneReader:
                 device = _DEVICE.match(plane.name)
                 if device:
                     _read_device(src.buf, plane, int(device.group(1)), tables)
+                elif plane.name == "/host:metadata" and plane.span is not None:
+                    tables.op_names.update(op_names(src.buf, plane.span))
                 elif plane.name.startswith("/host:"):
                     _read_host(src.buf, plane, tables)
         except pb.WireError as e:
@@ -157,7 +161,7 @@ def _planes(buf: Any) -> tuple[list[Plane], list[str]]:
 
 
 def _plane(buf: Any, span: pb.Span) -> Plane:
-    plane = Plane()
+    plane = Plane(span=span)
     for number, wire, value in pb.fields(buf, *span):
         if wire != 2:
             continue
@@ -263,6 +267,7 @@ class _Tables:
     ranges: list[tuple[int, int | None, str, str, str, int | None, int | None]] = field(default_factory=list)
     memory: list[dict[str, Any]] = field(default_factory=list)
     gpus: list[dict[str, Any]] = field(default_factory=list)
+    op_names: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def write(self, sink: Sink) -> None:
         from traceq.ingest.xplane_tables import write_tables

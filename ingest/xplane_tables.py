@@ -129,39 +129,77 @@ def gpu_row(device: int, stats: dict[str, Any]) -> dict[str, Any]:
             "threads_per_warp": 32 if nvidia else 64}
 
 
-def xla_ranges(kernels: list[dict[str, Any]]) -> list[tuple[int, int | None, str, str, str, int | None, int | None]]:
-    """The ranges xprof derives from the kernels of a device: one `Thunk:#hlo_op=OP#` per kernel
-    with an op, and one `XlaModule:#hlo_module=M,program_id=P#` per execution of a module (its
-    kernels in time order; a new execution starts where its first op comes again)."""
-    out: list[tuple[int, int | None, str, str, str, int | None, int | None]] = []
-    by_device: dict[int, list[dict[str, Any]]] = {}
+def xla_ranges(kernels: list[dict[str, Any]], calls: list[tuple[int, int, str, int, int | None]],
+               op_names: dict[tuple[str, str], str]) -> list[tuple[int, int | None, str, str, str, int | None, int | None]]:
+    """XLA's op and module ranges, made from the kernels' `hlo_op`, `hlo_module` and
+    `program_id` as XLA names them under nsys, so that attribution reads both alike
+    (`analysis.structure.xla`): a `Thunk:#name=STACK,hlo_op=OP#` range around each launching
+    call whose kernels ran one op (STACK: the op's name stack from the embedded HLO,
+    `op_names`; left out where unknown), and a `XlaModule:#hlo_module=M,program_id=P#` range
+    around each execution of a module (its calls in time order on their thread; a new
+    execution starts where its first op comes again; it ends 1 ns past its last call), both
+    push/pop ranges of the calling thread. Kernels without a launching call get the two as start/end ranges over their own
+    times on the device's timeline, as xprof draws them."""
+    call_of = {c[4]: c for c in calls if c[4] is not None}
+    launched: dict[int, list[dict[str, Any]]] = {}
+    loose: list[dict[str, Any]] = []
     for k in kernels:
+        if k["correlation_id"] in call_of:
+            launched.setdefault(k["correlation_id"], []).append(k)
+        else:
+            loose.append(k)
+    out: list[tuple[int, int | None, str, str, str, int | None, int | None]] = []
+    by_thread: dict[int, list[tuple[int, int, str | None, tuple[str, int | None] | None]]] = {}
+    for correlation, ks in launched.items():
+        start, end, _, tid, _ = call_of[correlation]
+        ops = {k["hlo_op"] for k in ks if k["hlo_op"]}
+        op = ops.pop() if len(ops) == 1 else None
+        module = ks[0]["hlo_module"]
+        if op is not None:
+            out.append((start, end, _thunk_name(op, op_names.get((module or "", op))), "pushpop", _XLA_OPS, PID, tid))
+        if module:
+            by_thread.setdefault(tid, []).append((start, end, op, (module, ks[0]["program_id"])))
+    # an execution's range ends a nanosecond past its last call, so that it holds the op range of a
+    # one-call execution (a command buffer's graph launch) rather than tie with it
+    out[:0] = [(run["start"], run["end"] + 1, name, "pushpop", _XLA_MODULES, PID, tid) for tid, rows in by_thread.items()
+               for name, run in _executions(sorted(rows, key=lambda r: (r[0], r[1])))]
+    by_device: dict[int, list[dict[str, Any]]] = {}
+    for k in loose:
         by_device.setdefault(k["device_id"], []).append(k)
     for rows in by_device.values():
         rows.sort(key=lambda k: (k["start_ns"], k["end_ns"]))
-        run: dict[str, Any] | None = None
-        for k in rows:
-            if k["hlo_op"]:
-                out.append((k["start_ns"], k["end_ns"], f"Thunk:#hlo_op={k['hlo_op']}#", "startend", _XLA_OPS,
-                            None, None))
-            if not k["hlo_module"]:
-                continue
-            module = (k["hlo_module"], k["program_id"])
-            if run is not None and (run["module"] != module or k["hlo_op"] == run["first_op"]):
-                out.append(_module_range(run))
-                run = None
-            if run is None:
-                run = {"module": module, "first_op": k["hlo_op"], "start": k["start_ns"], "end": k["end_ns"]}
-            run["end"] = max(run["end"], k["end_ns"])
-        if run is not None:
-            out.append(_module_range(run))
+        out.extend((k["start_ns"], k["end_ns"], _thunk_name(k["hlo_op"], op_names.get((k["hlo_module"] or "", k["hlo_op"]))),
+                    "startend", _XLA_OPS, None, None) for k in rows if k["hlo_op"])
+        out.extend((run["start"], run["end"], name, "startend", _XLA_MODULES, None, None) for name, run in _executions(
+            [(k["start_ns"], k["end_ns"], k["hlo_op"], (k["hlo_module"], k["program_id"])) for k in rows
+             if k["hlo_module"]]))
     return out
 
 
-def _module_range(run: dict[str, Any]) -> tuple[int, int | None, str, str, str, int | None, int | None]:
-    module, program = run["module"]
-    name = f"XlaModule:#hlo_module={module}" + (f",program_id={program}" if program is not None else "") + "#"
-    return (run["start"], run["end"], name, "startend", _XLA_MODULES, None, None)
+def _thunk_name(op: str, stack: str | None) -> str:
+    return f"Thunk:#name={stack},hlo_op={op}#" if stack else f"Thunk:#hlo_op={op}#"
+
+
+def _executions(rows: list[tuple[int, int, str | None, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(name, {start, end}) of each execution of a module in `rows` (start, end, op, (module,
+    program)), in time order: a new one where the module changes or its first op comes again."""
+    runs: list[tuple[str, dict[str, Any]]] = []
+    run: dict[str, Any] | None = None
+    for start, end, op, module in rows:
+        if run is not None and (run["module"] != module or op == run["first_op"]):
+            runs.append((_module_name(run["module"]), run))
+            run = None
+        if run is None:
+            run = {"module": module, "first_op": op, "start": start, "end": end}
+        run["end"] = max(run["end"], end)
+    if run is not None:
+        runs.append((_module_name(run["module"]), run))
+    return runs
+
+
+def _module_name(module: tuple[str, int | None]) -> str:
+    name, program = module
+    return f"XlaModule:#hlo_module={name}" + (f",program_id={program}" if program is not None else "") + "#"
 
 
 def write_tables(tables: _Tables, sink: Sink) -> None:
@@ -178,7 +216,7 @@ def write_tables(tables: _Tables, sink: Sink) -> None:
         types = {"op": pa.string(), "copy_kind": pa.string()}
         sink.append("memops", pa.table({c: pa.array([m[c] for m in tables.memops], types.get(c, pa.int64()))
                                         for c in columns}), source_rows=0)
-    _write_ranges(tables.ranges + xla_ranges(tables.kernels), sink)
+    _write_ranges(tables.ranges + xla_ranges(tables.kernels, tables.calls, tables.op_names), sink)
     if tables.memory:
         columns = list(tables.memory[0])
         types = {"op": pa.string(), "mem_kind": pa.string(), "address": pa.uint64()}
@@ -231,10 +269,11 @@ def _write_calls(tables: _Tables, sink: Sink) -> None:
 
 
 def _api(name: str) -> str:
-    """'runtime' for cuda*/hip* calls, 'driver' for cu*/hsa* ones, 'other' otherwise."""
-    if name.startswith(("cuda", "hip")):
-        return "runtime"
-    return "driver" if name.startswith(("cu", "hsa")) else "other"
+    """'runtime' for cuda*/hip* calls, else 'driver': every host event with a correlation id is
+    the tracer's record of a call into the GPU's driver, named by the call (`cuGraphLaunch`,
+    `hsa_...`) or, for a launch, by the kernel it launched (`gemm_fusion_dot_2`, as XLA's
+    profiler names them), or by the copy (`MemcpyD2H`)."""
+    return "runtime" if name.startswith(("cuda", "hip")) else "driver"
 
 
 def _write_ranges(ranges: list[tuple[int, int | None, str, str, str, int | None, int | None]], sink: Sink) -> None:

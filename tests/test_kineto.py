@@ -174,7 +174,8 @@ def test_alexnet_operator_flops_equal_the_model_spec(alexnet) -> None:
 
 def test_python_functions_only_when_asked(tmp_path: Path) -> None:
     """`traceq load --python-functions` keeps each python_function event (with_stack=True) as a
-    range of its thread; without the flag there are none. Counted against the JSON."""
+    range of its thread; without the flag only the modules' (`nn.Module: X`, with_modules=True).
+    Counted against the JSON."""
     from typer.testing import CliRunner
 
     from traceq.cli import app
@@ -183,7 +184,9 @@ def test_python_functions_only_when_asked(tmp_path: Path) -> None:
     events = [e for e in read_json(path)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "python_function"]
     want = Counter((int(e["pid"]), int(e["tid"]), e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])) for e in events)
     assert len(events) == 1385
-    for flag, expected in (([], Counter()), (["--python-functions"], want)):
+    modules = Counter({key: n for key, n in want.items() if key[2].startswith("nn.Module: ")})
+    assert modules  # the trace was recorded with_modules
+    for flag, expected in (([], modules), (["--python-functions"], want)):
         db = tmp_path / f"p{len(flag)}.duckdb"
         result = CliRunner().invoke(app, ["load", str(path), "--db", str(db), *flag])
         assert result.exit_code == 0, result.output

@@ -117,15 +117,18 @@ def test_xplane_loads_as_the_raw_file_says(path: Path, tmp_path: Path) -> None:
 
 
 def test_xla_op_and_module_ranges_follow_the_kernels(tmp_path: Path) -> None:
+    """Each kernel with an HLO op lies in an op range around the host call that launched it (the
+    call's correlation id is the kernel's, in the raw protobuf's reading: `raw_reading`'s calls
+    are those events), and the module ranges name the programs."""
     import traceq
 
     path = next(p for p in FILES if "jax08_gemm" in p.name)
     t = traceq.load(path, tmp_path / "s.duckdb")
     ops = t.con.execute("SELECT count(*) FROM nvtx WHERE trace_id = ? AND domain = 'XLA Ops'", [t.id]).fetchone()[0]
-    kernels_with_op = t.con.execute("""SELECT count(*) FROM kernels k JOIN nvtx n ON n.trace_id = k.trace_id
-        AND n.domain = 'XLA Ops' AND n.start_ns = k.start_ns AND n.end_ns = k.end_ns WHERE k.trace_id = ?""",
-                                    [t.id]).fetchone()[0]
-    assert ops > 0 and kernels_with_op >= ops
+    around_call = t.con.execute("""SELECT count(*) FROM kernel_launches k JOIN nvtx n ON n.trace_id = k.trace_id
+        AND n.domain = 'XLA Ops' AND n.tid = k.launch_tid AND n.start_ns = k.launch_start_ns
+        AND n.end_ns = k.launch_end_ns WHERE k.trace_id = ?""", [t.id]).fetchone()[0]
+    assert ops > 0 and around_call >= ops
     modules = [r[0] for r in t.con.execute(
         "SELECT name FROM nvtx WHERE trace_id = ? AND domain = 'XLA Modules' ORDER BY start_ns", [t.id]).fetchall()]
     assert modules and all(m.startswith("XlaModule:#hlo_module=jit_") and m.endswith("#") for m in modules)
@@ -145,3 +148,71 @@ def test_damaged_xplane_is_one_line_and_the_store_unchanged(cut: int, tmp_path: 
         traceq.load(broken, store)
     assert "\n" not in str(e.value) and "cut.xplane.pb" in str(e.value)
     assert store.read_bytes() == before
+
+
+def _raw_op_passes(path: Path) -> dict[tuple[str, str], str]:
+    """(module, HLO op) -> the pass JAX's name stack gives it ('backward' under transpose(...),
+    'forward' under jvp(...)), for the ops whose stack says, from the HloProtos the XSpace's
+    metadata plane embeds (XEventMetadata stats named 'Hlo Proto'; HloModuleProto name 1,
+    computations 3, instructions 2, instruction name 1, metadata 7, op_name 2)."""
+    b = path.read_bytes()
+    text = lambda v: b[v[0]:v[1]].decode("utf-8", "replace")  # noqa: E731
+    passes = {}
+    for field, plane in _msg(b, 0, len(b)):
+        if field != 1:
+            continue
+        fields = list(_msg(b, *plane))
+        if next((text(v) for f, v in fields if f == 2), "") != "/host:metadata":
+            continue
+        stat_names = {}
+        for f, v in fields:
+            if f == 5:
+                entry = dict(_msg(b, *v))
+                stat_names[entry.get(1, 0)] = text(dict(_msg(b, *entry[2])).get(2, (0, 0)))
+        for f, v in fields:
+            if f != 4:
+                continue
+            meta = dict(_msg(b, *v))[2]
+            for k, stat in _msg(b, *meta):
+                s = dict(_msg(b, *stat)) if k == 5 else {}
+                if stat_names.get(s.get(1), "").lower().replace(" ", "_") != "hlo_proto" or 6 not in s:
+                    continue
+                for k1, module in _msg(b, *s[6]):
+                    if k1 != 1:
+                        continue
+                    parts = list(_msg(b, *module))
+                    name = next((text(x) for n, x in parts if n == 1), "")
+                    for n, computation in parts:
+                        for n2, ins in (_msg(b, *computation) if n == 3 else ()):
+                            if n2 != 2:
+                                continue
+                            i = dict(_msg(b, *ins))
+                            stack = text(dict(_msg(b, *i[7])).get(2, (0, 0))) if 7 in i else ""
+                            if "transpose(" in stack or "jvp(" in stack:
+                                passes[(name, text(i[1]))] = "backward" if "transpose(" in stack else "forward"
+    return passes
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name.split("__")[-2])
+def test_xplane_structure_from_xla(path: Path, tmp_path: Path) -> None:
+    """JAX's structure in a `jax.profiler` trace (docs/structure.md): its kernels get their HLO op
+    as layer where one launching call ran one op, and the pass the op's name stack in the
+    embedded HLO gives (checked against the raw protobuf, above); the main program's
+    executions are iterations."""
+    import polars as pl
+
+    import traceq
+    from traceq.analysis.structure.attribution import kernel_attribution
+
+    passes = _raw_op_passes(path)
+    t = traceq.load(path, tmp_path / "s.duckdb")
+    frame = kernel_attribution(t.con, t.id)
+    ops = frame.filter(pl.col("attribution") == "XLA op")
+    assert ops.height > 0 and frame["iteration"].drop_nulls().n_unique() >= 2
+    ops_with_stack = {op for _, op in passes}
+    checked = ops.filter(pl.col("layer").is_in(list(ops_with_stack)))
+    wrong = [(op, p) for op, p in checked.select("layer", "pass").iter_rows()
+             if p not in {v for (m, o), v in passes.items() if o == op}]
+    assert wrong == []
+    if passes:  # a differentiated program (te_fused_attn: forward and backward attention)
+        assert checked.height > 0 and set(checked["pass"]) == set(passes.values())

@@ -36,7 +36,7 @@ import polars as pl
 from traceq.analysis.intervals import last_at_or_before, last_open
 from traceq.analysis.operations import api_calls, gpu_work
 from traceq.analysis.structure.conventions import ITERATION_REGEX
-from traceq.analysis.structure.phases import COMPILE_REGEX, merged, overlapping
+from traceq.analysis.structure.phases import either, merged, overlapping
 from traceq.analysis.timeline.gaps import COPY_CALL, SYNC_CALL
 from traceq.errors import MissingDataError
 
@@ -278,8 +278,8 @@ def _iterations(con: duckdb.DuckDBPyConnection, trace_id: int, nodes: pl.DataFra
                                                       WHERE trace_id = {int(trace_id)})) AS end_ns,
                regexp_matches(coalesce(name, ''), ?) AS is_iter
         FROM nvtx WHERE trace_id = {int(trace_id)} AND kind IN ('pushpop', 'startend') AND pid IS NOT NULL
-          AND (regexp_matches(coalesce(name, ''), ?) OR regexp_matches(coalesce(name, ''), ?)) ORDER BY start_ns""",
-                     params=[iteration_regex, iteration_regex, COMPILE_REGEX]).pl()
+          AND regexp_matches(coalesce(name, ''), ?) ORDER BY start_ns""",
+                     params=[iteration_regex, either(iteration_regex)]).pl()
     ranges = ranges.filter(pl.col("end_ns").is_not_null())
     # an iteration during which its process compiled is the warm-up, on no critical path (`structure.phases`)
     compiling = merged(ranges.filter(~pl.col("is_iter")))

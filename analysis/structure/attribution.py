@@ -59,7 +59,13 @@ from traceq.analysis.structure.attribution_sql import (
     result_sql,
     sql_string,
 )
-from traceq.analysis.structure.conventions import APPLICATION_DOMAINS, ITERATION_REGEX
+from traceq.analysis.structure.conventions import (
+    APPLICATION_DOMAINS,
+    COMMUNICATION,
+    COMMUNICATION_DOMAINS,
+    COMMUNICATION_REGEX,
+    ITERATION_REGEX,
+)
 from traceq.analysis.structure.graphs import kernel_points_sql, replay_iterations, replay_layers
 from traceq.analysis.structure.inference import infer_layers
 from traceq.analysis.structure.nesting import in_start_order, null_if_negative, thread_chains
@@ -286,8 +292,9 @@ def point_contexts(
                                          first.group_by("pid").agg(pl.col("first_ns").min()))
     xla_ops = None
     if names["name"].str.starts_with(xla.MODULE_PREFIX).any():  # JAX: programs as iterations, thunks as ops
+        launches = points.select("pid", "tid", t=pl.coalesce("time", "t") if "time" in points.columns else "t")
         by_time_ranges = xla.module_iterations(by_time_ranges, ranges, names,
-                                               inside(compiling, ranges["pid"], ranges["start_ns"]))
+                                               inside(compiling, ranges["pid"], ranges["start_ns"]), launches)
         xla_ops = xla.op_labels(ranges, names)
     del ranges
     replay = points["time"] if "time" in points.columns else None
@@ -312,6 +319,7 @@ def point_contexts(
                                   paths=paths, infer=infer, operators=operators, replay=replay, replay_tid=replay_tid)
     if xla_ops is not None:
         index, contexts = xla.with_xla_ops(index, contexts, xla_ops)
+    index, contexts = with_communication(index, contexts)
     iterations = by_time_ranges.filter(pl.col("is_iter")).select("pid", "start_ns", "end_ns", "nm")
     time = points["t"] if replay is None else pl.select(pl.coalesce(replay, points["t"])).to_series()
     return warm_up(index, contexts, points["pid"], time, compiling, iterations)
@@ -324,7 +332,9 @@ def _structured(
 ) -> tuple[pl.Series, pl.DataFrame]:
     """`point_contexts`' (index, contexts) from the ranges alone, with what operators, CUDA-graph
     replays and the inference rules add."""
-    candidates = names.filter(~pl.col("is_iter") & ~pl.col("is_stage") & ~pl.col("is_optimizer") & ~pl.col("is_op"))
+    # a collective's range names its own kernels, not the trace's layers (`with_communication`)
+    candidates = names.filter(~pl.col("is_iter") & ~pl.col("is_stage") & ~pl.col("is_optimizer") & ~pl.col("is_op")
+                              & ~pl.col("name").str.contains(COMMUNICATION_REGEX))
     ops = operator_ranges(con, t) if operators and _may_have_operators(con, t, names) else None
     tops = None
     stage_ranges = by_time_ranges.filter(pl.col("is_stage") & ~pl.col("is_iter")).height > 0
@@ -362,6 +372,17 @@ def _structured(
     return index, contexts
 
 
+def with_communication(index: pl.Series, contexts: pl.DataFrame) -> tuple[pl.Series, pl.DataFrame]:
+    """(index, contexts) with the pass COMMUNICATION where the layer is a communication
+    library's range (COMMUNICATION_REGEX: `ncclAllReduce`, `nccl:all_reduce`): the collective
+    runs in its stage, but it is neither forward nor backward computation."""
+    comm = contexts["layer"].str.contains(COMMUNICATION_REGEX).fill_null(False)
+    if not comm.any():
+        return index, contexts
+    return xla.deduplicated(index, contexts.with_columns(
+        **{"pass": pl.when(comm).then(pl.lit(COMMUNICATION)).otherwise(pl.col("pass"))}))
+
+
 # --------------------------------------------------------------------------------------------
 # the fast form, step by step
 
@@ -388,7 +409,9 @@ def _ranges(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame, 
     are looked up instead (slower). `application`: only the application's ranges (`APPLICATION_DOMAINS`),
     not a library's such as NCCL's."""
     domains = ", ".join(sql_string(d) for d in APPLICATION_DOMAINS)
-    attributes = con.sql(f"SELECT attributes_id, pid, tid, kind = 'startend' AS startend, domain FROM nvtx_attributes "
+    nesting = ", ".join(sql_string(d) for d in (*APPLICATION_DOMAINS, *xla.XLA_DOMAINS, *COMMUNICATION_DOMAINS))
+    attributes = con.sql(f"SELECT attributes_id, pid, tid, kind = 'startend' AS startend, domain, "
+                         f"coalesce(domain IN ({nesting}), true) AS nests FROM nvtx_attributes "
                          f"WHERE trace_id = {trace_id} AND kind IN ('pushpop', 'startend')"
                          f"{f' AND (domain IS NULL OR domain IN ({domains}))' if application else ''}").pl()
     by_hash = names["h"].is_unique().all()
@@ -401,7 +424,7 @@ def _ranges(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame, 
     ids = attributes["attributes_id"]
     if frame.is_empty():  # polars gives an empty lookup the key's type whatever return_dtype says
         return pl.DataFrame(schema={"pid": pl.Int64, "tid": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
-                                    "startend": pl.Boolean, "name_id": names["name_id"].dtype})
+                                    "startend": pl.Boolean, "name_id": names["name_id"].dtype, "nests": pl.Boolean})
 
     def look_up(key: str, keys: pl.Series, values: pl.Series) -> pl.Expr:
         return pl.col(key).replace_strict(keys, values, return_dtype=values.dtype).alias(values.name)
@@ -417,6 +440,7 @@ def _ranges(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame, 
                              & ~(pl.col("attributes_id").is_in(cpu_op.implode()) & ~pl.col("key").is_in(marks.implode())))
     return frame.select(look_up("attributes_id", ids, attributes["pid"]), look_up("attributes_id", ids, attributes["tid"]),
                         "start_ns", "end_ns", look_up("attributes_id", ids, attributes["startend"]),
+                        look_up("attributes_id", ids, attributes["nests"]),
                         look_up("key", names["h" if by_hash else "name"], names["name_id"]))
 
 
@@ -454,7 +478,10 @@ def _split_ranges(
                       .select("pid", "tid", pl.when(pl.col("startend")).then(pl.lit("startend"))
                               .otherwise(pl.lit("pushpop")).alias("kind"),
                               "name", "start_ns", "end_ns", "nm", "is_iter", "is_stage"))
-    nested = ranges.lazy().filter(~pl.col("startend") & (pl.col("end_ns") > pl.col("start_ns")))  # no copy
+    # a layer is the application's (or XLA's, or a collective's) range: a tool's or library's own
+    # (nsys's GpuMetrics, the TraceMe lines of an XPlane's runtime and Python tracer) encloses no layer
+    nested = ranges.lazy().filter(~pl.col("startend") & pl.col("nests")
+                                  & (pl.col("end_ns") > pl.col("start_ns")))  # no copy
     used = nested.select(pl.col("name_id").unique()).collect()["name_id"]
     forward_names = (names.filter(~pl.col("is_iter") & ~pl.col("is_stage") & pl.col("name_id").is_in(used.implode()))
                      .select("nm").unique())

@@ -29,6 +29,18 @@ def stage_of(name: str) -> str:
                      for stage, pattern in STAGE_NAMES.items())
     return f"(CASE {cases} END)"
 
+COMMUNICATION = "communication"
+"""The pass of the work a communication library's own ranges enclose (COMMUNICATION_REGEX)."""
+
+COMMUNICATION_REGEX = r"^(nccl[A-Z]\w*|nccl:\w+|rccl[A-Z]\w*|gloo:\w+)$"
+"""Range names that mark a collective or a send/receive: NCCL's and RCCL's own NVTX ranges
+(domain NCCL: `ncclAllReduce`, `ncclBroadcast`, `ncclSend`), the profiler's record_param_comms
+annotations (`nccl:all_reduce`, `gloo:broadcast`)."""
+
+COMMUNICATION_DOMAINS = ("NCCL", "RCCL")
+"""Libraries' NVTX domains whose ranges name the work inside them (COMMUNICATION_REGEX): layers
+all the same. Other libraries' and tools' domains enclose no layer."""
+
 APPLICATION_DOMAINS = ("user_annotation", "cpu_op", "python_function")
 """Range domains that are the application's besides NVTX's default one (NULL): Kineto's
 categories for record_function ranges, operators and Python frames. Libraries' own NVTX domains

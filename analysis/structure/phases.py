@@ -8,8 +8,9 @@ iteration, such a step ruins every per-iteration mean and comparison.
 
 Compilation is read from the ranges the compilers open (`COMPILE_REGEX`), in any domain and on
 any thread of the process (XLA autotunes on threads of its own): XLA's `XlaCompile:`,
-`XlaPass:`, `XlaEmitLlvmIr:`, ..., torch.compile's `... (dynamo_timed)` ranges and
-`entire_frame_compile`, `backend_compile`, `inductor_compile`. Then
+`XlaPass:`, `XlaEmitLlvmIr:`, ... under nsys, `PjRtCApiClient::CompileAndLoad(...)`,
+`backend_compile_and_load`, `CompileToBackendResult` in an XPlane, torch.compile's
+`... (dynamo_timed)` ranges and `entire_frame_compile`, `backend_compile`, `inductor_compile`. Then
 
 - work launched while its process compiles belongs to the iteration `warm-up` (and, where no
   range names its layer, to the layer `compile`: XLA's autotuning kernels);
@@ -35,8 +36,16 @@ COMPILE_RULE = "rule: compile"
 
 COMPILE_REGEX = (r"^Xla(Compile|Pass|PassPipeline|EmitLlvmIr|OptimizeLlvmIr|EmitGpuAsm|BufferAssignment"
                  r"|MemoryScheduler|CreateGpuExecutable|Autotun\w*)\b"
+                 r"|^(PjRt\w*::Compile\w*|backend_compile_and_load|CompileToBackendResult)\b"
                  r"|\(dynamo_timed\)$|^(entire_frame_compile|backend_compile|inductor_compile)$")
 """Range names that mark compilation: XLA's compiler and autotuner, torch.compile's."""
+
+
+def either(iteration_regex: str) -> str:
+    """One regex for the names of iteration ranges and of compile ranges: a scan of ten million
+    ranges evaluates it once a range (as fast as the iteration regex alone), the one that
+    matched is told apart on the few that did."""
+    return f"(?:{iteration_regex})|(?:{COMPILE_REGEX})"
 
 
 def compile_intervals(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.Series) -> pl.DataFrame:

@@ -8,7 +8,13 @@ import duckdb
 import polars as pl
 
 from traceq.analysis.structure.attribution_sql import sql_string
-from traceq.analysis.structure.conventions import APPLICATION_DOMAINS, ITERATION_REGEX, stage_of
+from traceq.analysis.structure.conventions import (
+    APPLICATION_DOMAINS,
+    COMMUNICATION_DOMAINS,
+    COMMUNICATION_REGEX,
+    ITERATION_REGEX,
+    stage_of,
+)
 from traceq.analysis.structure.operators import is_operator
 from traceq.analysis.structure.xla import XLA_DOMAINS
 
@@ -22,6 +28,7 @@ LABELS = {
     "stages": "stage ranges",
     "compiled": "torch.compile",
     "graphs": "CUDA graphs",
+    "communication": "communication ranges",
     "xla": "XLA modules",
 }
 """What each recogniser is called, in the order they are listed."""
@@ -31,7 +38,8 @@ def recognised(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """trace_id, structure: for every trace, the conventions found in it (LABELS' values joined
     by ', '; 'none' for a trace with no ranges at all)."""
     # XLA's own domains too (nsys: TSL; the XPlane reader's): their names are read only for the XLA flag
-    domains = ", ".join(sql_string(d) for d in (*[d for d in APPLICATION_DOMAINS if d != "cpu_op"], *XLA_DOMAINS))
+    domains = ", ".join(sql_string(d) for d in (*[d for d in APPLICATION_DOMAINS if d != "cpu_op"], *XLA_DOMAINS,
+                                                *COMMUNICATION_DOMAINS))
     op = is_operator("name")
     xla = ", ".join(sql_string(d) for d in XLA_DOMAINS)
     frame = con.sql(f"""
@@ -47,10 +55,12 @@ def recognised(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
                    bool_or(domain IS NULL AND {op}) AS nvtx_ops,
                    bool_or(name LIKE '%CompiledFxGraph%' OR name LIKE '%CompiledFunction%') AS compiled,
                    bool_or(starts_with(name, 'XlaModule:')) AS xla,
+                   bool_or(regexp_matches(name, {sql_string(COMMUNICATION_REGEX)})) AS communication,
                    bool_or((domain IS NULL OR domain NOT IN ({xla})) AND NOT regexp_matches(name, {sql_string(ITERATION_REGEX)})
                            AND {stage_of("name")} IS NULL
                            AND NOT starts_with(name, 'Optimizer.') AND NOT ({op}) AND name <> ''
                            AND NOT starts_with(name, 'XlaModule:') AND NOT starts_with(name, 'Thunk:')
+                           AND NOT regexp_matches(name, {sql_string(COMMUNICATION_REGEX)})
                            AND NOT starts_with(name, 'ProfilerStep')) AS layers
             FROM names GROUP BY trace_id
         )
@@ -62,7 +72,7 @@ def recognised(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
                coalesce(f.steps AND NOT f.iterations, false) AS steps, coalesce(f.stages, false) AS stages,
                coalesce(f.compiled, false) AS compiled,
                EXISTS (SELECT 1 FROM graph_nodes g WHERE g.trace_id = t.trace_id) AS graphs,
-               coalesce(f.xla, false) AS xla
+               coalesce(f.communication, false) AS communication, coalesce(f.xla, false) AS xla
         FROM traces t LEFT JOIN flags f USING (trace_id) ORDER BY t.trace_id""").pl()
     labels = pl.concat_list([pl.when(pl.col(key)).then(pl.lit(label)) for key, label in LABELS.items()])
     return frame.select("trace_id", structure=labels.list.drop_nulls().list.join(", ").replace("", "none"))

@@ -14,8 +14,8 @@ domain (TSL), and the XPlane reader writes the same names from a `jax.profiler` 
 From those, for a trace with no iteration or layer ranges of its own:
 
 - **iterations** (`module_iterations`): in a process with no iteration range, the executions of
-  the program that ran longest in all, among those executed two or more times outside
-  compilation, are the iterations: `jit_train_step 0`, `jit_train_step 1`, ..., each from its
+  the program whose executions launched the most kernels, among those executed two or more
+  times outside compilation, are the iterations: `jit_train_step 0`, `jit_train_step 1`, ..., each from its
   execution's start to the next one's (the last to its own end). A training loop calls its step
   function once per step, so this is the step; data preparation and initialisation programs run
   once or briefly.
@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from traceq.analysis.intervals import last_at_or_before
+
 XLA_DOMAINS = ("TSL", "XLA Ops", "XLA Modules")
 """The range domains XLA's names come in: its own under nsys, the XPlane reader's."""
 MODULE_PREFIX = "XlaModule:"
@@ -53,23 +55,33 @@ def module_name(name: pl.Expr) -> pl.Expr:
 
 
 def module_iterations(by_time_ranges: pl.DataFrame, ranges: pl.DataFrame, names: pl.DataFrame,
-                      in_compile: pl.Series | None) -> pl.DataFrame:
+                      in_compile: pl.Series | None, points: pl.DataFrame) -> pl.DataFrame:
     """`by_time_ranges` (as `attribution._split_ranges` gives them) with iteration rows made from
     the executions of each process's main program (see the module's docstring), for the
     processes that have no iteration range. `ranges`: pid, tid, start_ns, end_ns, name_id (every
     domain's); `names`: name_id, name; `in_compile`: per row of `ranges`, whether it began while
-    the process compiled (`phases.inside`), or None."""
+    the process compiled (`phases.inside`), or None; `points`: pid, tid, t of the launches
+    (a replayed kernel's at its replay), which the main program's executions hold the most of."""
     modules = names.select("name_id", module=module_name(pl.col("name"))).drop_nulls("module")
     if modules.is_empty():
         return by_time_ranges
     have = by_time_ranges.filter(pl.col("is_iter"))["pid"].unique()
     runs = ranges if in_compile is None else ranges.filter(~in_compile)
     runs = (runs.join(modules, on="name_id").filter(~pl.col("pid").is_in(have.implode()) & pl.col("pid").is_not_null())
-            .filter(pl.col("end_ns") > pl.col("start_ns")))
+            .filter(pl.col("end_ns") > pl.col("start_ns")).sort("start_ns"))
     if runs.is_empty():
         return by_time_ranges
-    totals = (runs.group_by("pid", "module").agg(n=pl.len(), total=(pl.col("end_ns") - pl.col("start_ns")).sum())
-              .filter(pl.col("n") >= 2).sort("pid", "total", "module", descending=[False, True, False])
+    # the launches each execution holds (executions of one thread do not overlap)
+    thread = pl.struct("pid", "tid")
+    row = last_at_or_before(runs.select(thread.hash()).to_series(), runs["start_ns"],
+                            points.select(thread.hash()).to_series(), points["t"])
+    held = pl.select(pl.when(points["t"] < runs["end_ns"].gather(row)).then(row)).to_series().drop_nulls()
+    runs = runs.with_row_index("row").join(pl.DataFrame({"row": held.cast(pl.UInt32)}).group_by("row").len(),
+                                           on="row", how="left").with_columns(pl.col("len").fill_null(0))
+    totals = (runs.group_by("pid", "module").agg(n=pl.len(), launches=pl.col("len").sum(),
+                                                  total=(pl.col("end_ns") - pl.col("start_ns")).sum())
+              .filter(pl.col("n") >= 2)
+              .sort("pid", "launches", "total", "module", descending=[False, True, True, False])
               .unique("pid", keep="first"))
     if totals.is_empty():
         return by_time_ranges
@@ -137,10 +149,10 @@ def with_xla_ops(index: pl.Series, contexts: pl.DataFrame, labels: pl.DataFrame)
         attribution=pl.when(thunk).then(pl.lit(XLA_OP)).when(module).then(pl.lit(XLA_MODULE))
         .otherwise(pl.col("attribution")),
     ).select(contexts.columns)
-    return _deduplicated(index, table)
+    return deduplicated(index, table)
 
 
-def _deduplicated(index: pl.Series, contexts: pl.DataFrame) -> tuple[pl.Series, pl.DataFrame]:
+def deduplicated(index: pl.Series, contexts: pl.DataFrame) -> tuple[pl.Series, pl.DataFrame]:
     """(index, contexts) with equal context rows merged into their first."""
     keys = contexts.columns
     first = contexts.with_row_index("row").with_columns(

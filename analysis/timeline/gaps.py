@@ -45,7 +45,7 @@ import polars as pl
 from traceq.analysis.intervals import last_at_or_before, last_open
 from traceq.analysis.operations import KINDS, Work, api_calls, gpu_work
 from traceq.analysis.structure.conventions import ITERATION_REGEX, WARM_UP
-from traceq.analysis.structure.phases import COMPILE_REGEX, merged, overlapping
+from traceq.analysis.structure.phases import either, merged, overlapping
 
 CAUSES = ("sync", "h2d_pageable", "h2d_pinned", "iteration_start", "launch_bound", "other")
 """Gap causes (the host-caused ones in the order they are tested)."""
@@ -195,8 +195,8 @@ def operation_iterations(
     ranges = con.sql(f"""
         SELECT pid, name, start_ns, end_ns, regexp_matches(coalesce(name, ''), ?) AS is_iter FROM nvtx
         WHERE trace_id = {int(trace_id)} AND kind IN ('pushpop', 'startend') AND pid IS NOT NULL
-          AND (regexp_matches(coalesce(name, ''), ?) OR regexp_matches(coalesce(name, ''), ?))
-        ORDER BY pid, start_ns""", params=[iteration_regex, iteration_regex, COMPILE_REGEX]).pl()
+          AND regexp_matches(coalesce(name, ''), ?)
+        ORDER BY pid, start_ns""", params=[iteration_regex, either(iteration_regex)]).pl()
     compiling = merged(ranges.filter(~pl.col("is_iter") & pl.col("end_ns").is_not_null()))
     ranges = ranges.filter("is_iter").drop("is_iter")
     if not compiling.is_empty():
