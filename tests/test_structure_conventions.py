@@ -301,3 +301,28 @@ def test_with_modules_names_layers(tmp_path) -> None:
                           & (pl.col("pass").is_not_null() | (pl.col("stage") == "weight_update")))
     assert named["dur_ns"].sum() >= 0.95 * steady["dur_ns"].sum()
     con.close()
+
+
+def test_nccl_ranges_are_the_communication_pass(tmp_path) -> None:
+    """NCCL's own NVTX ranges (domain NCCL) name their kernels' layer and give them the pass
+    'communication': in the DDP sample, every kernel whose launching call lies in an NCCL range
+    of its thread (raw SQL of the export) and no other; their stage stays the stage range's."""
+    path = sample("ddp_resnet18_2gpu.sqlite")
+    raw = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    expected = {(c, p): v for c, p, v in raw.execute("""
+        SELECT k.correlationId, k.globalPid / 16777216 % 16777216, coalesce(n.text, s.value)
+        FROM CUPTI_ACTIVITY_KIND_KERNEL k
+        JOIN CUPTI_ACTIVITY_KIND_RUNTIME a ON a.correlationId = k.correlationId AND a.globalTid / 16777216 = k.globalPid / 16777216
+        JOIN NVTX_EVENTS n ON n.globalTid = a.globalTid AND n.start <= a.start AND a.start < n."end"
+        LEFT JOIN StringIds s ON s.id = n.textId
+        WHERE n.domainId IN (SELECT domainId FROM NVTX_EVENTS WHERE eventType = 75 AND text = 'NCCL')""").fetchall()}
+    assert len(expected) == 50
+    con = open_store(tmp_path / "d.duckdb", create=True)
+    t = load_trace(con, path).trace_id
+    frame = kernel_attribution(con, t).join(
+        con.sql(f"SELECT kernel_id, correlation_id, pid FROM kernels WHERE trace_id = {t}").pl(), on="kernel_id")
+    comm = frame.filter(pl.col("pass") == "communication")
+    assert sorted((c, p, layer) for c, p, layer in comm.select("correlation_id", "pid", "layer").iter_rows()) == \
+        sorted((c, p, v) for (c, p), v in expected.items())
+    assert set(comm["stage"]) <= {"forward", "backward"}
+    con.close()
