@@ -260,11 +260,11 @@ def test_the_large_runs_failures() -> None:
 
 
 def test_fuzzing_a_small_budget() -> None:
-    """15 mutants of the samples (the seed is fixed: the same 15 each run), about 25 s on an idle
+    """9 mutants of the samples (the seed is fixed: the same 9 each run), about 15 s on an idle
     machine; `python tools/fuzz.py --mutants 10000` is the large budget, run on demand."""
     with fuzz.scratch() as work:
         harness = fuzz.Harness(fuzz.corpus(include_shared=False), "ci", work)
-        outcomes = fuzz.run(harness, range(15))
+        outcomes = fuzz.run(harness, range(9))
     assert [o.problems for o in outcomes if o.problems] == []
     assert {o.result for o in outcomes} >= {"loaded", "refused"}
 
@@ -295,11 +295,11 @@ def test_the_fuzzer_is_reproducible(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not shared_files("realtraces/xplane", "*.xplane.pb"), reason="../shared/realtraces is absent")
 def test_fuzzing_xplane_a_small_budget() -> None:
-    """10 mutants of two real XPlane profiles (fixed seed: bytes changed, cut short, a length past
+    """6 mutants of two real XPlane profiles (fixed seed: bytes changed, cut short, a length past
     the end): each refused in one line with the store unchanged, or loaded and every command
     working; `python tools/fuzz.py --format protobuf --mutants 150` ran 150 with no failure."""
     files = [p for p in fuzz.corpus(protobuf=True) if fuzz.trace_format(p) == "protobuf"]
     with fuzz.scratch() as work:
-        outcomes = fuzz.run(fuzz.Harness(files, "ci-xplane", work, commands=fuzz.FIRST_COMMANDS), range(10))
+        outcomes = fuzz.run(fuzz.Harness(files, "ci-xplane", work, commands=fuzz.FIRST_COMMANDS), range(6))
     assert [o.problems for o in outcomes if o.problems] == []
     assert "refused" in {o.result for o in outcomes}
