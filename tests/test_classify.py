@@ -935,6 +935,20 @@ CASES = [
     # kineto_json/facebookresearch__HolisticTraceAnalysis__triton_example
     ("triton_poi_fused_add_cos_sin_0",
      "Triton", "elementwise", None, None, None, None, False),
+    # sample_traces/conventions/gpt_kineto_compile (ours): Inductor's fused Triton kernels
+    ("triton_per_fused__to_copy_native_layer_norm_backward_view_3",
+     "Triton", "normalization", None, None, None, None, False),
+    ("triton_red_fused_sum_5", "Triton", "reduction", None, None, None, None, False),
+    ("triton_poi_fused_gelu_view_8", "Triton", "activation", None, None, None, None, False),
+    ("triton_poi_fused__to_copy_6", "Triton", "elementwise", None, None, None, None, False),
+    # kineto_llm/AMD-AGI__TraceLens__torch_compile_triton: RMSNorm fused by Inductor
+    ("triton_red_fused_add_mean_mul_pow_rsqrt_0", "Triton", "normalization", None, None, None, None, False),
+    # sample_traces/conventions/jax_nsys_train_step (ours): XLA's kernels
+    ("gemm_fusion_dot_general_9", "XLA Triton", "gemm", None, None, None, None, False),
+    ("loop_add_fusion_2", "XLA", "elementwise", None, None, None, None, False),
+    ("input_reduce_fusion", "XLA", "reduction", None, None, None, None, False),
+    ("stream_executor::gpu::RedzoneAllocatorKernelImpl(unsigned char *, unsigned char, unsigned long, unsigned int *)",
+     "XLA autotuner", "other", None, None, None, None, False),
     # nsys_sqlite/NVIDIA__Fuser__report1__H200_nsys2025.1.1
     (("<unnamed>::nvfuser_pointwise_f0_c1_r0_g0(<unnamed>::Tensor<float, (int)2, (int)2>"
       ", <unnamed>::Tensor<float, (int)2, (int)2>)"),
