@@ -39,16 +39,20 @@ def store(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _raw_passes(path) -> tuple[dict[int, str], set[int]]:
-    """From the raw events: each kernel (by correlation id) is backward when the runtime call that
-    launched it lies inside an autograd engine op on its thread, forward when inside another
-    operator; and the correlations of the launches inside an optimizer's range (step, zero_grad)."""
+    """From the raw events: each kernel (by correlation id) is communication when the runtime
+    call that launched it lies inside a collective's `nccl:...` annotation on its thread, else
+    backward when inside an autograd engine op, forward when inside another operator; and the
+    correlations of the launches inside an optimizer's range (step, zero_grad)."""
     events = json.load(gzip.open(path))["traceEvents"]
     ops: dict[tuple, list] = defaultdict(list)
     steps = []
+    comms: dict[tuple, list] = defaultdict(list)
     for e in events:
         if e.get("cat") in ("Operator", "cpu_op", "user_annotation") and e.get("ph") == "X":
             if e["name"].startswith("Optimizer."):  # step and zero_grad: the weight update, no pass
                 steps.append((e["ts"], e["ts"] + e["dur"]))
+            elif e["cat"] == "user_annotation" and re.fullmatch(r"nccl:\w+", e["name"]):  # a collective's own
+                comms[(e["pid"], str(e["tid"]))].append((e["ts"], e["ts"] + e["dur"]))
             elif e["cat"] != "user_annotation" and not re.search(r"ProfilerStep#\d+", e["name"]):
                 ops[(e["pid"], str(e["tid"]))].append((e["ts"], e["ts"] + e["dur"], e["name"]))
     for thread in ops.values():
@@ -71,7 +75,9 @@ def _raw_passes(path) -> tuple[dict[int, str], set[int]]:
             correlation = e["args"]["correlation"]
             if any(s <= t < f for s, f in steps):
                 in_step.add(correlation)
-            if i >= 0 and t < thread[i][1]:
+            if any(s <= t < f for s, f in comms.get(key, [])):
+                passes[correlation] = "communication"
+            elif i >= 0 and t < thread[i][1]:
                 name = thread[i][2]
                 backward = name.startswith("autograd::engine::evaluate_function") or re.search(r"Backward\d*$|AccumulateGrad", name)
                 passes[correlation] = "backward" if backward else "forward"
@@ -222,6 +228,7 @@ def test_cuda_graph_inference_decode_steps(gpt) -> None:
     assert replayed.height == 16 * replayed.filter(pl.col("iteration") == "decode 0").height > 0
     assert all(expected[c] == i for c, i in replayed.select("correlation_id", "iteration").iter_rows())
     assert set(replayed["layer"]) == {"CUDA graph"} and set(replayed["attribution"]) == {"graph launch"}
+    assert set(replayed["pass"]) == {"forward"}  # inference: no range around the replay says otherwise
     assert "prefill" in set(frame["layer"].drop_nulls())
 
 

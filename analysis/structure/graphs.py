@@ -152,8 +152,9 @@ def replay_layers(
     """Replayed work captured outside every layer and training stage (an inference step captured
     once, then replayed inside `decode N`): it takes the layer, pass and stage of the ranges
     around its replay's launch call (`contexts_at` attributes points: pos, pid, tid, t), or the
-    layer GRAPH_LAYER where none names one; attribution GRAPH_LAUNCH either way. Work captured
-    inside a layer or a stage keeps what its capture says."""
+    layer GRAPH_LAYER where none names one, and the pass and stage forward where those ranges
+    give none; attribution GRAPH_LAUNCH either way. Work captured inside a layer or a stage keeps
+    what its capture says."""
     moved = points["t"].is_not_null() & replay.is_not_null() & (points["t"] != replay)
     if not moved.any():
         return index, contexts
@@ -166,10 +167,12 @@ def replay_layers(
     found = there.gather(there_index)
     if "attribution" not in contexts.columns:
         contexts = contexts.with_columns(attribution=pl.lit(None, pl.String))
+    # like any work in a layer outside the stage ranges (`attribution_sql.result_sql`), forward
+    # where nothing around the replay says otherwise
     changed = current.filter(loose).with_columns(
         pos=at["pos"], layer=found["layer"].fill_null(GRAPH_LAYER), attribution=pl.lit(GRAPH_LAUNCH),
-        **{"pass": found["pass"].fill_null(current.filter(loose)["pass"])},
-        stage=pl.when(found["stage"] != "other").then(found["stage"]).otherwise(pl.col("stage")))
+        **{"pass": found["pass"].fill_null(current.filter(loose)["pass"]).fill_null("forward")},
+        stage=pl.when(found["stage"] != "other").then(found["stage"]).otherwise(pl.lit("forward")))
     if "launcher" in contexts.columns and "launcher" not in changed.columns:
         changed = changed.with_columns(launcher=pl.lit(None, pl.String))
     return recontext(index, contexts, changed.select("pos", *contexts.columns))
