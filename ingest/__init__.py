@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
@@ -30,14 +30,15 @@ from traceq.errors import TraceFormatError, TraceqError
 from traceq.ingest.base import LoadOptions, Reader, Sink, Source, SourceInfo
 from traceq.ingest.detect import reader_for
 from traceq.ingest.kineto import KinetoReader
-from traceq.ingest.xplane import XPlaneReader
 from traceq.ingest.nsys import NsysReader
+from traceq.ingest.nsys_arrow import NsysArrowReader
 from traceq.ingest.nvprof import NvprofReader
 from traceq.ingest.sqlite_source import source_damage
 from traceq.ingest.validate import unlink_shared_correlations
+from traceq.ingest.xplane import XPlaneReader
 from traceq.store import delete_trace, first_row
 
-READERS: tuple[Reader, ...] = (NsysReader(), NvprofReader(), KinetoReader(), XPlaneReader())
+READERS: tuple[Reader, ...] = (NsysReader(), NvprofReader(), KinetoReader(), XPlaneReader(), NsysArrowReader())
 
 LOAD_SETTINGS = {"memory_limit": "400MB", "threads": "1"}
 """DuckDB settings while a load runs (the connection's own are restored afterwards). Rows a load
@@ -62,11 +63,21 @@ class LoadResult:
 
 
 def sha256_of(path: Path) -> str:
+    """The SHA-256 of a file; of a folder (a parquetdir export), of its files' names and contents
+    in name order."""
     digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
+    for file in sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]:
+        if path.is_dir():
+            digest.update(file.name.encode() + b"\0")
+        with file.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
     return digest.hexdigest()
+
+
+def source_bytes(path: Path) -> int:
+    """A trace's size: a file's, or a folder's files' together."""
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file()) if path.is_dir() else path.stat().st_size
 
 
 def _digest_in_background(path: Path) -> Callable[[], str]:
@@ -119,7 +130,7 @@ def read_trace(
     path = Path(path)
     reader = reader_for(path, READERS)
     name = name or default_name(path)
-    if first_row(con, "SELECT 1 FROM traces WHERE source_bytes = ? LIMIT 1", [path.stat().st_size]):
+    if first_row(con, "SELECT 1 FROM traces WHERE source_bytes = ? LIMIT 1", [source_bytes(path)]):
         sha = sha256_of(path)  # the same content may be loaded already: decide before reading
         digest: Callable[[], str] = lambda: sha
         same = con.execute("SELECT trace_id, name FROM traces WHERE sha256 = ?", [sha]).fetchall()
@@ -231,9 +242,9 @@ def _record_trace(
         """,
         {
             "id": trace_id, "name": name, "path": str(path.resolve()), "sha": sha,
-            "bytes": path.stat().st_size, "format": info.format, "tool": info.tool,
+            "bytes": source_bytes(path), "format": info.format, "tool": info.tool,
             "schema": info.schema_version, "session_start": info.session_start_utc_ns,
-            "loaded_at": datetime.now(timezone.utc).replace(tzinfo=None), "seconds": seconds,
+            "loaded_at": datetime.now(UTC).replace(tzinfo=None), "seconds": seconds,
             "version": __version__, "rank": info.rank, "world_size": info.world_size, "backend": info.backend,
         },
     )

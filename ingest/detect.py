@@ -15,6 +15,7 @@ from pathlib import Path
 from traceq.errors import TraceFormatError
 from traceq.ingest.base import Reader
 from traceq.ingest.json_events import GZIP_MAGIC
+from traceq.ingest.nsys_arrow import looks_like_arrow_export, looks_like_parquet_export
 from traceq.ingest.sqlite_source import open_sqlite, table_names
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -22,11 +23,14 @@ NSYS_REPORT_MAGIC = b"NVIDIA Tegra Profiler Re"  # .nsys-rep and .qdrep files
 
 
 def check_file(path: Path) -> None:
-    """Raise unless `path` is a non-empty regular file."""
+    """Raise unless `path` is a non-empty regular file (or an nsys parquetdir export's folder)."""
     if not path.exists():
         raise TraceFormatError(f"{path}: no such file")
+    if path.is_dir() and looks_like_parquet_export(path):
+        return
     if path.is_dir():
-        raise TraceFormatError(f"{path} is a directory: give a trace file (an nsys SQLite export, an nvprof database or a Kineto JSON trace)")
+        raise TraceFormatError(f"{path} is a directory: give a trace file (an nsys SQLite export, an nvprof database "
+                               "or a Kineto JSON trace) or an nsys parquetdir export's folder")
     if path.stat().st_size == 0:
         raise TraceFormatError(f"{path} is empty (0 bytes), not a trace")
 
@@ -34,8 +38,12 @@ def check_file(path: Path) -> None:
 def reader_for(path: Path, readers: tuple[Reader, ...]) -> Reader:
     """The reader for `path`, judged by content, not by name."""
     check_file(path)
+    if path.is_dir():  # check_file let only an nsys parquetdir export's folder through
+        return next(r for r in readers if r.container == "arrow")
     with path.open("rb") as f:
-        head = f.read(100)
+        head = f.read(4096)
+    if looks_like_arrow_export(head):
+        return next(r for r in readers if r.container == "arrow")
     if head.startswith(SQLITE_MAGIC):
         _check_sqlite_size(path, head)
         tables = _sqlite_tables(path)

@@ -1,0 +1,99 @@
+"""Nsight Systems' Arrow and Parquet exports (ingest/nsys_arrow.py): one report exported three
+ways by nsys itself (sample_traces/exports, tools/record_nsys_exports.sh) loads alike, the row
+counts equal a reading of the raw Arrow and Parquet tables written here with pyarrow, and damaged
+or crafted inputs are refused in one line with the store unchanged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+import pytest
+from conftest import sample
+
+from traceq import TraceFormatError
+
+EXPORTS = "exports/tiny_torch"
+TABLES = {"CUPTI_ACTIVITY_KIND_KERNEL": "kernels", "CUPTI_ACTIVITY_KIND_RUNTIME": "api_events",
+          "NVTX_EVENTS": None}
+
+
+def _raw_counts(form: str) -> dict[str, int]:
+    """Rows per nsys table, read straight from the export's files."""
+    path = sample(f"{EXPORTS}.{form}")
+    counts: dict[str, int] = {}
+    if form == "parquetdir":
+        for file in path.glob("*.parquet"):
+            counts[file.stem] = pq.read_metadata(file).num_rows
+        return counts
+    source = pa.memory_map(str(path))
+    while source.tell() < source.size():
+        reader = ipc.open_stream(source)
+        counts[reader.schema.metadata[b"table_name"].decode()] = reader.read_all().num_rows
+    return counts
+
+
+def _contents(con, trace_id: int) -> list[list]:
+    return [con.execute(q, [trace_id]).fetchall() for q in (
+        "SELECT name, start_ns, end_ns, grid_x, block_x, stream_id FROM kernels WHERE trace_id = ? ORDER BY ALL",
+        "SELECT name, start_ns, end_ns, domain FROM nvtx WHERE trace_id = ? ORDER BY ALL",
+        "SELECT op, start_ns, bytes FROM memops WHERE trace_id = ? ORDER BY ALL",
+        "SELECT count(*), min(start_ns), max(end_ns) FROM api_events WHERE trace_id = ?")]
+
+
+def test_three_exports_of_one_report_load_alike(tmp_path: Path) -> None:
+    import traceq
+
+    loaded = {form: traceq.load(sample(f"{EXPORTS}.{form}"), tmp_path / f"{form}.duckdb")
+              for form in ("sqlite", "arrow", "parquetdir")}
+    reference = _contents(loaded["sqlite"].con, loaded["sqlite"].id)
+    assert len(reference[0]) == 123
+    for form in ("arrow", "parquetdir"):
+        t = loaded[form]
+        raw = _raw_counts(form)
+        assert raw["CUPTI_ACTIVITY_KIND_KERNEL"] == t.con.execute(
+            "SELECT count(*) FROM kernels WHERE trace_id = ?", [t.id]).fetchone()[0]
+        assert raw["NVTX_EVENTS"] >= t.con.execute("SELECT count(*) FROM nvtx WHERE trace_id = ?", [t.id]).fetchone()[0]
+        assert _contents(t.con, t.id) == reference
+        assert t.con.execute("SELECT format FROM traces WHERE trace_id = ?", [t.id]).fetchone()[0] == "nsys"
+        assert sorted(t.stages()["iteration"].drop_nulls()) == [f"step {n}" for n in range(4)]
+
+
+@pytest.mark.parametrize("cut", [100, 50_000])
+def test_a_cut_arrow_export_is_refused_in_one_line(cut: int, tmp_path: Path) -> None:
+    import traceq
+
+    store = tmp_path / "s.duckdb"
+    traceq.load(sample("lenet_b256_cudnn.sqlite"), store)
+    before = store.read_bytes()
+    broken = tmp_path / "cut.arrow"
+    broken.write_bytes(sample(f"{EXPORTS}.arrow").read_bytes()[:cut])
+    with pytest.raises(TraceFormatError) as e:
+        traceq.load(broken, store)
+    assert "\n" not in str(e.value) and "cut.arrow" in str(e.value)
+    assert store.read_bytes() == before
+
+
+def test_a_crafted_table_name_is_data_not_sql(tmp_path: Path) -> None:
+    """An Arrow stream whose table name is SQL is staged under that name, quoted; the file has no
+    nsys tables, so it is refused in one line."""
+    import traceq
+
+    crafted = tmp_path / "crafted.arrow"
+    table = pa.table({"x": [1]}).replace_schema_metadata({"table_name": 'StringIds"; DROP TABLE x; --'})
+    with pa.OSFile(str(crafted), "wb") as sink, ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    with pytest.raises(TraceFormatError) as e:
+        traceq.load(crafted, tmp_path / "s.duckdb")
+    assert "\n" not in str(e.value)
+
+
+def test_a_folder_that_is_no_export_is_refused(tmp_path: Path) -> None:
+    import traceq
+
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(TraceFormatError) as e:
+        traceq.load(tmp_path, tmp_path / "s.duckdb")
+    assert "directory" in str(e.value)
