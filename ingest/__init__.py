@@ -27,6 +27,7 @@ from pathlib import Path
 import duckdb
 
 from traceq.errors import TraceFormatError, TraceqError
+from traceq.ingest.amd import RocprofCsvReader, RocprofDbReader, RocprofJsonReader, RpdReader
 from traceq.ingest.base import LoadOptions, Reader, Sink, Source, SourceInfo
 from traceq.ingest.detect import reader_for
 from traceq.ingest.kineto import KinetoReader
@@ -38,7 +39,8 @@ from traceq.ingest.validate import unlink_shared_correlations
 from traceq.ingest.xplane import XPlaneReader
 from traceq.store import delete_trace, first_row
 
-READERS: tuple[Reader, ...] = (NsysReader(), NvprofReader(), KinetoReader(), XPlaneReader(), NsysArrowReader())
+READERS: tuple[Reader, ...] = (NsysReader(), NvprofReader(), KinetoReader(), XPlaneReader(), NsysArrowReader(),
+                               RocprofJsonReader(), RocprofCsvReader(), RocprofDbReader(), RpdReader())
 
 LOAD_SETTINGS = {"memory_limit": "400MB", "threads": "1"}
 """DuckDB settings while a load runs (the connection's own are restored afterwards). Rows a load

@@ -70,11 +70,16 @@ def reader_for(path: Path, readers: tuple[Reader, ...]) -> Reader:
         for reader in readers:
             if reader.container == "json" and reader.sniff(text):
                 return reader
-        raise TraceFormatError(f"{path} is JSON but not a PyTorch profiler (Kineto) trace: it has no traceEvents")
+        raise TraceFormatError(f"{path} is JSON but not a PyTorch profiler (Kineto) trace: it has no traceEvents "
+                               "(nor a rocprofv3 JSON output: no rocprofiler-sdk-tool)")
+    header = head.split(b"\n", 1)[0].decode("utf-8", "replace")
+    for reader in readers:
+        if reader.container == "csv" and reader.sniff(header):
+            return reader
     raise TraceFormatError(
         f"{path} is not a trace traceq can read: expected an Nsight Systems SQLite export "
-        "(`nsys export --type sqlite`), an nvprof database, a PyTorch profiler (Kineto) JSON trace "
-        "or a JAX/TensorFlow profile (*.xplane.pb)"
+        "(`nsys export --type sqlite`), an nvprof database, a PyTorch profiler (Kineto) JSON trace, "
+        "a JAX/TensorFlow profile (*.xplane.pb) or an AMD profile (rocprofv3 JSON or CSV, rocprof, RPD)"
     )
 
 

@@ -1,0 +1,315 @@
+"""AMD's profilers (docs/amd.md): rocprofv3's JSON (`--output-format json`) and kernel-trace CSV,
+rocprof v1's results database (table `KERN`) and CSV, and rocmProfileData's RPD SQLite
+(`rocpd_op`, `rocpd_api`, `rocpd_kernelapi`, `rocpd_string`).
+
+Each becomes the store's GPUs, kernels (name, times, agent as device, queue as stream, workgroup
+as block, grid in workgroups, LDS as static shared memory, VGPRs as registers, scratch as local
+memory per work-item) and, where the format has them, API calls linked by correlation id and
+copies. The rows are written by the same writer as the XPlane reader's (`xplane_tables`).
+Grids: rocprof counts a grid in work-items, traceq in workgroups (CUDA's blocks): a grid of
+1,048,576 work-items in workgroups of 256 is stored as 4,096; RPD's `rocpd_kernelapi` records the
+launch call's grid, already in workgroups.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any, ClassVar
+
+from traceq.errors import TraceFormatError
+from traceq.ingest.base import LoadOptions, Sink, SourceInfo, SqliteReader
+from traceq.ingest.json_events import GZIP_MAGIC
+from traceq.ingest.xplane import _Tables
+from traceq.ingest.xplane_tables import PID
+
+_KD = re.compile(r"(\s*\[clone \.kd\]|\.kd)$")
+_V1_CSV = ('"KernelName"', '"gpu-id"')
+_V3_CSV = ('"Kernel_Name"', '"Agent_Id"')
+
+
+def kernel_row(name: str, start: int, end: int, device: int, stream: int | None, *, correlation: int | None = None,
+               pid: int = PID, grid: tuple[Any, Any, Any] = (None, None, None),
+               block: tuple[Any, Any, Any] = (None, None, None), registers: Any = None, lds: Any = None,
+               scratch: Any = None) -> dict[str, Any]:
+    """A kernel row in the XPlane writer's form."""
+    return {"start_ns": int(start), "end_ns": int(end), "name": _KD.sub("", name), "correlation_id": correlation,
+            "graph_node_id": None, "device_id": device, "context_id": None, "stream_id": stream, "pid": pid,
+            "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2], "block_x": block[0], "block_y": block[1],
+            "block_z": block[2], "registers_per_thread": registers, "smem_static_bytes": lds,
+            "smem_dynamic_bytes": None, "smem_carveout_bytes": None, "smem_optin": None,
+            "local_memory_per_thread_bytes": scratch, "local_memory_total_bytes": None, "launch_type": None,
+            "hlo_op": None, "hlo_module": None, "program_id": None}
+
+
+def workgroups(items: Any, size: Any) -> int | None:
+    """A grid dimension in workgroups from rocprof's work-items."""
+    if not isinstance(items, int) or not isinstance(size, int) or size <= 0 or items < 0:
+        return None
+    return -(-items // size)
+
+
+def gpu_row(device: int, name: str | None, compute_units: Any = None, clock_mhz: Any = None,
+            wave: Any = 64) -> dict[str, Any]:
+    return {"device_id": device, "name": name or f"AMD GPU {device}", "vendor": "AMD", "cc_major": None,
+            "cc_minor": None, "sm_count": compute_units if isinstance(compute_units, int) else None,
+            "clock_hz": int(clock_mhz) * 1_000_000 if isinstance(clock_mhz, int) and clock_mhz > 0 else None,
+            "memory_bytes": None, "memory_bandwidth_bytes_per_s": None,
+            "threads_per_warp": wave if isinstance(wave, int) and wave > 0 else 64}
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value).strip(), 0) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+class _Rows:
+    """A reader's rows, written by the XPlane writer."""
+
+    def __init__(self) -> None:
+        self.tables = _Tables()
+
+    def write(self, sink: Sink) -> None:
+        if not self.tables.kernels and not self.tables.memops:
+            raise TraceFormatError("the profile records no kernel dispatch")
+        self.tables.write(sink)
+
+
+# --------------------------------------------------------------------------------------------
+# rocprofv3 JSON
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    raw = path.read_bytes()
+    try:
+        text = gzip.decompress(raw) if raw.startswith(GZIP_MAGIC) else raw
+        data = json.loads(text)
+    except (OSError, EOFError, ValueError, RecursionError) as e:
+        raise TraceFormatError(f"{path} is a damaged rocprofv3 JSON file ({type(e).__name__})") from None
+    tool = data.get("rocprofiler-sdk-tool") if isinstance(data, dict) else None
+    if isinstance(tool, list):
+        tool = tool[0] if tool else None
+    if not isinstance(tool, dict):
+        raise TraceFormatError(f"{path}: its rocprofiler-sdk-tool entry is not an object")
+    return tool
+
+
+class RocprofJsonReader:
+    """rocprofv3's JSON output (`rocprofv3 --kernel-trace --output-format json`)."""
+
+    name: ClassVar[str] = "rocprofv3-json"
+    container: ClassVar[str] = "json"
+
+    def sniff(self, text: bytes) -> bool:
+        return b'"rocprofiler-sdk-tool"' in text
+
+    def open(self, path: Path, options: LoadOptions) -> _JsonSource:
+        return _JsonSource(_read_json(path))
+
+    def estimate_rows(self, src: _JsonSource) -> int:
+        records = src.data.get("buffer_records") or {}
+        return sum(len(v) for v in records.values() if isinstance(v, list))
+
+    def read(self, src: _JsonSource, sink: Sink) -> SourceInfo:
+        data, rows = src.data, _Rows()
+        gpus = sorted((a for a in data.get("agents") or [] if isinstance(a, dict) and a.get("type") == 2),
+                      key=lambda a: (_int(a.get("node_id")) or 0))
+        device_of = {}
+        for index, agent in enumerate(gpus):
+            device_of[_int((agent.get("id") or {}).get("handle"))] = index
+            rows.tables.gpus.append(gpu_row(index, agent.get("product_name") or agent.get("name"),
+                                            agent.get("cu_count"), agent.get("max_engine_clk_fcompute"),
+                                            agent.get("wave_front_size")))
+        symbols = {_int(s.get("kernel_id")): s for s in data.get("kernel_symbols") or [] if isinstance(s, dict)}
+        pid = _int((data.get("metadata") or {}).get("pid")) or PID
+        records = data.get("buffer_records") or {}
+        for record in records.get("kernel_dispatch") or []:
+            info = record.get("dispatch_info") or {}
+            symbol = symbols.get(_int(info.get("kernel_id"))) or {}
+            start, end = _int(record.get("start_timestamp")), _int(record.get("end_timestamp"))
+            if start is None or end is None:
+                continue
+            size, grid = info.get("workgroup_size") or {}, info.get("grid_size") or {}
+            name = symbol.get("demangled_kernel_name") or symbol.get("kernel_name") or f"kernel {info.get('kernel_id')}"
+            rows.tables.kernels.append(kernel_row(
+                name, start, end, device_of.get(_int((info.get("agent_id") or {}).get("handle")), 0),
+                _int((info.get("queue_id") or {}).get("handle")),
+                correlation=_int((record.get("correlation_id") or {}).get("internal")), pid=PID,
+                grid=tuple(workgroups(_int(grid.get(k)), _int(size.get(k))) for k in "xyz"),  # type: ignore[arg-type]
+                block=tuple(_int(size.get(k)) for k in "xyz"),  # type: ignore[arg-type]
+                registers=_int(symbol.get("arch_vgpr_count")), lds=_int(info.get("group_segment_size")),
+                scratch=_int(info.get("private_segment_size"))))
+        names = _operation_names(data.get("strings") or {})
+        for kind in ("hip_api", "hsa_api", "rccl_api"):
+            for record in records.get(kind) or []:
+                start, end = _int(record.get("start_timestamp")), _int(record.get("end_timestamp"))
+                if start is None or end is None:
+                    continue
+                call = names.get((_int(record.get("kind")), _int(record.get("operation"))), f"{kind} call")
+                rows.tables.calls.append((start, end, call, _int(record.get("thread_id")) or 0,
+                                          _int((record.get("correlation_id") or {}).get("internal"))))
+        rows.write(sink)
+        node = (data.get("metadata") or {}).get("node") or {}
+        return SourceInfo(format="rocprofv3", tool="rocprofv3 (rocprofiler-sdk) JSON"
+                          + (f", host {node.get('hostname')}" if node.get("hostname") else "") + f", pid {pid}")
+
+
+def _operation_names(strings: dict[str, Any]) -> dict[tuple[int | None, int], str]:
+    """(record kind, operation) -> the API function's name, from the `strings` table of kinds."""
+    names = {}
+    for kind, entry in enumerate(strings.get("buffer_records") or []):
+        for operation, name in enumerate((entry or {}).get("operations") or []):
+            names[(kind, operation)] = name
+    return names
+
+
+class _JsonSource:
+    def __init__(self, data: dict[str, Any]):
+        self.data = data
+
+    def close(self) -> None:
+        self.data = {}
+
+
+# --------------------------------------------------------------------------------------------
+# rocprof v1's and rocprofv3's CSV
+
+
+class RocprofCsvReader:
+    """rocprof v1's `results.csv` and rocprofv3's `kernel_trace.csv`, told by their header."""
+
+    name: ClassVar[str] = "rocprof-csv"
+    container: ClassVar[str] = "csv"
+
+    def sniff(self, header: str) -> bool:
+        return all(k in header for k in _V1_CSV) or all(k in header for k in _V3_CSV)
+
+    def open(self, path: Path, options: LoadOptions) -> _CsvSource:
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            raise TraceFormatError(f"{path} is not UTF-8 text") from None
+        return _CsvSource(list(csv.DictReader(io.StringIO(text))))
+
+    def estimate_rows(self, src: _CsvSource) -> int:
+        return len(src.rows)
+
+    def read(self, src: _CsvSource, sink: Sink) -> SourceInfo:
+        rows, v3 = _Rows(), bool(src.rows) and "Kernel_Name" in src.rows[0]
+        devices: dict[int, int] = {}
+        for r in src.rows:
+            if v3:
+                name, start, end = r.get("Kernel_Name"), _int(r.get("Start_Timestamp")), _int(r.get("End_Timestamp"))
+                agent, stream = _int(r.get("Agent_Id")), _int(r.get("Queue_Id"))
+                size = tuple(_int(r.get(f"Workgroup_Size_{k}")) for k in "XYZ")
+                grid = tuple(workgroups(_int(r.get(f"Grid_Size_{k}")), s) for k, s in zip("XYZ", size))
+                extra = {"correlation": _int(r.get("Correlation_Id")), "lds": _int(r.get("Group_Segment_Size")),
+                         "scratch": _int(r.get("Private_Segment_Size")),
+                         "registers": _int(r.get("Arch_VGPR_Count") or r.get("VGPR_Count"))}
+            else:
+                name, start, end = r.get("KernelName"), _int(r.get("BeginNs")), _int(r.get("EndNs"))
+                agent, stream = _int(r.get("gpu-id")), _int(r.get("queue-id"))
+                size = (_int(r.get("wgr")), 1, 1)
+                grid = (workgroups(_int(r.get("grd")), size[0]), 1, 1)
+                extra = {"lds": _int(r.get("lds")), "scratch": _int(r.get("scr")), "registers": _int(r.get("arch_vgpr"))}
+            if not name or start is None or end is None:
+                continue
+            device = devices.setdefault(agent if agent is not None else -1, len(devices))
+            rows.tables.kernels.append(kernel_row(name, start, end, device, stream, grid=grid, block=size, **extra))
+        rows.tables.gpus.extend(gpu_row(index, None) for index in range(len(devices)))
+        rows.write(sink)
+        return SourceInfo(format="rocprof-csv", tool="rocprofv3 kernel trace (CSV)" if v3 else "rocprof v1 (CSV)")
+
+
+class _CsvSource:
+    def __init__(self, rows: list[dict[str, str]]):
+        self.rows = rows
+
+    def close(self) -> None:
+        self.rows = []
+
+
+# --------------------------------------------------------------------------------------------
+# rocprof v1's results database and rocmProfileData's RPD
+
+
+class RocprofDbReader(SqliteReader):
+    """rocprof v1's `results.db` (`rocprof --stats`): one table, `KERN`, a row per dispatch."""
+
+    name: ClassVar[str] = "rocprof-db"
+
+    def sniff(self, tables: set[str]) -> bool:
+        return "KERN" in tables and "rocpd_op" not in tables
+
+    def estimate_rows(self, src: sqlite3.Connection) -> int:
+        return int(src.execute("SELECT count(*) FROM KERN").fetchone()[0])
+
+    def read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
+        cursor = src.execute('SELECT * FROM KERN')
+        columns = [c[0] for c in cursor.description]
+        rows = [dict(zip(columns, values)) for values in cursor]
+        RocprofCsvReader().read(_CsvSource([{k: "" if v is None else str(v).strip('"') for k, v in r.items()}
+                                            for r in rows]), sink)
+        return SourceInfo(format="rocprof-db", tool="rocprof v1 (results.db)")
+
+
+class RpdReader(SqliteReader):
+    """rocmProfileData's RPD: `rocpd_op` (GPU operations: KernelExecution, Copy*, FillBuffer),
+    `rocpd_api` (host calls, linked to their operations by `rocpd_api_ops`), `rocpd_kernelapi`
+    (a launch's grid and workgroup), `rocpd_string`."""
+
+    name: ClassVar[str] = "rpd"
+
+    def sniff(self, tables: set[str]) -> bool:
+        return {"rocpd_op", "rocpd_string"} <= tables
+
+    def estimate_rows(self, src: sqlite3.Connection) -> int:
+        return int(src.execute("SELECT count(*) FROM rocpd_op").fetchone()[0])
+
+    def read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
+        tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+        strings = dict(src.execute("SELECT id, string FROM rocpd_string"))
+        links = dict(src.execute("SELECT op_id, api_id FROM rocpd_api_ops")) if "rocpd_api_ops" in tables else {}
+        launches = ({r[0]: r[1:] for r in src.execute(
+            "SELECT api_ptr_id, gridX, gridY, gridZ, workgroupX, workgroupY, workgroupZ, groupSegmentSize, "
+            "privateSegmentSize FROM rocpd_kernelapi")} if "rocpd_kernelapi" in tables else {})
+        rows, devices = _Rows(), {}
+        for op_id, gpu, queue, start, end, description, kind in src.execute(
+                "SELECT id, gpuId, queueId, start, \"end\", description_id, opType_id FROM rocpd_op ORDER BY start"):
+            kind_name = strings.get(kind, "")
+            device = devices.setdefault(gpu, len(devices))
+            api = links.get(op_id)
+            if kind_name == "KernelExecution":
+                launch = launches.get(api) or (None,) * 8
+                rows.tables.kernels.append(kernel_row(
+                    strings.get(description) or "kernel", start, end, device, _int(queue), correlation=api,
+                    grid=launch[0:3], block=launch[3:6], lds=launch[6], scratch=launch[7]))
+            elif kind_name.startswith("Copy") or kind_name == "FillBuffer":
+                memset = kind_name == "FillBuffer"
+                copy = {"CopyHostToDevice": "Host-to-Device", "CopyDeviceToHost": "Device-to-Host",
+                        "CopyDeviceToDevice": "Device-to-Device"}.get(kind_name, "Other")
+                rows.tables.memops.append({"start_ns": int(start), "end_ns": int(end), "dur_ns": int(end) - int(start),
+                                           "op": "memset" if memset else "memcpy",
+                                           "copy_kind": None if memset else copy, "bytes": None,
+                                           "device_id": device, "stream_id": _int(queue), "correlation_id": api,
+                                           "pid": PID})
+        if "rocpd_api" in tables:
+            for api_id, tid, start, end, name in src.execute(
+                    "SELECT id, tid, start, \"end\", apiName_id FROM rocpd_api"):
+                rows.tables.calls.append((int(start), int(end), strings.get(name) or "call", _int(tid) or 0, api_id))
+        rows.tables.gpus.extend(gpu_row(index, None) for index in range(len(devices)))
+        rows.write(sink)
+        version = dict(src.execute("SELECT tag, value FROM rocpd_metadata")).get("schema_version") \
+            if "rocpd_metadata" in tables else None
+        return SourceInfo(format="rpd", tool="rocmProfileData (RPD)", schema_version=version)
