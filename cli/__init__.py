@@ -12,11 +12,11 @@ else is a bug and shows a traceback.
 
 from __future__ import annotations
 
-from traceq.cli import agents, comparing, critical, loading, multigpu, output, tables, timeline  # noqa: F401 (registers the commands)
+from traceq.cli import agents, comparing, critical, loading, mfu, multigpu, output, tables, timeline  # noqa: F401 (registers the commands)
 from traceq.cli.base import app
 
 _ORDER = ("load", "traces", "top", "layers", "libs", "stages", "idle", "launches", "critical", "whatif", "stats",
-          "advise", "rm", "sql", "attribute", "occupancy", "ru", "ce", "traffic", "compare", "comm", "overlap", "ranks",
+          "advise", "rm", "sql", "attribute", "occupancy", "ru", "ce", "mfu", "traffic", "compare", "comm", "overlap", "ranks",
           "memory", "report", "export", "mcp")
 """The commands in the order `traceq --help` lists them."""
 

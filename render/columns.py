@@ -109,6 +109,12 @@ COLUMNS: dict[str, Column] = {
     "peak_tflops": Column("Peak TFLOP/s", "number", 3),
     "ce": Column("CE %", "fraction", 2),
     "tensor_core_pct": Column("Tensor core %", "percent", 3),
+    # model and hardware FLOPs utilization (traceq mfu)
+    "model_flops": Column("Model FLOP", "count", 2),
+    "counted_flops": Column("Counted FLOP", "count", 3),
+    "peak_flops": Column("Peak FLOP/s", "count", 4),
+    "mfu_pct": Column("MFU %", "percent", 1),
+    "hfu_pct": Column("HFU %", "percent", 2),
     # memory traffic model (traceq traffic)
     "launches": Column("Launches", "integer", 3),
     "direction": Column("Direction", "label", 2),

@@ -1,0 +1,86 @@
+"""Model FLOPs utilization (MFU) and hardware FLOPs utilization (HFU) per iteration.
+
+MFU is the FLOPs the model needs per step over what the GPU could have done in the step's time:
+model FLOPs / (iteration time x peak FLOP/s). HFU counts the FLOPs the kernels actually ran
+(recomputation included): traceq's FLOPs from the trace's recorded shapes (`ce.kernel_ce`, the
+same FLOPs `traceq ce` shows) over the same time and peak. The model FLOPs are the user's
+(`model_flops` per iteration, or 6 x parameters x tokens for a training step and 2 x parameters
+x tokens for inference, the usual transformer estimate); without them MFU is not stated and HFU
+is the one measure.
+
+Iteration time is the iteration's GPU span on its busiest device (`layers.stage_times`), the
+steady-state iterations only (`conventions.steady`); the peak is the busiest GPU's dense peak at
+`precision`, or at the precision that ran the most FLOPs. One row per iteration and a last row,
+`all`, over the steady iterations together (FLOPs over time summed).
+"""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+
+from traceq.analysis.efficiency.ce import busiest_gpu, kernel_ce
+from traceq.analysis.structure.conventions import ITERATION_REGEX, steady
+from traceq.analysis.structure.layers import attributed_kernels, stage_times
+from traceq.errors import MissingDataError
+
+ALL = "all"
+"""The iteration label of the row over every steady iteration."""
+
+
+def model_flops_per_iteration(model_flops: float | None, params: float | None, tokens: float | None,
+                              training: bool) -> float | None:
+    """The model FLOPs of one iteration: given, else (6 or 2) x parameters x tokens per iteration."""
+    if model_flops is not None:
+        return float(model_flops)
+    if params is not None and tokens is not None:
+        return (6.0 if training else 2.0) * float(params) * float(tokens)
+    return None
+
+
+def mfu_table(con: duckdb.DuckDBPyConnection, trace_id: int, *, model_flops: float | None = None,
+              precision: str | None = None, iteration_regex: str = ITERATION_REGEX,
+              per_kernel: pl.DataFrame | None = None) -> pl.DataFrame:
+    """iteration, time_ns, model_flops, counted_flops, precision, peak_flops, mfu_pct, hfu_pct
+    (see the module's docstring); `model_flops` per iteration; `per_kernel`: the trace's
+    `kernel_ce`, when the caller has it. Raises MissingDataError without steady iterations."""
+    spans = (stage_times(con, trace_id, iteration_regex).filter(steady())
+             .group_by("iteration", maintain_order=True).agg(time_ns=pl.col("span_ns").max()))
+    if spans.is_empty():
+        raise MissingDataError("the trace marks no iteration, so MFU per iteration is undefined: "
+                               "record step ranges or a profiler schedule (docs/structure.md)")
+    kernels = attributed_kernels(con, trace_id, iteration_regex)
+    if per_kernel is None:
+        try:
+            per_kernel = kernel_ce(con, trace_id, precision=precision, iteration_regex=iteration_regex, kernels=kernels)
+        except MissingDataError:
+            per_kernel = None
+    gpu = busiest_gpu(con, trace_id)
+    if per_kernel is not None and per_kernel.height:
+        counted = (per_kernel.drop_nulls("kernel_id")
+                   .join(kernels.select("kernel_id", "iteration"), on="kernel_id", how="left"))
+        chosen = precision or _dominant_precision(counted)
+        counted = counted.group_by("iteration").agg(counted_flops=pl.col("flops").sum())
+    else:
+        chosen, counted = precision or "fp32", pl.DataFrame(schema={"iteration": pl.String, "counted_flops": pl.Float64})
+    peak = gpu.get(f"peak_{chosen}")
+    if not peak:
+        raise MissingDataError(f"the peak FLOP/s of {chosen} on {gpu['description']} is unknown: "
+                               "pass --precision with one it has")
+    frame = spans.join(counted, on="iteration", how="left").with_columns(
+        pl.col("counted_flops").fill_null(0.0), model_flops=pl.lit(model_flops, pl.Float64))
+    total = frame.select(pl.lit(ALL).alias("iteration"), pl.col("time_ns").sum(), pl.col("counted_flops").sum(),
+                         pl.when(pl.col("model_flops").is_not_null().all()).then(pl.col("model_flops").sum()))
+    frame = pl.concat([frame, total.cast(frame.schema)], how="vertical_relaxed")
+    capacity = pl.col("time_ns") / 1e9 * peak
+    return frame.select(
+        "iteration", "time_ns", "model_flops", "counted_flops",
+        precision=pl.lit(chosen), peak_flops=pl.lit(float(peak)),
+        mfu_pct=100.0 * pl.col("model_flops") / capacity, hfu_pct=100.0 * pl.col("counted_flops") / capacity)
+
+
+def _dominant_precision(kernels: pl.DataFrame) -> str:
+    """The precision that ran the most FLOPs (fp32 where none is known)."""
+    ranked = (kernels.drop_nulls("precision").group_by("precision").agg(pl.col("flops").sum())
+              .sort("flops", "precision", descending=[True, False]))
+    return ranked["precision"][0] if ranked.height and ranked["flops"][0] > 0 else "fp32"

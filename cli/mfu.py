@@ -1,0 +1,50 @@
+"""`traceq mfu`: model and hardware FLOPs utilization per iteration."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from traceq.analysis.choices import Precision
+from traceq.api import Trace
+from traceq.cli.base import DatasetOpt, DbOpt, FormatOpt, IterOpt, OutOpt, TraceOpt, _show_trace_table, app
+
+
+@app.command()
+def mfu(
+    model_flops: Annotated[float | None, typer.Option(
+        "--model-flops", min=0, show_default=False,
+        help="The model's FLOPs per iteration (forward, backward and update)")] = None,
+    params: Annotated[float | None, typer.Option(
+        "--params", min=0, show_default=False, help="Parameters of the model: with --tokens, 6 x P x T a training "
+                                                    "step (2 x P x T with --inference)")] = None,
+    tokens: Annotated[float | None, typer.Option(
+        "--tokens", min=0, show_default=False, help="Tokens per iteration (batch x sequence length)")] = None,
+    inference: Annotated[bool, typer.Option("--inference", help="2 x P x T per iteration, not 6 x P x T")] = False,
+    precision: Annotated[Precision | None, typer.Option(
+        "--precision", show_default=False,
+        help="The peak to measure against [default: the precision that ran the most FLOPs]")] = None,
+    trace: TraceOpt = None,
+    db: DbOpt = None,
+    dataset: DatasetOpt = None,
+    iteration_regex: IterOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Model FLOPs utilization (MFU) and hardware FLOPs utilization (HFU) per iteration.
+
+    Example: traceq mfu --params 25.6e6 --tokens 8192
+    """
+    def build(t: Trace):
+        frame = t.mfu(model_flops=model_flops, params=params, tokens=tokens, inference=inference,
+                      precision=precision, iteration_regex=iteration_regex)
+        gpu = t.gpu()
+        peak = frame["peak_flops"][0]
+        given = "model FLOPs given" if frame["model_flops"].drop_nulls().len() else \
+            "no model FLOPs given (--params/--tokens or --model-flops): HFU only"
+        title = (f"{t.name}: MFU and HFU per iteration on {gpu['description']} against the dense "
+                 f"{frame['precision'][0]} peak ({peak / 1e12:,.1f} TFLOP/s); {given}")
+        return frame, title
+
+    _show_trace_table(trace, db, dataset, fmt, out, build)
