@@ -201,20 +201,21 @@ def _emit(text: str, out: Path | None) -> None:
 
 def _show_trace_table(
     trace: str | None, db: Path | None, dataset: Path | None, fmt: Format | None, out: Path | None,
-    build: Callable[[Trace], tuple[object, str]],
+    build: Callable[[Trace], tuple[object, str]], **layout: object,
 ) -> None:
     """The body every per-trace command shares: open the store (or dataset) read-only, find the
-    trace, `build(trace) -> (frame, title)`, render and write it."""
+    trace, `build(trace) -> (frame, title)`, render and write it (`layout`: a table's `keys` and
+    `priorities`, when they are not the vocabulary's)."""
     with user_errors():
         t = _store(db, dataset).trace(trace)
         with _working(t.name):
             frame, title = build(t)
-        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
+        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width(), **layout), out)
 
 
 def _show_run_table(
     run: str | None, db: Path | None, dataset: Path | None, fmt: Format | None, out: Path | None,
-    build: Callable[[Run, Callable[[int, int], None]], tuple[object, str]],
+    build: Callable[[Run, Callable[[int, int], None]], tuple[object, str]], **layout: object,
 ) -> None:
     """`_show_trace_table` for the commands over a run: `build(run, progress) -> (frame, title)`,
     progress a bar (after a second, on a terminal) over the run's traces."""
@@ -225,7 +226,7 @@ def _show_run_table(
             frame, title = build(r, progress)
         finally:
             progress.close()
-        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
+        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width(), **layout), out)
 
 
 def _terminal_width() -> int:

@@ -59,9 +59,12 @@ def top(
         return ranking, (f"{t.name}: top {len(ranking)} kernels by total time "
                          f"(all kernels: {format_duration(t.kernel_time_ns())} of GPU time)")
 
-    _show_trace_table(trace, db, dataset, fmt, out, build)
-
-
+    # a row is a kernel (a launch, with --instances: where it ran too); what it spent comes before
+    # the context columns, which a narrow table leaves out first
+    keys = ("position", "layer", "pass", "name") if instances else ("position", "name")
+    _show_trace_table(trace, db, dataset, fmt, out, build, keys=keys,
+                      priorities={} if instances else {"instances": 2, "avg_ns": 2, "layer": 3, "pass": 3,
+                                                       "library": 3})
 
 
 @app.command()

@@ -1,5 +1,6 @@
-"""Every tabular command reads at any terminal width (issue 15, item 6): at 60, 80, 100, 160 and
-240 columns no line is wider than the terminal, no number is cut (each agrees with the command's
+"""Every tabular command reads at any terminal width (issue 15, item 6; issue 34): at 60, 80, 100,
+120, 160, 200 and 240 columns no line is wider than the terminal, the table's key columns (what a
+row is: listed here per command) are all shown, no number is cut (each agrees with the command's
 own json value, parsed here independently of traceq's formatting), every row can be told from
 the others, a shortened name or list is a faithful part of the full value, and the columns left
 out are exactly those the line under the table names. csv and json carry every value in full."""
@@ -19,7 +20,35 @@ from traceq.render.columns import column_spec, header
 from traceq.render.table import SAID_WHEN_NONE
 
 runner = CliRunner()
-WIDTHS = (60, 80, 100, 160, 240)
+WIDTHS = (60, 80, 100, 120, 160, 200, 240)
+COMMANDS = {**COMMANDS,
+            "critical": ["critical", "-t", "ddp_resnet18_2gpu"],
+            "critical longest": ["critical", "--view", "longest", "-t", "ddp_resnet18_2gpu"],
+            "critical composition": ["critical", "--view", "composition", "-t", "alexnet_b256_cudnn"],
+            "whatif": ["whatif", "--no-launch-overhead", "-t", "alexnet_b256_cudnn"]}
+_STATS_KEYS = {"cuda_api_sum": ("name",), "cuda_gpu_kern_sum": ("name",), "cuda_gpu_mem_time_sum": ("operation",),
+               "cuda_gpu_mem_size_sum": ("operation",), "nvtx_sum": ("range",), "nvtx_gpu_proj_sum": ("range",),
+               "cuda_kern_exec_sum": ("pid", "tid", "device_id", "api_name", "kernel_name")}
+KEYS = {
+    "traces": ("trace_id", "name"), "top": ("rank", "name"), "top short": ("rank", "name"),
+    "top instances": ("rank", "layer", "pass", "name"), "top kineto": ("rank", "name"),
+    "layers": ("layer", "pass"), "libs": ("library",), "libs by layer": ("layer", "pass", "library"),
+    "stages": ("iteration", "device_id"), "ru kernel": ("name",), "ru layer": ("layer", "pass"),
+    "ru layer kineto": ("layer", "pass"), "ru library": ("library",), "ce layer": ("layer", "pass"),
+    "ce kernel": ("name",), "ce library": ("library",), "compare layer": ("layer", "pass"),
+    "compare kernel": ("name",), "compare stage": ("stage",), "compare gpus": ("stage",),
+    "memory layer": ("device_id", "layer", "pass"), "memory time": ("event_id",),
+    "traffic layer": ("layer", "pass", "direction"), "traffic kernel": ("name", "layer", "pass"),
+    "idle": ("cause",), "idle iteration": ("iteration", "device_id"), "idle stream": ("device_id", "stream_id"),
+    "idle layer": ("layer", "pass"), "launches": ("name",),
+    **{f"stats {report}": keys for report, keys in _STATS_KEYS.items()},
+    "comm": ("collective", "iteration", "rank"), "comm instance": ("collective", "group", "instance", "iteration"),
+    "overlap": ("rank", "iteration"), "ranks": ("iteration", "rank"),
+    "ranks collective": ("collective", "group", "instance", "iteration"),
+    "critical": ("iteration",), "critical longest": ("iteration", "category", "name"),
+    "critical composition": ("category", "library"), "whatif": ("iteration",),
+}
+"""Per command, the columns that say what a row is: a table shows them at every width."""
 NOT_IN_TABLES = {"traces": {"sha256", "source_path", "loaded_at"}}
 """Columns a command gives csv and json but never a table."""
 
@@ -119,6 +148,8 @@ def test_tables_at_every_width(cli_store: Path, name: str, monkeypatch: pytest.M
         if "rank" in columns and name.startswith("top"):  # top's row position reads '#' in a table
             by_header["#"] = "rank"
         shown = [by_header[h] for h in headers]
+        missing = [k for k in KEYS[name] if k not in shown]
+        assert not missing, f"key columns {missing} left out at {width} columns"
         assert len(rows) == len(records)
         assert len({tuple(r) for r in rows}) == len(rows), f"rows look alike at {width} columns"
         for row, record in zip(rows, records):
@@ -145,6 +176,10 @@ def test_tables_at_every_width(cli_store: Path, name: str, monkeypatch: pytest.M
             assert sorted(named) == sorted(left_out)
         else:
             assert "Left out" not in under
+
+
+def test_every_command_names_its_keys() -> None:
+    assert set(KEYS) == set(COMMANDS)
 
 
 def test_occupancy_table_at_every_width() -> None:
