@@ -45,9 +45,22 @@ class _Typer(typer.Typer):
         return super().command(*args, cls=cls, **kwargs)
 
 
+LOAD_SAMPLES = "traceq load sample_traces/*.sqlite"
+"""How the samples bundled with traceq's source are loaded, which every command's example reads."""
+
+
+def example(*lines: str) -> str:
+    """A command's `--help` epilog: command lines that run on the bundled samples once loaded
+    (tests/test_help_examples.py runs every one of them)."""
+    return (f"Example, on the samples in sample_traces/ of a source checkout, loaded with `{LOAD_SAMPLES}`:\n\n"
+            + "\n\n".join(lines))
+
+
 app = _Typer(
     name="traceq",
     help="Which kernels, libraries and layers a GPU trace spent its time in.",
+    epilog=("Example, on the samples in sample_traces/ of a source checkout (every command's --help has "
+            f"one):\n\n{LOAD_SAMPLES}\n\ntraceq top -t alexnet_b256_cudnn -k 5\n\ntraceq advise -t badloop_mlp"),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,

@@ -17,6 +17,7 @@ from traceq.cli.base import (
     _show_run_table,
     _show_trace_table,
     app,
+    example,
 )
 from traceq.render import Format, format_for
 
@@ -36,7 +37,7 @@ def _show(run: str | None, trace, db, dataset, fmt, out, build) -> None:
         _show_run_table(run, db, dataset, fmt, out, lambda r, progress: build(r))
 
 
-@app.command()
+@app.command(epilog=example('traceq critical -t ddp_resnet18_2gpu'))
 def critical(
     view: ViewOpt = CriticalView.iterations,
     run: RunOpt = None,
@@ -60,7 +61,7 @@ def critical(
     _show(run, trace, db, dataset, fmt, out, build)
 
 
-@app.command()
+@app.command(epilog=example('traceq whatif --no-launch-overhead -t badloop_mlp'))
 def whatif(
     scale: Annotated[Optional[list[str]], typer.Option(
         help="Kernels whose library or name matches take FACTOR x as long: 'library=cuBLAS:0.5', "
