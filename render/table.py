@@ -28,6 +28,7 @@ from rich.text import Text
 
 from traceq.render.columns import NUMERIC_KINDS, Column, column_spec, format_value
 from traceq.text import visible
+from traceq.units import wrap
 
 if TYPE_CHECKING:
     import polars as pl
@@ -299,8 +300,9 @@ def render_table(frame: pl.DataFrame | duckdb.DuckDBPyRelation, *, title: str | 
     buffer = io.StringIO()
     console = Console(file=buffer, width=max(width, _total([c.width for c in kept])), force_terminal=False,
                       color_system=None, soft_wrap=False)
-    if title:
-        console.print(Text(visible(title)), width=width)
+    if title:  # wrapped here: never between a number and its unit
+        shown = [visible(part) for part in title.split("\n")]
+        console.print(Text("\n".join(line for part in shown for line in (wrap(part, width) or [""]))), width=width)
     console.print(table)
     if not rows:
         console.print("(no rows)")

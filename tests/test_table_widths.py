@@ -55,6 +55,9 @@ NOT_IN_TABLES = {"traces": {"sha256", "source_path", "loaded_at"}}
 FRACTIONS = {"ru", "paper_ru", "occupancy", "kineto_occupancy", "ce", "a_ru", "b_ru", "a_ce", "b_ce"}
 """Columns docs/cli.md says csv and json hold as fractions (tables show them as %)."""
 
+UNIT = r"(ns|µs|ms|s|%|B|KiB|MiB|GiB|TB/s|GB/s)(\W|$)"
+"""A unit at the start of a line (a title wrapped between a number and its unit)."""
+
 SCALE = {"ns": 1, "µs": 1e3, "ms": 1e6, "s": 1e9, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30,
          "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 
@@ -143,6 +146,9 @@ def test_tables_at_every_width(cli_store: Path, name: str, monkeypatch: pytest.M
     assert not any(isinstance(v, str) and "…" in v for r in records for v in r.values()), "json cut a value"
     for width, table in _tables(args, monkeypatch).items():
         assert max(map(len, table.splitlines())) <= width, f"wider than {width}"
+        title = table.split("┏", 1)[0].splitlines()
+        for line, after in zip(title, title[1:]):  # never '4.549' at a line's end and 'ms' at the next one's start
+            assert not (re.search(r"\d$", line) and re.match(UNIT, after)), (line, after)
         headers, rows, under = _parse_table(table)
         by_header = {header(c): c for c in columns}
         if "rank" in columns and name.startswith("top"):  # top's row position reads '#' in a table
@@ -204,3 +210,18 @@ def test_names_that_differ_past_the_cut_show_where() -> None:
         cut = cut_names([a, b, c], width)
         assert len(set(cut)) == 3 and all(len(x) <= width for x in cut), cut
     assert cut_list("conv1, conv2, conv3, conv4", 16) == "conv1, conv2 +2"
+
+
+def test_findings_never_wrap_between_a_number_and_its_unit() -> None:
+    import polars as pl
+
+    from traceq.render.findings import render_findings
+
+    frame = pl.DataFrame({"rank": [1], "title": ["Kernels that leave GPU block slots empty (low RU)"],
+                          "time_ns": [67_244_000], "pct": [23.1], "evidence": ["RU 12 %, 23.431 ms"],
+                          "fix": ["Fill the GPU"], "rule": ["low_ru"]})
+    for width in range(60, 120):
+        lines = render_findings(frame, title="t: 5 finding(s), of 290.643 ms on 2 device(s)", width=width).splitlines()
+        assert max(map(len, lines)) <= width
+        for line, after in zip(lines, lines[1:]):
+            assert not (re.search(r"\d$", line) and re.match(UNIT, after.strip())), (width, line, after)
