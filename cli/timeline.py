@@ -88,8 +88,11 @@ def stats(
     out: OutOpt = None,
 ) -> None:
     """An `nsys stats` report from the store: the same rows and numbers (docs/stats.md)."""
+    # cuda_kern_exec_sum's rows are five columns wide before its first number: a narrow table cuts
+    # their text to keep the launch count and mean total time
     _show_trace_table(trace, db, dataset, fmt, out, lambda t: (
-        t.stats(report), f"{t.name}: {report.value} (as `nsys stats --report {report.value}`)"))
+        t.stats(report), f"{t.name}: {report.value} (as `nsys stats --report {report.value}`)"),
+        priorities={"count": 1, "total_avg_ns": 1} if report is StatsReport.cuda_kern_exec_sum else None)
 
 
 @app.command(epilog=example('traceq advise -t badloop_mlp'))

@@ -119,12 +119,15 @@ def _layout(columns: list[_Column], width: int) -> tuple[list[_Column], list[_Co
         _leave_out(kept, left_out, "width", width, lowest=1)
     size = next((s for s in ("natural", "comfortable", "minimum") if _total([getattr(c, s) for c in kept]) <= width),
                 None)
-    if size is None:  # text goes below its least-before-leaving-out, the key columns' last
+    if size is None:  # text goes below its least-before-leaving-out, the widest first, the key columns' last
         for c in kept:
             c.width = c.minimum
-        for c in sorted(kept, key=lambda c: c.key):
-            if c.cuttable:
-                c.width = max(_least(c), c.width + width - _total([k.width for k in kept]))
+        for keys in (False, True):
+            while _total([k.width for k in kept]) > width:
+                shrinkable = [c for c in kept if c.cuttable and c.key is keys and c.width > _least(c)]
+                if not shrinkable:
+                    break
+                max(shrinkable, key=lambda c: c.width).width -= 1
     else:
         for c in kept:
             c.width = getattr(c, size)
@@ -194,10 +197,13 @@ def cut_names(values: list[str], width: int) -> list[str]:
     for v in distinct:
         groups[short[v]].append(v)
     for members in groups.values():
-        if len(members) > 1:
+        if len(members) > 1:  # their essential parts where those differ (no 'void ', no argument list)
+            texts = {v: _essential(v) for v in members}
+            if len(set(texts.values())) < len(members):
+                texts = {v: v for v in members}
             for v in members:
-                differs = max(_common_prefix(v, other) for other in members if other is not v)
-                short[v] = _cut_showing(v, width, differs)
+                differs = max(_common_prefix(texts[v], texts[o]) for o in members if o is not v)
+                short[v] = _cut_showing(texts[v], width, differs)
     return [short[v] for v in values] if len(set(short.values())) == len(short) else \
         [_numbered(short, width)[v] for v in values]
 
