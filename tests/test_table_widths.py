@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -147,7 +148,7 @@ def test_tables_at_every_width(cli_store: Path, name: str, monkeypatch: pytest.M
     for width, table in _tables(args, monkeypatch).items():
         assert max(map(len, table.splitlines())) <= width, f"wider than {width}"
         title = table.split("┏", 1)[0].splitlines()
-        for line, after in zip(title, title[1:]):  # never '4.549' at a line's end and 'ms' at the next one's start
+        for line, after in pairwise(title):  # never '4.549' at a line's end and 'ms' at the next one's start
             assert not (re.search(r"\d$", line) and re.match(UNIT, after)), (line, after)
         headers, rows, under = _parse_table(table)
         by_header = {header(c): c for c in columns}
@@ -223,5 +224,5 @@ def test_findings_never_wrap_between_a_number_and_its_unit() -> None:
     for width in range(60, 120):
         lines = render_findings(frame, title="t: 5 finding(s), of 290.643 ms on 2 device(s)", width=width).splitlines()
         assert max(map(len, lines)) <= width
-        for line, after in zip(lines, lines[1:]):
+        for line, after in pairwise(lines):
             assert not (re.search(r"\d$", line) and re.match(UNIT, after.strip())), (width, line, after)
