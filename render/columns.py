@@ -95,7 +95,7 @@ COLUMNS: dict[str, Column] = {
     "block_threads": Column("Block", "integer", 4),
     "registers_per_thread": Column("Regs", "integer", 4),
     "smem_bytes": Column("Smem", "bytes", 4),
-    "limiter": Column("Limiter", "label", 3),
+    "limiter": Column("Limiter", "label", 2),
     "blocks_per_sm": Column("Blocks/SM", "integer", 4),
     "limit_warps": Column("Blocks/SM by warps", "integer", 4),
     "limit_registers": Column("Blocks/SM by registers", "integer", 4),
@@ -194,6 +194,8 @@ COLUMNS: dict[str, Column] = {
     "replayed_ns": Column("Replayed", "duration", 3),
     "gain_ns": Column("Gain", "duration", 2),
     "gain_pct": Column("Gain %", "percent", 2),
+    "edge": Column("Edge", "label", 4),
+    "kind": Column("Kind", "label", 4),
     # nsys stats reports (traceq stats)
     "calls": Column("Calls", "integer", 2),
     "count": Column("Count", "integer", 2),

@@ -85,7 +85,7 @@ def _distinct(columns: list[_Column]) -> int:
 
 
 def _leave_out(kept: list[_Column], left_out: list[_Column], size: str, width: int, lowest: int) -> None:
-    """Move columns of priority `lowest` or more (least needed, then rightmost, first) from
+    """Move columns of priority `lowest` or more (least needed, then text, then rightmost, first) from
     `kept` to `left_out` until the kept ones fit `width` at their `size`; never a key column, nor
     one without which two rows would look the same."""
     rows = _distinct(kept)
@@ -94,7 +94,9 @@ def _leave_out(kept: list[_Column], left_out: list[_Column], size: str, width: i
                       and _distinct([k for k in kept if k is not c]) == rows]
         if not candidates:
             return
-        victim = max(candidates, key=lambda c: (c.spec.priority, kept.index(c)))
+        # the least needed first; of equal need, text before numbers (a command exists for its
+        # numbers, text not telling rows apart is their context), then the rightmost
+        victim = max(candidates, key=lambda c: (c.spec.priority, not c.numeric, kept.index(c)))
         kept.remove(victim)
         left_out.append(victim)
 
