@@ -64,7 +64,7 @@ def top(
     # the context columns, which a narrow table leaves out first
     keys = ("position", "layer", "pass", "name") if instances else ("position", "name")
     _show_trace_table(trace, db, dataset, fmt, out, build, keys=keys,
-                      priorities={} if instances else {"instances": 2, "avg_ns": 2, "layer": 3, "pass": 3,
+                      priorities={} if instances else {"instances": 2, "avg_ns": 2, "median_ns": 4, "layer": 3, "pass": 3,
                                                        "library": 3})
 
 
