@@ -79,6 +79,8 @@ def ranks(
             f"{r.name}: iteration time per rank ({_ranks_said(r)}; wait: in collectives for later "
             "ranks; slowest: the one the others waited for longest; shift: added to the rank's clock)")
 
-    # per late collective, what delayed it is the answer: a narrow table keeps it before the times
+    # per late collective, what delayed it is the answer: a narrow table keeps it before the times;
+    # per iteration and rank, its time (span), wait and the slowest before the communication time
     _show_run_table(run, db, dataset, fmt, out, build,
-                    priorities={"delayed_by": 1, "delayed_ns": 2, "start_skew_ns": 2, "last_rank": 3})
+                    priorities={"delayed_by": 1, "delayed_ns": 2, "start_skew_ns": 2, "last_rank": 3}
+                    if by is RanksBy.collective else {"span_ns": 2, "comm_ns": 3})
