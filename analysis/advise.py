@@ -28,6 +28,7 @@ from traceq.analysis.advice.catalogue import (
     straggler,
 )
 from traceq.analysis.structure.conventions import ITERATION_REGEX
+from traceq.analysis.timeline.gaps import CAUSE_LABELS
 from traceq.analysis.timeline.idle import IdleTotals, idle_causes
 from traceq.analysis.timeline.launches import launch_table
 from traceq.errors import TraceqError
@@ -156,7 +157,8 @@ def _per_iteration(facts: _Facts, value: float) -> str:
 
 
 def _cause(facts: _Facts, cause: str) -> dict[str, object]:
-    return facts.idle.filter(pl.col("cause") == cause).row(0, named=True)
+    """The `traceq idle` row of `cause` (an identifier of `gaps.CAUSES`; the row says its label)."""
+    return facts.idle.filter(pl.col("cause") == CAUSE_LABELS[cause]).row(0, named=True)
 
 
 def _first(shares: str | None, n: int = 3) -> str:

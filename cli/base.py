@@ -45,9 +45,22 @@ class _Typer(typer.Typer):
         return super().command(*args, cls=cls, **kwargs)
 
 
+LOAD_SAMPLES = "traceq load sample_traces/*.sqlite"
+"""How the samples bundled with traceq's source are loaded, which every command's example reads."""
+
+
+def example(*lines: str) -> str:
+    """A command's `--help` epilog: command lines that run on the bundled samples once loaded
+    (tests/test_help_examples.py runs every one of them)."""
+    return (f"Example, on the samples in sample_traces/ of a source checkout, loaded with `{LOAD_SAMPLES}`:\n\n"
+            + "\n\n".join(lines))
+
+
 app = _Typer(
     name="traceq",
     help="Which kernels, libraries and layers a GPU trace spent its time in.",
+    epilog=("Example, on the samples in sample_traces/ of a source checkout (every command's --help has "
+            f"one):\n\n{LOAD_SAMPLES}\n\ntraceq top -t alexnet_b256_cudnn -k 5\n\ntraceq advise -t badloop_mlp"),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
@@ -201,20 +214,21 @@ def _emit(text: str, out: Path | None) -> None:
 
 def _show_trace_table(
     trace: str | None, db: Path | None, dataset: Path | None, fmt: Format | None, out: Path | None,
-    build: Callable[[Trace], tuple[object, str]],
+    build: Callable[[Trace], tuple[object, str]], **layout: object,
 ) -> None:
     """The body every per-trace command shares: open the store (or dataset) read-only, find the
-    trace, `build(trace) -> (frame, title)`, render and write it."""
+    trace, `build(trace) -> (frame, title)`, render and write it (`layout`: a table's `keys` and
+    `priorities`, when they are not the vocabulary's)."""
     with user_errors():
         t = _store(db, dataset).trace(trace)
         with _working(t.name):
             frame, title = build(t)
-        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
+        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width(), **layout), out)
 
 
 def _show_run_table(
     run: str | None, db: Path | None, dataset: Path | None, fmt: Format | None, out: Path | None,
-    build: Callable[[Run, Callable[[int, int], None]], tuple[object, str]],
+    build: Callable[[Run, Callable[[int, int], None]], tuple[object, str]], **layout: object,
 ) -> None:
     """`_show_trace_table` for the commands over a run: `build(run, progress) -> (frame, title)`,
     progress a bar (after a second, on a terminal) over the run's traces."""
@@ -225,7 +239,7 @@ def _show_run_table(
             frame, title = build(r, progress)
         finally:
             progress.close()
-        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width()), out)
+        _emit(render(frame, format_for(fmt, out), title=title, width=_terminal_width(), **layout), out)
 
 
 def _terminal_width() -> int:

@@ -21,13 +21,14 @@ from traceq.cli.base import (
     _terminal_width,
     _working,
     app,
+    example,
     user_errors,
 )
 from traceq.errors import RegressionError
 from traceq.render import format_for, render
 
 
-@app.command()
+@app.command(epilog=example('traceq compare alexnet_b256_cudnn alexnet_b64_nocache --by stage'))
 def compare(
     a: Annotated[str, typer.Argument(help="First trace or run (name or id)", metavar="A", show_default=False)],
     b: Annotated[str, typer.Argument(help="Second trace or run (name or id)", metavar="B", show_default=False)],

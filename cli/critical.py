@@ -17,6 +17,7 @@ from traceq.cli.base import (
     _show_run_table,
     _show_trace_table,
     app,
+    example,
 )
 from traceq.render import Format, format_for
 
@@ -28,15 +29,19 @@ RunOpt = Annotated[Optional[str], typer.Option(
     show_default=False)]
 
 
-def _show(run: str | None, trace, db, dataset, fmt, out, build) -> None:
+def _show(run: str | None, trace, db, dataset, fmt, out, build, view: CriticalView) -> None:
     """One trace's table, or (`run` given) the run's."""
+    # a segment is its iteration, category and name; its library and layer are context, which a
+    # narrow table leaves out before its duration
+    layout = ({"keys": ("iteration", "category", "name"), "priorities": {"library": 3, "layer": 3, "dur_ns": 1}}
+              if view in (CriticalView.longest, CriticalView.segments) else {})
     if run is None:
-        _show_trace_table(trace, db, dataset, fmt, out, build)
+        _show_trace_table(trace, db, dataset, fmt, out, build, **layout)
     else:
-        _show_run_table(run, db, dataset, fmt, out, lambda r, progress: build(r))
+        _show_run_table(run, db, dataset, fmt, out, lambda r, progress: build(r), **layout)
 
 
-@app.command()
+@app.command(epilog=example('traceq critical -t ddp_resnet18_2gpu'))
 def critical(
     view: ViewOpt = CriticalView.iterations,
     run: RunOpt = None,
@@ -57,10 +62,10 @@ def critical(
                  f"{format_duration(float(times.median() or 0))}; {view.value}")
         return frame, title
 
-    _show(run, trace, db, dataset, fmt, out, build)
+    _show(run, trace, db, dataset, fmt, out, build, view)
 
 
-@app.command()
+@app.command(epilog=example('traceq whatif --no-launch-overhead -t badloop_mlp'))
 def whatif(
     scale: Annotated[Optional[list[str]], typer.Option(
         help="Kernels whose library or name matches take FACTOR x as long: 'library=cuBLAS:0.5', "
@@ -101,4 +106,4 @@ def whatif(
                 typer.echo(f"traceq whatif: assuming {note}", err=True)
         return frame, title + "".join(f"\n  assuming {note}" for note in notes)
 
-    _show(run, trace, db, dataset, fmt, out, build)
+    _show(run, trace, db, dataset, fmt, out, build, view)

@@ -22,13 +22,14 @@ from traceq.cli.base import (
     _store,
     _terminal_width,
     app,
+    example,
     user_errors,
 )
 from traceq.errors import TraceqError
 from traceq.render import Format, format_for, render
 
 
-@app.command()
+@app.command(epilog=example('traceq load sample_traces/*.sqlite', 'traceq load sample_traces/alexnet_b256_kineto.json --name alexnet_kineto'))
 def load(
     paths: Annotated[list[Path], typer.Argument(help="Nsight Systems SQLite exports, nvprof databases or "
                                                "PyTorch profiler (Kineto) JSON traces",
@@ -170,7 +171,7 @@ def _load_dataset(paths: list[Path], dataset: Path | None, run: str | None, sche
         raise TraceqError(f"run {run!r} not made (each file stays a trace of its own): {done.run.error}")
 
 
-@app.command()
+@app.command(epilog=example('traceq traces'))
 def traces(db: DbOpt = None, dataset: DatasetOpt = None, fmt: FormatOpt = None, out: OutOpt = None) -> None:
     """List the traces in the store."""
     with user_errors():
@@ -182,7 +183,7 @@ def traces(db: DbOpt = None, dataset: DatasetOpt = None, fmt: FormatOpt = None, 
         _emit(render(frame, fmt, title=f"{len(frame)} trace(s) in {store.path}", width=_terminal_width()), out)
 
 
-@app.command()
+@app.command(epilog=example('traceq rm lenet_b256_cudnn'))
 def rm(
     trace: Annotated[str, typer.Argument(help="Trace name or id, or a run's name (all its traces)",
                                          metavar="TRACE", show_default=False)],
@@ -197,7 +198,7 @@ def rm(
             _say(f"removed {removed[0][1]!r} (trace {removed[0][0]})")
 
 
-@app.command()
+@app.command(epilog=example('traceq sql "SELECT name, kernel_count FROM traces ORDER BY kernel_count DESC"'))
 def sql(
     query: Annotated[str | None, typer.Argument(
         help="One read-only SQL statement [default: open DuckDB's own shell on the store, read-only]",
@@ -237,7 +238,7 @@ def _duckdb_shell(path: Path) -> int:
     return subprocess.run([shell, "-readonly", str(path)]).returncode
 
 
-@app.command()
+@app.command(epilog=example('traceq attribute lenet_b256_cudnn'))
 def attribute(
     trace: Annotated[str | None, typer.Argument(help="Trace name or id [default: the latest loaded]",
                                                    metavar="[TRACE]", show_default=False)] = None,

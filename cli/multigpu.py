@@ -8,7 +8,7 @@ import typer
 
 from traceq.analysis.choices import CommBy, RanksBy
 from traceq.api import Run
-from traceq.cli.base import DatasetOpt, DbOpt, FormatOpt, IterOpt, OutOpt, RunArg, _show_run_table, app
+from traceq.cli.base import DatasetOpt, DbOpt, FormatOpt, IterOpt, OutOpt, RunArg, _show_run_table, app, example
 
 
 def _ranks_said(r: Run) -> str:
@@ -16,7 +16,7 @@ def _ranks_said(r: Run) -> str:
             + (", clocks aligned on collective ends" if r.clock != "one trace" else ""))
 
 
-@app.command()
+@app.command(epilog=example('traceq comm ddp_resnet18_2gpu'))
 def comm(
     run: RunArg = None,
     by: Annotated[CommBy, typer.Option(help="One row per collective, iteration and rank, or per collective "
@@ -38,7 +38,7 @@ def comm(
     _show_run_table(run, db, dataset, fmt, out, build)
 
 
-@app.command()
+@app.command(epilog=example('traceq overlap ddp_resnet18_2gpu'))
 def overlap(
     run: RunArg = None,
     db: DbOpt = None,
@@ -56,7 +56,7 @@ def overlap(
     _show_run_table(run, db, dataset, fmt, out, build)
 
 
-@app.command()
+@app.command(epilog=example('traceq ranks ddp_resnet18_2gpu --by collective'))
 def ranks(
     run: RunArg = None,
     by: Annotated[RanksBy, typer.Option(help="One row per iteration and rank, or per late collective with "
@@ -79,4 +79,8 @@ def ranks(
             f"{r.name}: iteration time per rank ({_ranks_said(r)}; wait: in collectives for later "
             "ranks; slowest: the one the others waited for longest; shift: added to the rank's clock)")
 
-    _show_run_table(run, db, dataset, fmt, out, build)
+    # per late collective, what delayed it is the answer: a narrow table keeps it before the times;
+    # per iteration and rank, its time (span), wait and the slowest before the communication time
+    _show_run_table(run, db, dataset, fmt, out, build,
+                    priorities={"delayed_by": 1, "delayed_ns": 2, "start_skew_ns": 2, "last_rank": 3}
+                    if by is RanksBy.collective else {"span_ns": 2, "comm_ns": 3})

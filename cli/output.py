@@ -23,12 +23,13 @@ from traceq.cli.base import (
     _store,
     _working,
     app,
+    example,
     user_errors,
 )
 from traceq.text import file_name
 
 
-@app.command()
+@app.command(epilog=example('traceq report lenet_b256_cudnn -o lenet.html'))
 def report(
     traces: Annotated[list[str] | None, typer.Argument(
         help="Traces or runs (names or ids), side by side [default: the latest loaded]", metavar="[TRACE]...",
@@ -56,7 +57,7 @@ def report(
              f"in {time.monotonic() - started:.1f} s; open it in a browser (no network needed)")
 
 
-@app.command()
+@app.command(epilog=example('traceq export lenet_b256_cudnn --to perfetto -o lenet.json.gz'))
 def export(
     trace: Annotated[str | None, typer.Argument(help="Trace name or id [default: the latest loaded]",
                                                    metavar="[TRACE]", show_default=False)] = None,
@@ -64,12 +65,19 @@ def export(
         "--output", "-o", callback=_global, show_default=False,
         help="The file to write; .gz compresses it [default: TRACE.json.gz]")] = None,
     export_format: Annotated[ExportFormat, typer.Option(
-        "--format", "-f", help="perfetto: Chrome trace events (Perfetto, chrome://tracing)")] = ExportFormat.perfetto,
+        "--to", help="perfetto: Chrome trace events (Perfetto, chrome://tracing)")] = ExportFormat.perfetto,
+    old_format: Annotated[ExportFormat | None, typer.Option(
+        "--format", "-f", hidden=True, show_default=False,
+        help="Deprecated spelling of --to (-f is the output format of tables everywhere else)")] = None,
     db: DbOpt = None,
     dataset: DatasetOpt = None,
 ) -> None:
     """Write a trace's kernels, memcpys, API calls and NVTX ranges as a timeline Perfetto opens."""
     with user_errors():
+        if old_format is not None:  # kept for one release: -f means table, csv or json in every other command
+            _err(f"note: `export --format {old_format.value}` is deprecated and will be removed in the next "
+                 f"release: use `--to {old_format.value}` (-f/--format is the output format of tables)")
+            export_format = old_format
         started = time.monotonic()
         t = _store(db, dataset).trace(trace)
         out = out or Path(file_name(t.name, ".json.gz"))  # a trace named ../../x writes ./x.json.gz

@@ -26,12 +26,13 @@ from traceq.cli.base import (
     _show_trace_table,
     _terminal_width,
     app,
+    example,
     user_errors,
 )
 from traceq.render import Format, format_for, render
 
 
-@app.command()
+@app.command(epilog=example('traceq top -t alexnet_b256_cudnn -k 5', 'traceq top -t alexnet_b256_cudnn --instances -f csv'))
 def top(
     k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many rows")] = 15,
     by: Annotated[NameBy, typer.Option(help="Group kernels by this name")] = NameBy.demangled,
@@ -59,12 +60,15 @@ def top(
         return ranking, (f"{t.name}: top {len(ranking)} kernels by total time "
                          f"(all kernels: {format_duration(t.kernel_time_ns())} of GPU time)")
 
-    _show_trace_table(trace, db, dataset, fmt, out, build)
+    # a row is a kernel (a launch, with --instances: where it ran too); what it spent comes before
+    # the context columns, which a narrow table leaves out first
+    keys = ("position", "layer", "pass", "name") if instances else ("position", "name")
+    _show_trace_table(trace, db, dataset, fmt, out, build, keys=keys,
+                      priorities={} if instances else {"instances": 2, "avg_ns": 2, "median_ns": 4, "layer": 3, "pass": 3,
+                                                       "library": 3})
 
 
-
-
-@app.command()
+@app.command(epilog=example('traceq layers -t alexnet_b256_cudnn'))
 def layers(trace: TraceOpt = None, db: DbOpt = None, dataset: DatasetOpt = None, iteration_regex: IterOpt = None,
            fmt: FormatOpt = None, out: OutOpt = None) -> None:
     """GPU time per NVTX layer and pass, with its heaviest kernel, library split and how its kernels were placed."""
@@ -78,7 +82,7 @@ def layers(trace: TraceOpt = None, db: DbOpt = None, dataset: DatasetOpt = None,
     _show_trace_table(trace, db, dataset, fmt, out, build)
 
 
-@app.command()
+@app.command(epilog=example('traceq libs --by-layer -t alexnet_b256_cudnn'))
 def libs(by_layer: Annotated[bool, typer.Option("--by-layer", help="One row per layer, pass and library")] = False,
          trace: TraceOpt = None, db: DbOpt = None, dataset: DatasetOpt = None, iteration_regex: IterOpt = None,
          fmt: FormatOpt = None, out: OutOpt = None) -> None:
@@ -88,7 +92,7 @@ def libs(by_layer: Annotated[bool, typer.Option("--by-layer", help="One row per 
         f"{t.name}: GPU time per library" + (" and layer" if by_layer else "")))
 
 
-@app.command()
+@app.command(epilog=example('traceq stages -t ddp_resnet18_2gpu'))
 def stages(trace: TraceOpt = None, db: DbOpt = None, dataset: DatasetOpt = None, iteration_regex: IterOpt = None,
            fmt: FormatOpt = None, out: OutOpt = None) -> None:
     """GPU time per iteration in data copy, forward, backward and weight update, and GPU idle time."""
@@ -96,7 +100,7 @@ def stages(trace: TraceOpt = None, db: DbOpt = None, dataset: DatasetOpt = None,
         t.stages(iteration_regex=iteration_regex), f"{t.name}: GPU time per iteration and stage"))
 
 
-@app.command()
+@app.command(epilog=example('traceq ru --by layer -t alexnet_b256_cudnn'))
 def ru(
     by: Annotated[GroupBy, typer.Option(help="One row per kernel name, layer and pass, or library")] = GroupBy.kernel,
     k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k heaviest rows")] = None,
@@ -118,7 +122,7 @@ def ru(
 
 
 
-@app.command()
+@app.command(epilog=example('traceq ce --spec sample_traces/alexnet.model.toml -t alexnet_b256_cudnn'))
 def ce(
     by: Annotated[GroupBy, typer.Option(help="One row per layer and pass, kernel name, or library")] = GroupBy.layer,
     spec: SpecOpt = None,
@@ -149,7 +153,7 @@ def ce(
     _show_trace_table(trace, db, dataset, fmt, out, build)
 
 
-@app.command()
+@app.command(epilog=example('traceq traffic --spec sample_traces/alexnet.model.toml -t alexnet_b256_cudnn'))
 def traffic(
     by: Annotated[TrafficBy, typer.Option(help="One row per layer and pass (and GEMM shape), or per kernel name")]
     = TrafficBy.layer,
@@ -182,7 +186,7 @@ def traffic(
     _show_trace_table(trace, db, dataset, fmt, out, build)
 
 
-@app.command()
+@app.command(epilog=example('traceq memory -t alexnet_b64_nocache'))
 def memory(
     by: Annotated[MemoryBy, typer.Option(help="Allocations per layer and pass, or bytes in use after each event")]
     = MemoryBy.layer,
@@ -210,7 +214,7 @@ def memory(
     _show_trace_table(trace, db, dataset, fmt, out, build)
 
 
-@app.command()
+@app.command(epilog=example('traceq occupancy --cc 9.0 --threads 256 --regs 64 --grid 4096 --sms 132'))
 def occupancy(
     cc: Annotated[str, typer.Option("--cc", help="Compute capability, e.g. 9.0", show_default=False)],
     threads: Annotated[int, typer.Option("--threads", min=1, help="Threads per block", show_default=False)],

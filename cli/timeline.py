@@ -21,12 +21,13 @@ from traceq.cli.base import (
     _terminal_width,
     _working,
     app,
+    example,
     user_errors,
 )
 from traceq.render import Format, format_for, render
 
 
-@app.command()
+@app.command(epilog=example('traceq idle -t badloop_mlp', 'traceq idle --by iteration -t badloop_mlp'))
 def idle(
     by: Annotated[Optional[IdleBy], typer.Option(
         help="Split each cause's time by iteration (and device), stream, or layer of the work that waited "
@@ -54,7 +55,7 @@ def idle(
     _show_trace_table(trace, db, dataset, fmt, out, build)
 
 
-@app.command()
+@app.command(epilog=example('traceq launches -t badloop_mlp -k 5'))
 def launches(
     k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k rows with most launch time")] = None,
     trace: TraceOpt = None,
@@ -76,7 +77,7 @@ def launches(
     _show_trace_table(trace, db, dataset, fmt, out, build)
 
 
-@app.command()
+@app.command(epilog=example('traceq stats --report cuda_gpu_kern_sum -t lenet_b256_cudnn'))
 def stats(
     report: Annotated[StatsReport, typer.Option("--report", "-r", help="Which `nsys stats` report",
                                                 show_default=False)],
@@ -87,11 +88,14 @@ def stats(
     out: OutOpt = None,
 ) -> None:
     """An `nsys stats` report from the store: the same rows and numbers (docs/stats.md)."""
+    # cuda_kern_exec_sum's rows are five columns wide before its first number: a narrow table cuts
+    # their text to keep the launch count and mean total time
     _show_trace_table(trace, db, dataset, fmt, out, lambda t: (
-        t.stats(report), f"{t.name}: {report.value} (as `nsys stats --report {report.value}`)"))
+        t.stats(report), f"{t.name}: {report.value} (as `nsys stats --report {report.value}`)"),
+        priorities={"count": 1, "total_avg_ns": 1} if report is StatsReport.cuda_kern_exec_sum else None)
 
 
-@app.command()
+@app.command(epilog=example('traceq advise -t badloop_mlp'))
 def advise(
     trace: TraceOpt = None,
     db: DbOpt = None,

@@ -9,6 +9,7 @@ would be half the run time of a quick command such as `traceq top`.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,11 +38,14 @@ def format_for(fmt: Format | None, out: Path | None) -> Format:
 
 
 def render(frame: pl.DataFrame | duckdb.DuckDBPyRelation, fmt: Format, *, title: str | None = None,
-           width: int | None = None) -> str:
+           width: int | None = None, keys: Collection[str] | None = None,
+           priorities: Mapping[str, int] | None = None) -> str:
+    """`frame` as `fmt`; `title`, `width`, `keys` and `priorities` shape a table
+    (`render.table.render_table`), csv and json carry every column in full."""
     if fmt is Format.table:
         from traceq.render.table import render_table
 
-        return render_table(frame, title=title, width=width)
+        return render_table(frame, title=title, width=width, keys=keys, priorities=priorities)
     from traceq.render.tabular import render_csv, render_json
 
     if isinstance(frame, duckdb.DuckDBPyRelation):

@@ -8,8 +8,10 @@ units (`format_cell`). A column not listed here still reads well: its kind and h
 from its suffix and type (`column_spec`). Add a new column here when its header, its kind or its
 priority should be something else.
 
-Priority (1 to 5) says which columns a narrow table leaves out first: 5 goes first, 1 never;
-a column that tells rows apart stays whatever its priority (render/table.py).
+Priority (1 to 5) says which columns a narrow table leaves out first: 5 goes first, 1 last.
+A key column (one that says what a row is: a name, a layer, an iteration, a rank) is never left
+out, nor is a column without which two rows would look the same: their text is cut instead
+(render/table.py).
 """
 
 from __future__ import annotations
@@ -34,28 +36,31 @@ class Column:
     header: str
     kind: str
     priority: int = 3
+    key: bool = False
+    """The column says what a row is (a kernel's name, a layer, an iteration, a rank): a table never
+    leaves it out, it cuts its text instead (a command may name its own keys: render/table.py)."""
 
 
 COLUMNS: dict[str, Column] = {
     # identity: what a row is
-    "rank": Column("Rank", "id", 1),
-    "position": Column("#", "id", 1),
+    "rank": Column("Rank", "id", 1, key=True),
+    "position": Column("#", "id", 1, key=True),
     "run": Column("Run", "name", 2),
     "structure": Column("Structure", "label", 3),
-    "trace_id": Column("ID", "id", 1),
-    "name": Column("Name", "name", 1),
-    "short_name": Column("Name", "name", 1),
-    "layer": Column("Layer", "list", 2),
-    "pass": Column("Pass", "label", 2),
-    "library": Column("Library", "label", 2),
-    "iteration": Column("Iteration", "label", 1),
-    "stage": Column("Stage", "label", 1),
-    "device_id": Column("Device", "id", 2),
-    "stream_id": Column("Stream", "id", 4),
+    "trace_id": Column("ID", "id", 1, key=True),
+    "name": Column("Name", "name", 1, key=True),
+    "short_name": Column("Name", "name", 1, key=True),
+    "layer": Column("Layer", "list", 2, key=True),
+    "pass": Column("Pass", "label", 2, key=True),
+    "library": Column("Library", "label", 2, key=True),
+    "iteration": Column("Iteration", "label", 1, key=True),
+    "stage": Column("Stage", "label", 1, key=True),
+    "device_id": Column("Device", "id", 2, key=True),
+    "stream_id": Column("Stream", "id", 4, key=True),
     "kernel_id": Column("Kernel #", "id", 5),
-    "event_id": Column("Event #", "id", 1),
+    "event_id": Column("Event #", "id", 1, key=True),
     "where": Column("Where", "label", 1),
-    "op": Column("Op", "label", 2),
+    "op": Column("Op", "label", 2, key=True),
     # times (ns)
     "total_ns": Column("Total", "duration", 2),
     "pct": Column("Time %", "percent", 2),
@@ -90,7 +95,7 @@ COLUMNS: dict[str, Column] = {
     "block_threads": Column("Block", "integer", 4),
     "registers_per_thread": Column("Regs", "integer", 4),
     "smem_bytes": Column("Smem", "bytes", 4),
-    "limiter": Column("Limiter", "label", 3),
+    "limiter": Column("Limiter", "label", 2),
     "blocks_per_sm": Column("Blocks/SM", "integer", 4),
     "limit_warps": Column("Blocks/SM by warps", "integer", 4),
     "limit_registers": Column("Blocks/SM by registers", "integer", 4),
@@ -116,8 +121,8 @@ COLUMNS: dict[str, Column] = {
     "mfu_pct": Column("MFU %", "percent", 1),
     "hfu_pct": Column("HFU %", "percent", 2),
     # memory traffic model (traceq traffic)
-    "launches": Column("Launches", "integer", 3),
-    "direction": Column("Direction", "label", 2),
+    "launches": Column("Launches", "integer", 2),
+    "direction": Column("Direction", "label", 2, key=True),
     "m": Column("M", "integer", 3),
     "n": Column("N", "integer", 3),
     "k": Column("K", "integer", 3),
@@ -136,7 +141,7 @@ COLUMNS: dict[str, Column] = {
     "achieved_pct": Column("Of bound %", "percent", 2),
     "note": Column("Note", "name", 5),
     # why the GPU waited (traceq idle, launches, advise)
-    "cause": Column("Cause", "label", 1),
+    "cause": Column("Cause", "label", 1, key=True),
     "gaps": Column("Gaps", "integer", 2),
     "span_pct": Column("Span %", "percent", 3),
     "per_iteration_ns": Column("Per iteration", "duration", 2),
@@ -173,19 +178,34 @@ COLUMNS: dict[str, Column] = {
     "tiny": Column("Tiny", "integer", 2),
     "tiny_pct": Column("Tiny %", "percent", 2),
     "queued": Column("Queued", "integer", 3),
-    "pid": Column("PID", "id", 2),
-    "tid": Column("TID", "id", 2),
-    "api_name": Column("API", "label", 2),
-    "kernel_name": Column("Kernel", "name", 1),
-    "title": Column("Finding", "name", 1),
+    "pid": Column("PID", "id", 2, key=True),
+    "tid": Column("TID", "id", 2, key=True),
+    "api_name": Column("API", "label", 2, key=True),
+    "kernel_name": Column("Kernel", "name", 1, key=True),
+    "title": Column("Finding", "name", 1, key=True),
     "time_ns": Column("At stake", "duration", 1),
     "evidence": Column("Evidence", "name", 4),
     "fix": Column("Fix", "name", 4),
     "rule": Column("Rule", "label", 3),
+    "category": Column("Category", "name", 1, key=True),
+    # the critical path and what-if (traceq critical, whatif)
+    "iteration_ns": Column("Iteration time", "duration", 1),
+    "begin_ns": Column("Begin", "duration", 4),
+    "end_ns": Column("End", "duration", 4),
+    "communication_ns": Column("Communication", "duration", 2),
+    "copy_ns": Column("Copy", "duration", 3),
+    "host_ns": Column("Host", "duration", 3),
+    "launch_ns": Column("Launch", "duration", 3),
+    "sync_wait_ns": Column("Sync wait", "duration", 3),
+    "replayed_ns": Column("Replayed", "duration", 3),
+    "gain_ns": Column("Gain", "duration", 2),
+    "gain_pct": Column("Gain %", "percent", 2),
+    "edge": Column("Edge", "label", 4),
+    "kind": Column("Kind", "label", 4),
     # nsys stats reports (traceq stats)
     "calls": Column("Calls", "integer", 2),
     "count": Column("Count", "integer", 2),
-    "operation": Column("Operation", "label", 1),
+    "operation": Column("Operation", "label", 1, key=True),
     "total_bytes": Column("Total", "bytes", 2),
     "avg_bytes": Column("Avg", "bytes", 3),
     "median_bytes": Column("Median", "bytes", 3),
@@ -193,7 +213,7 @@ COLUMNS: dict[str, Column] = {
     "max_bytes": Column("Max", "bytes", 5),
     "stddev_bytes": Column("StdDev", "bytes", 5),
     "style": Column("Style", "label", 3),
-    "range": Column("Range", "name", 1),
+    "range": Column("Range", "name", 1, key=True),
     "total_proj_ns": Column("Projected", "duration", 2),
     "total_range_ns": Column("Range time", "duration", 2),
     "proj_avg_ns": Column("Proj avg", "duration", 3),
@@ -221,9 +241,9 @@ COLUMNS: dict[str, Column] = {
     "mem_kind": Column("Memory kind", "label", 3),
     "before_capture": Column("Before capture", "label", 4),
     # multi-GPU runs (traceq comm, overlap, ranks; compare across GPU counts)
-    "collective": Column("Collective", "label", 1),
-    "group": Column("Group", "label", 4),
-    "instance": Column("#", "id", 1),
+    "collective": Column("Collective", "label", 1, key=True),
+    "group": Column("Group", "label", 4, key=True),
+    "instance": Column("#", "id", 1, key=True),
     "calls": Column("Calls", "integer", 3),
     "algbw_gbps": Column("Algbw GB/s", "number", 3),
     "busbw_gbps": Column("Busbw GB/s", "number", 2),

@@ -1,11 +1,15 @@
 """Terminal tables, drawn with rich, that a person can read at any width.
 
-Numbers and units are never cut. When a table is wider than the terminal, long text is shortened
-first (names cut in the middle, keeping the end that tells kernels apart; lists cut between
-items, 'conv1, conv2 +3'), then the columns a reader needs least are left out (their priority in
-render/columns.py; never one that tells rows apart), and one line under the table names them.
-Rows whose names differ only past the cut show the part that differs. csv and json always carry
-every column and every value in full.
+Numbers and units are never cut. A table's key columns (those that say what a row is: a kernel's
+name, a layer, an iteration, a rank; `Column.key` in render/columns.py, or the keys a command
+names) are always shown. When a table is wider than the terminal, the columns a reader needs
+least are left out first (their priority in render/columns.py, or the command's own), while long
+text is shortened (names cut in the middle, keeping the end that tells kernels apart; lists cut
+between items, 'conv1, conv2 +3'; key labels, at the narrowest, cut as names), and one line under
+the table names the columns left out. Never left out: a key column, or one without which two rows
+would look the same. Rows whose names differ only past the cut show the part that differs, and
+names still cut alike end in '~1', '~2'. csv and json always carry every column and every value
+in full.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from __future__ import annotations
 import io
 import textwrap
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import duckdb
@@ -23,13 +28,14 @@ from rich.text import Text
 
 from traceq.render.columns import NUMERIC_KINDS, Column, column_spec, format_value
 from traceq.text import visible
+from traceq.units import wrap
 
 if TYPE_CHECKING:
     import polars as pl
 
-NAME_WIDTHS = (40, 16, 8)
-"""A name column's width when the table is too wide: comfortable, least before columns are left
-out for good, least of all."""
+NAME_WIDTHS = (40, 24, 8)
+"""A name column's width when the table is too wide: comfortable, least before columns a reader
+needs are left out, least of all (a key column's, when the keys alone are too wide)."""
 LIST_WIDTHS = (24, 12, 8)
 ELLIPSIS = "…"
 SAID_WHEN_NONE = frozenset({"layer", "pass", "iteration", "stage", "layer_path"})
@@ -42,6 +48,7 @@ class _Column:
     name: str
     spec: Column
     cells: list[str]
+    key: bool = False  # says what a row is: never left out
     natural: int = 0  # everything on one line
     comfortable: int = 0
     minimum: int = 0
@@ -62,6 +69,11 @@ class _Column:
     def numeric(self) -> bool:
         return self.spec.kind in NUMERIC_KINDS
 
+    @property
+    def cuttable(self) -> bool:
+        """Its text may be cut: a name or list, or a key column's label (at the narrowest)."""
+        return self.spec.kind in ("name", "list") or (self.key and self.spec.kind == "label")
+
 
 def _total(widths: list[int]) -> int:
     """Characters a table of columns this wide takes: 3 of border and padding per column, plus 1."""
@@ -73,38 +85,56 @@ def _distinct(columns: list[_Column]) -> int:
 
 
 def _leave_out(kept: list[_Column], left_out: list[_Column], size: str, width: int, lowest: int) -> None:
-    """Move columns of priority `lowest` or more (least needed, then rightmost, first) from
-    `kept` to `left_out` until the kept ones fit `width` at their `size`; never one without
-    which two rows would look the same."""
+    """Move columns of priority `lowest` or more (least needed, then text, then rightmost, first) from
+    `kept` to `left_out` until the kept ones fit `width` at their `size`; never a key column, nor
+    one without which two rows would look the same."""
     rows = _distinct(kept)
     while _total([getattr(c, size) for c in kept]) > width:
-        candidates = [c for c in kept if c.spec.priority >= max(lowest, 2)
+        candidates = [c for c in kept if not c.key and c.spec.priority >= lowest
                       and _distinct([k for k in kept if k is not c]) == rows]
         if not candidates:
             return
-        victim = max(candidates, key=lambda c: (c.spec.priority, kept.index(c)))
+        # the least needed first; of equal need, text before numbers (a command exists for its
+        # numbers, text not telling rows apart is their context), then the rightmost
+        victim = max(candidates, key=lambda c: (c.spec.priority, not c.numeric, kept.index(c)))
         kept.remove(victim)
         left_out.append(victim)
 
 
+def _least(column: _Column) -> int:
+    """The narrowest a column gets: a number its widest cell, text `NAME_WIDTHS[2]`."""
+    if not column.cuttable:
+        return column.minimum
+    return min(column.minimum, max(NAME_WIDTHS[2], max(map(len, column.spec.header.split()), default=1)))
+
+
 def _layout(columns: list[_Column], width: int) -> tuple[list[_Column], list[_Column]]:
-    """(columns kept, each with its width; columns left out) for a table `width` wide."""
+    """(columns kept, each with its width; columns left out) for a table `width` wide: the least
+    needed columns are left out while names would be cut below comfortable, then below least;
+    then text goes to its least; then whatever is neither a key nor needed to tell rows apart."""
     kept, left_out = list(columns), []
     if _total([c.natural for c in kept]) > width:
         _leave_out(kept, left_out, "comfortable", width, lowest=4)
         _leave_out(kept, left_out, "minimum", width, lowest=2)
-    size = next((s for s in ("natural", "comfortable") if _total([getattr(c, s) for c in kept]) <= width),
-                "minimum")
-    for c in kept:
-        c.width = getattr(c, size)
-    spare = width - _total([c.width for c in kept])
-    if spare < 0:  # the columns that tell rows apart alone are too wide: text goes to its least
         for c in kept:
-            if c.spec.kind in ("name", "list"):
-                floor = max(NAME_WIDTHS[2], max(map(len, c.spec.header.split())))
-                c.width = max(floor, c.width + spare)
-                spare = width - _total([k.width for k in kept])
-    fixed = [c for c in kept if c.spec.kind not in ("name", "list")]
+            c.width = _least(c)
+        _leave_out(kept, left_out, "width", width, lowest=1)
+    size = next((s for s in ("natural", "comfortable", "minimum") if _total([getattr(c, s) for c in kept]) <= width),
+                None)
+    if size is None:  # text goes below its least-before-leaving-out, the widest first, the key columns' last
+        for c in kept:
+            c.width = c.minimum
+        for keys in (False, True):
+            while _total([k.width for k in kept]) > width:
+                shrinkable = [c for c in kept if c.cuttable and c.key is keys and c.width > _least(c)]
+                if not shrinkable:
+                    break
+                max(shrinkable, key=lambda c: c.width).width -= 1
+    else:
+        for c in kept:
+            c.width = getattr(c, size)
+    spare = width - _total([c.width for c in kept])
+    fixed = [c for c in kept if not c.cuttable]
     _widen(fixed, spare)  # headers on one line first, then longer names
     _widen(kept, width - _total([c.width for c in kept]))
     return kept, left_out
@@ -169,10 +199,13 @@ def cut_names(values: list[str], width: int) -> list[str]:
     for v in distinct:
         groups[short[v]].append(v)
     for members in groups.values():
-        if len(members) > 1:
+        if len(members) > 1:  # their essential parts where those differ (no 'void ', no argument list)
+            texts = {v: _essential(v) for v in members}
+            if len(set(texts.values())) < len(members):
+                texts = {v: v for v in members}
             for v in members:
-                differs = max(_common_prefix(v, other) for other in members if other is not v)
-                short[v] = _cut_showing(v, width, differs)
+                differs = max(_common_prefix(texts[v], texts[o]) for o in members if o is not v)
+                short[v] = _cut_showing(texts[v], width, differs)
     return [short[v] for v in values] if len(set(short.values())) == len(short) else \
         [_numbered(short, width)[v] for v in values]
 
@@ -235,7 +268,7 @@ def cut_list(text: str, width: int) -> str:
 
 
 def _shortened(column: _Column) -> list[str]:
-    if column.spec.kind == "name":
+    if column.spec.kind == "name" or (column.spec.kind == "label" and column.width < max(map(len, column.cells), default=0)):
         return cut_names(column.cells, column.width)
     if column.spec.kind == "list":  # single items (a layer as a key) are names that must stay apart
         singles = list(dict.fromkeys(v for v in column.cells if ", " not in v))
@@ -245,19 +278,24 @@ def _shortened(column: _Column) -> list[str]:
 
 
 def render_table(frame: pl.DataFrame | duckdb.DuckDBPyRelation, *, title: str | None = None,
-                 width: int | None = None) -> str:
-    """A boxed table at most `width` (default 160) characters wide, unless the columns that tell
-    rows apart alone are wider; numbers right-aligned and never cut (see the module docstring)."""
+                 width: int | None = None, keys: Collection[str] | None = None,
+                 priorities: Mapping[str, int] | None = None) -> str:
+    """A boxed table at most `width` (default 160) characters wide, unless its key columns alone
+    are wider; numbers right-aligned and never cut (see the module docstring). `keys`: the
+    columns that say what a row is in this table [default: those render/columns.py marks as
+    keys]; `priorities`: this table's own priority for some columns (1 to 5: 5 left out first)."""
     width = width or 160
     names, numeric, rows = _columns_and_rows(frame)
     columns = []
     for i, name in enumerate(names):
         spec = column_spec(name, numeric[name])
+        if priorities and name in priorities:
+            spec = replace(spec, priority=priorities[name])
         # a trace's names can hold terminal sequences: shown as escapes before any cutting
         cells = [visible(format_value(spec.kind, row[i])) for row in rows]
         if name in SAID_WHEN_NONE:
             cells = [c or "(none)" for c in cells]
-        columns.append(_Column(name, spec, cells))
+        columns.append(_Column(name, spec, cells, key=spec.key if keys is None else name in keys))
     kept, left_out = _layout(columns, width)
     table = Table(header_style="bold")
     for c in kept:
@@ -270,8 +308,9 @@ def render_table(frame: pl.DataFrame | duckdb.DuckDBPyRelation, *, title: str | 
     buffer = io.StringIO()
     console = Console(file=buffer, width=max(width, _total([c.width for c in kept])), force_terminal=False,
                       color_system=None, soft_wrap=False)
-    if title:
-        console.print(Text(visible(title)), width=width)
+    if title:  # wrapped here: never between a number and its unit
+        shown = [visible(part) for part in title.split("\n")]
+        console.print(Text("\n".join(line for part in shown for line in (wrap(part, width) or [""]))), width=width)
     console.print(table)
     if not rows:
         console.print("(no rows)")

@@ -135,3 +135,21 @@ def test_export_refuses_in_one_line_and_leaves_no_file(store: Path, tmp_path: Pa
     assert not out.exists() and not list(tmp_path.iterdir())
     with traceq.open(store) as s, pytest.raises(traceq.TraceqError, match="unknown format"):
         s.trace("alexnet_b256_cudnn").export(out, format="json")
+
+
+def test_export_format_is_to_and_f_means_one_thing(store: Path, tmp_path: Path) -> None:
+    """`-f` is the output format of tables in every command (issue 34): export's timeline format
+    is `--to`; its old spelling `--format`/`-f perfetto` still writes the same file, with one note
+    on stderr, for one release; `-f json` there is a usage error."""
+    new, old = tmp_path / "new.json.gz", tmp_path / "old.json.gz"
+    result = runner.invoke(app, ["export", "alexnet_b256_cudnn", "--to", "perfetto", "-o", str(new), "--db", str(store)])
+    assert result.exit_code == 0 and not result.stderr, result.output
+    result = runner.invoke(app, ["export", "alexnet_b256_cudnn", "-f", "perfetto", "-o", str(old), "--db", str(store)])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("\n") == 1 and "deprecated" in result.stderr and "--to perfetto" in result.stderr
+    def same(path: Path) -> list[str]:  # the metadata events' order is the export's own
+        return sorted(json.dumps(e, sort_keys=True) for e in _events(path))
+
+    assert same(new) == same(old)
+    assert runner.invoke(app, ["export", "alexnet_b256_cudnn", "-f", "json", "--db", str(store)]).exit_code == 2
+    assert "--format" not in runner.invoke(app, ["export", "--help"], env={"COLUMNS": "200"}).stdout

@@ -14,7 +14,7 @@ from conftest import sample, shared, trace_id
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
-from traceq.analysis.timeline.gaps import CAUSES, idle_gaps
+from traceq.analysis.timeline.gaps import CAUSE_LABELS, CAUSES, idle_gaps
 from traceq.analysis.timeline.idle import idle_causes, idle_split
 from traceq.cli import app
 
@@ -50,13 +50,13 @@ def test_gaps_equal_the_source_files(sample_store, name: str) -> None:
         got = gaps.filter(pl.col("device_id") == device).sort("start_ns")
         assert list(zip(got["start_ns"], got["end_ns"])) == expected
     assert (gaps["dur_ns"] == gaps["end_ns"] - gaps["start_ns"]).all()
-    assert set(gaps["cause"]) <= set(CAUSES)
+    assert set(gaps["cause"]) <= set(CAUSE_LABELS.values())
 
 
 def test_causes_sum_to_the_idle_time(sample_store) -> None:
     tid = trace_id(sample_store, "ddp_resnet18_2gpu")
     frame, totals = idle_causes(sample_store, tid)
-    assert frame["cause"].to_list() == list(CAUSES)
+    assert frame["cause"].to_list() == [CAUSE_LABELS[c] for c in CAUSES]
     assert frame["total_ns"].sum() == totals.idle_ns == idle_gaps(sample_store, tid)["dur_ns"].sum()
     assert frame["pct"].sum() == pytest.approx(100.0)
     assert totals.devices == 2 and totals.iterations == 5
@@ -77,7 +77,7 @@ def test_split_equals_the_gaps_summed_one_by_one(sample_store, by: str, keys: tu
         sums = want[tuple(gap[k] for k in keys)]
         sums[0] += 1
         sums[1] += gap["dur_ns"]
-        sums[2 + CAUSES.index(gap["cause"])] += gap["dur_ns"]
+        sums[2 + list(CAUSE_LABELS.values()).index(gap["cause"])] += gap["dur_ns"]
         first[gap[keys[0]]] = min(first.get(gap[keys[0]], gap["start_ns"]), gap["start_ns"])
     split = idle_split(sample_store, tid, by)
     columns = ["gaps", "idle_ns", *[f"{c}_ns" for c in CAUSES]]
@@ -93,7 +93,7 @@ def test_queued_work_is_not_the_host(sample_store) -> None:
     reached it, so no gap is the host's doing (not even under the capture's final
     cudaDeviceSynchronize, which covers the whole last iteration)."""
     gaps = idle_gaps(sample_store, trace_id(sample_store, "alexnet_b256_cudnn"))
-    assert set(gaps["cause"]) == {"other"}
+    assert set(gaps["cause"]) == {"Other"}
 
 
 def test_idle_cli(tmp_path) -> None:
@@ -102,7 +102,7 @@ def test_idle_cli(tmp_path) -> None:
     assert runner.invoke(app, ["load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db)]).exit_code == 0
     table = runner.invoke(app, ["idle", "--db", str(db)], env={"COLUMNS": "200"})
     assert table.exit_code == 0, table.output
-    assert "GPU idle" in table.stdout and "launch_bound" in table.stdout
+    assert "GPU idle" in table.stdout and "Launch-bound" in table.stdout
     rows = json.loads(runner.invoke(app, ["idle", "--by", "stream", "--db", str(db), "-f", "json"]).stdout)
     assert rows and {"device_id", "stream_id", "idle_ns", "sync_ns"} <= set(rows[0])
     bad = runner.invoke(app, ["idle", "--by", "nothing", "--db", str(db)])

@@ -1,5 +1,6 @@
-"""Every tabular command reads at any terminal width (issue 15, item 6): at 60, 80, 100, 160 and
-240 columns no line is wider than the terminal, no number is cut (each agrees with the command's
+"""Every tabular command reads at any terminal width (issue 15, item 6; issue 34): at 60, 80, 100,
+120, 160, 200 and 240 columns no line is wider than the terminal, the table's key columns (what a
+row is: listed here per command) are all shown, no number is cut (each agrees with the command's
 own json value, parsed here independently of traceq's formatting), every row can be told from
 the others, a shortened name or list is a faithful part of the full value, and the columns left
 out are exactly those the line under the table names. csv and json carry every value in full."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -19,12 +21,43 @@ from traceq.render.columns import column_spec, header
 from traceq.render.table import SAID_WHEN_NONE
 
 runner = CliRunner()
-WIDTHS = (60, 80, 100, 160, 240)
+WIDTHS = (60, 80, 100, 120, 160, 200, 240)
+COMMANDS = {**COMMANDS,
+            "critical": ["critical", "-t", "ddp_resnet18_2gpu"],
+            "critical longest": ["critical", "--view", "longest", "-t", "ddp_resnet18_2gpu"],
+            "critical composition": ["critical", "--view", "composition", "-t", "alexnet_b256_cudnn"],
+            "whatif": ["whatif", "--no-launch-overhead", "-t", "alexnet_b256_cudnn"]}
+_STATS_KEYS = {"cuda_api_sum": ("name",), "cuda_gpu_kern_sum": ("name",), "cuda_gpu_mem_time_sum": ("operation",),
+               "cuda_gpu_mem_size_sum": ("operation",), "nvtx_sum": ("range",), "nvtx_gpu_proj_sum": ("range",),
+               "cuda_kern_exec_sum": ("pid", "tid", "device_id", "api_name", "kernel_name")}
+KEYS = {
+    "traces": ("trace_id", "name"), "top": ("rank", "name"), "top short": ("rank", "name"),
+    "top instances": ("rank", "layer", "pass", "name"), "top kineto": ("rank", "name"),
+    "layers": ("layer", "pass"), "libs": ("library",), "libs by layer": ("layer", "pass", "library"),
+    "stages": ("iteration", "device_id"), "ru kernel": ("name",), "ru layer": ("layer", "pass"),
+    "ru layer kineto": ("layer", "pass"), "ru library": ("library",), "ce layer": ("layer", "pass"),
+    "ce kernel": ("name",), "ce library": ("library",), "compare layer": ("layer", "pass"),
+    "compare kernel": ("name",), "compare stage": ("stage",), "compare gpus": ("stage",),
+    "memory layer": ("device_id", "layer", "pass"), "memory time": ("event_id",),
+    "traffic layer": ("layer", "pass", "direction"), "traffic kernel": ("name", "layer", "pass"),
+    "idle": ("cause",), "idle iteration": ("iteration", "device_id"), "idle stream": ("device_id", "stream_id"),
+    "idle layer": ("layer", "pass"), "launches": ("name",),
+    **{f"stats {report}": keys for report, keys in _STATS_KEYS.items()},
+    "comm": ("collective", "iteration", "rank"), "comm instance": ("collective", "group", "instance", "iteration"),
+    "overlap": ("rank", "iteration"), "ranks": ("iteration", "rank"),
+    "ranks collective": ("collective", "group", "instance", "iteration"),
+    "critical": ("iteration",), "critical longest": ("iteration", "category", "name"),
+    "critical composition": ("category", "library"), "whatif": ("iteration",),
+}
+"""Per command, the columns that say what a row is: a table shows them at every width."""
 NOT_IN_TABLES = {"traces": {"sha256", "source_path", "loaded_at"}}
 """Columns a command gives csv and json but never a table."""
 
 FRACTIONS = {"ru", "paper_ru", "occupancy", "kineto_occupancy", "ce", "a_ru", "b_ru", "a_ce", "b_ce"}
 """Columns docs/cli.md says csv and json hold as fractions (tables show them as %)."""
+
+UNIT = r"(ns|µs|ms|s|%|B|KiB|MiB|GiB|TB/s|GB/s)(\W|$)"
+"""A unit at the start of a line (a title wrapped between a number and its unit)."""
 
 SCALE = {"ns": 1, "µs": 1e3, "ms": 1e6, "s": 1e9, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30,
          "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
@@ -114,11 +147,16 @@ def test_tables_at_every_width(cli_store: Path, name: str, monkeypatch: pytest.M
     assert not any(isinstance(v, str) and "…" in v for r in records for v in r.values()), "json cut a value"
     for width, table in _tables(args, monkeypatch).items():
         assert max(map(len, table.splitlines())) <= width, f"wider than {width}"
+        title = table.split("┏", 1)[0].splitlines()
+        for line, after in pairwise(title):  # never '4.549' at a line's end and 'ms' at the next one's start
+            assert not (re.search(r"\d$", line) and re.match(UNIT, after)), (line, after)
         headers, rows, under = _parse_table(table)
         by_header = {header(c): c for c in columns}
         if "rank" in columns and name.startswith("top"):  # top's row position reads '#' in a table
             by_header["#"] = "rank"
         shown = [by_header[h] for h in headers]
+        missing = [k for k in KEYS[name] if k not in shown]
+        assert not missing, f"key columns {missing} left out at {width} columns"
         assert len(rows) == len(records)
         assert len({tuple(r) for r in rows}) == len(rows), f"rows look alike at {width} columns"
         for row, record in zip(rows, records):
@@ -147,6 +185,10 @@ def test_tables_at_every_width(cli_store: Path, name: str, monkeypatch: pytest.M
             assert "Left out" not in under
 
 
+def test_every_command_names_its_keys() -> None:
+    assert set(KEYS) == set(COMMANDS)
+
+
 def test_occupancy_table_at_every_width() -> None:
     args = ["occupancy", "--cc", "9.0", "--threads", "384", "--regs", "168", "--smem-dynamic", "213204",
             "--opt-in", "--grid", "130", "--sms", "132"]
@@ -169,3 +211,18 @@ def test_names_that_differ_past_the_cut_show_where() -> None:
         cut = cut_names([a, b, c], width)
         assert len(set(cut)) == 3 and all(len(x) <= width for x in cut), cut
     assert cut_list("conv1, conv2, conv3, conv4", 16) == "conv1, conv2 +2"
+
+
+def test_findings_never_wrap_between_a_number_and_its_unit() -> None:
+    import polars as pl
+
+    from traceq.render.findings import render_findings
+
+    frame = pl.DataFrame({"rank": [1], "title": ["Kernels that leave GPU block slots empty (low RU)"],
+                          "time_ns": [67_244_000], "pct": [23.1], "evidence": ["RU 12 %, 23.431 ms"],
+                          "fix": ["Fill the GPU"], "rule": ["low_ru"]})
+    for width in range(60, 120):
+        lines = render_findings(frame, title="t: 5 finding(s), of 290.643 ms on 2 device(s)", width=width).splitlines()
+        assert max(map(len, lines)) <= width
+        for line, after in pairwise(lines):
+            assert not (re.search(r"\d$", line) and re.match(UNIT, after.strip())), (width, line, after)

@@ -152,3 +152,22 @@ def test_global_options_before_or_after_the_command(cli_store: Path, tmp_path: P
 def test_a_global_option_a_command_cannot_use_is_refused(cli_store: Path) -> None:
     result = runner.invoke(app, ["--format", "csv", "rm", "1", "--db", str(cli_store)])
     assert result.exit_code == 2 and "`traceq rm` takes no --format" in result.output
+
+
+def test_idle_causes_have_one_name(outputs: dict[str, tuple[list[dict], str]]) -> None:
+    """An idle cause reads the same in `idle`'s rows (table and json) and as the header of its
+    column in `idle --by` (issue 34): one name per cause, never `h2d_pageable` in one place and
+    'H2D pageable' in another; docs/idle.md and docs/cli.md use those names."""
+    records, table = outputs["idle"]
+    causes = [r["cause"] for r in records]
+    split_records, split_table = outputs["idle stream"]
+    cause_columns = [c for c in split_records[0] if c.endswith("_ns") and c != "idle_ns"]
+    headers = dict(zip(split_records[0], _headers(split_table)))
+    assert causes == [headers[c] for c in cause_columns]
+    assert all(f"│ {cause} " in table for cause in causes)  # the table's rows name them so too
+    assert not any("_" in cause for cause in causes)
+    root = Path(__file__).resolve().parents[1]
+    for doc in ("docs/idle.md", "docs/cli.md"):
+        text = (root / doc).read_text(encoding="utf-8")
+        assert all(f"`{cause}`" in text for cause in causes), doc
+        assert not re.search(r"`(h2d_pageable|h2d_pinned|iteration_start|launch_bound)`", text), doc

@@ -48,7 +48,14 @@ from traceq.analysis.structure.conventions import ITERATION_REGEX, WARM_UP
 from traceq.analysis.structure.phases import either, merged, overlapping
 
 CAUSES = ("sync", "h2d_pageable", "h2d_pinned", "iteration_start", "launch_bound", "other")
-"""Gap causes (the host-caused ones in the order they are tested)."""
+"""Gap causes (the host-caused ones in the order they are tested), as identifiers: the names of
+`traceq idle --by`'s `<cause>_ns` columns."""
+
+CAUSE_LABELS = {"sync": "Sync", "h2d_pageable": "H2D pageable", "h2d_pinned": "H2D pinned",
+                "iteration_start": "Iteration start", "launch_bound": "Launch-bound", "other": "Other"}
+"""Each cause as traceq writes it everywhere: the `cause` values of `traceq idle` and of the
+gaps (tables, csv and json alike), the headers of the `<cause>_ns` columns (render/columns.py
+says the same words), the docs and the report."""
 
 H2D_SHARE = 0.5
 """A gap is `h2d_*` when the host spent at least this share of it in a host-to-device copy call."""
@@ -293,7 +300,7 @@ def _named(gaps: pl.DataFrame, names: dict[str, pl.Series]) -> pl.DataFrame:
     """The codes of `gap_frame` as strings."""
     return gaps.select(
         "device_id", "start_ns", "end_ns", "dur_ns",
-        cause=pl.Series(CAUSES).gather(gaps["cause"]),
+        cause=pl.Series([CAUSE_LABELS[c] for c in CAUSES]).gather(gaps["cause"]),
         iteration=names["iteration"].gather(gaps["iteration"]),
         stream_id="stream_id", pid="pid", tid="tid",
         next_kind=pl.Series(KINDS).gather(gaps["next_kind"]),

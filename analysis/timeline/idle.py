@@ -14,7 +14,7 @@ import polars as pl
 
 from traceq.analysis.choices import IdleBy
 from traceq.analysis.structure.conventions import ITERATION_REGEX, WARM_UP
-from traceq.analysis.timeline.gaps import CAUSES, gap_frame, work_names
+from traceq.analysis.timeline.gaps import CAUSE_LABELS, CAUSES, gap_frame, work_names
 from traceq.store import registered
 
 
@@ -44,7 +44,8 @@ def idle_causes(
     con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX,
     gaps: tuple[pl.LazyFrame, dict[str, pl.Series]] | None = None,
 ) -> tuple[pl.DataFrame, IdleTotals]:
-    """GPU idle time per cause (`gaps.CAUSES`, every one, in that order), and the totals.
+    """GPU idle time per cause (`gaps.CAUSES`, every one, in that order, named by `gaps.CAUSE_LABELS`),
+    and the totals.
 
     Columns: cause, gaps, total_ns, pct (share of all idle time, %), span_pct (share of the
     devices' span, %), per_iteration_ns (total_ns over the iterations; null without iteration
@@ -74,7 +75,7 @@ def idle_causes(
                            per_iteration_ns=(pl.col("total_ns") // totals.iterations) if totals.iterations
                            else pl.lit(None, pl.Int64))
              .sort("cause"))
-    return (frame.select(pl.Series(CAUSES).gather(frame["cause"]).alias("cause"), "gaps", "total_ns", "pct",
+    return (frame.select(pl.Series([CAUSE_LABELS[c] for c in CAUSES]).gather(frame["cause"]).alias("cause"), "gaps", "total_ns", "pct",
                          "span_pct", "per_iteration_ns", "longest_ns", "call_shares", "work_shares"), totals)
 
 
