@@ -8,10 +8,10 @@ import typer
 
 from traceq.analysis.choices import Precision
 from traceq.api import Trace
-from traceq.cli.base import DatasetOpt, DbOpt, FormatOpt, IterOpt, OutOpt, TraceOpt, _show_trace_table, app
+from traceq.cli.base import DatasetOpt, DbOpt, FormatOpt, IterOpt, OutOpt, TraceOpt, _show_trace_table, app, example
 
 
-@app.command()
+@app.command(epilog=example("traceq mfu -t resnet50_b32_amp_ops --model-flops 3.9e11"))
 def mfu(
     model_flops: Annotated[float | None, typer.Option(
         "--model-flops", min=0, show_default=False,
@@ -32,10 +32,7 @@ def mfu(
     fmt: FormatOpt = None,
     out: OutOpt = None,
 ) -> None:
-    """Model FLOPs utilization (MFU) and hardware FLOPs utilization (HFU) per iteration.
-
-    Example: traceq mfu --params 25.6e6 --tokens 8192
-    """
+    """Model FLOPs utilization (MFU) and hardware FLOPs utilization (HFU) per iteration."""
     def build(t: Trace):
         frame = t.mfu(model_flops=model_flops, params=params, tokens=tokens, inference=inference,
                       precision=precision, iteration_regex=iteration_regex)
