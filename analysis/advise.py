@@ -25,6 +25,7 @@ from traceq.analysis.advice.catalogue import (
     exposed_comm,
     is_communication,
     layout_transforms,
+    recompilation,
     straggler,
 )
 from traceq.analysis.structure.conventions import ITERATION_REGEX
@@ -476,5 +477,6 @@ RULES: dict[str, Callable[[_Facts], list[Finding]]] = {
     "straggler": straggler,
     "layout_transforms": layout_transforms,
     "allocator_churn": allocator_churn,
+    "recompilation": recompilation,
 }
 """Every rule, by id: each takes the shared facts and returns its findings (none or one)."""

@@ -201,3 +201,33 @@ def test_layout_transforms_on_a_third_party_vgg16_trace(tmp_path) -> None:
     assert abs(row["time_ns"] - 1000 * sum(e - s for _, _, s, e in raw)) <= len(raw)
     assert row["evidence"].startswith(f"{len(raw):,} layout transforms")
     con.close()
+
+
+def test_recompilation_after_the_first_iteration(tmp_path) -> None:
+    """torch.compile profiled from its first step: compiling in ProfilerStep#0 is no finding;
+    the same trace given a 300 ms `compile_fx_inner (dynamo_timed)` range in ProfilerStep#2 (a
+    recompile) is, with those 300 ms at stake."""
+    import gzip
+    import json
+
+    from conftest import sample
+
+    from traceq.api.loading import load_trace
+    from traceq.store import open_store
+
+    source = sample("conventions/gpt_kineto_compile_cold.json.gz")
+    trace = json.loads(gzip.open(source).read())
+    events = trace["traceEvents"]
+    step = next(e for e in events if e.get("cat") == "user_annotation" and e.get("name") == "ProfilerStep#2")
+    op = next(e for e in events if e.get("cat") == "cpu_op" and step["ts"] <= e["ts"] < step["ts"] + step["dur"])
+    events.append({"ph": "X", "cat": "cpu_op", "name": "compile_fx_inner (dynamo_timed)", "pid": op["pid"],
+                   "tid": op["tid"], "ts": step["ts"] + 10, "dur": 300_000, "args": {}})
+    crafted = tmp_path / "recompiled.json.gz"
+    crafted.write_bytes(gzip.compress(json.dumps(trace).encode()))
+    con = open_store(tmp_path / "s.duckdb", create=True)
+    plain, again = load_trace(con, source).trace_id, load_trace(con, crafted).trace_id
+    assert "recompilation" not in advise(con, plain)[0]["rule"].to_list()
+    frame, _ = advise(con, again)
+    row = frame.filter(frame["rule"] == "recompilation").row(0, named=True)
+    assert row["time_ns"] == 300_000_000 and "compile_fx_inner" in row["evidence"]
+    con.close()

@@ -1,6 +1,7 @@
-"""Rules of the findings catalogue that read kernels, API calls and communication directly:
-`exposed_comm`, `straggler`, `layout_transforms`, `allocator_churn`, and `is_communication`, which the
-compute rules of `analysis.advise` use to leave communication kernels out.
+"""Rules of the findings catalogue that read kernels, API calls, ranges and communication
+directly: `exposed_comm`, `straggler`, `layout_transforms`, `allocator_churn`, `recompilation`, and
+`is_communication`, which the compute rules of `analysis.advise` use to leave communication
+kernels out.
 
 Every rule takes advise's `_Facts` (con, trace_id, iteration_regex, totals, classified) and
 returns a list of `Finding`s (none or one); docs/advise.md gives the thresholds and estimates.
@@ -124,6 +125,38 @@ def allocator_churn(facts: object) -> list[Finding]:
     fix = ("Let the caching allocator reuse memory: no torch.cuda.empty_cache() in the loop, fixed or bucketed "
            "shapes, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation")
     return [Finding("allocator_churn", "Allocator churn: cudaMalloc/cudaFree in steady state", total, evidence, fix)]
+
+
+def recompilation(facts: object) -> list[Finding]:
+    """JIT compilation after the first iteration (`structure.phases.COMPILE_REGEX`: torch.compile's
+    Dynamo and Inductor, XLA's compiler): the first step compiles, a steady one should not. Each
+    recompile stalls the step it happens in; at stake, the compile ranges' time after the second
+    iteration range starts (overlapping ranges counted once). Needs two iteration ranges."""
+    from traceq.analysis.structure.phases import COMPILE_REGEX, merged
+
+    t = int(facts.trace_id)
+    second = facts.con.execute(
+        "SELECT start_ns FROM nvtx WHERE trace_id = ? AND end_ns IS NOT NULL AND kind IN ('pushpop', 'startend') "
+        "AND pid IS NOT NULL AND regexp_matches(coalesce(name, ''), ?) ORDER BY start_ns LIMIT 1 OFFSET 1",
+        [t, facts.iteration_regex]).fetchall()
+    if not second:
+        return []
+    ranges = facts.con.sql(
+        "SELECT pid, start_ns, end_ns, name FROM nvtx WHERE trace_id = $t AND end_ns > start_ns AND pid IS NOT NULL "
+        "AND kind IN ('pushpop', 'startend') AND start_ns >= $after AND regexp_matches(coalesce(name, ''), $names)",
+        params={"t": t, "after": int(second[0][0]), "names": COMPILE_REGEX}).pl()
+    if ranges.is_empty():
+        return []
+    spans = merged(ranges)
+    total = float((spans["end_ns"] - spans["start_ns"]).sum())
+    names = ranges.group_by("name").agg(pl.len(), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("ns")) \
+        .sort("ns", descending=True)
+    evidence = (f"{spans.height:,} compilation(s) after the first iteration took {_ms(total)} of host time: "
+                + ", ".join(f"{_short(n)} x{k:,} {_ms(ns)}" for n, k, ns in names.head(3).iter_rows()))
+    fix = ("Compile once: keep shapes and Python values the compiled code sees fixed (pad or bucket sequence "
+           "lengths; torch._dynamo.mark_dynamic for a dimension that must vary; TORCH_LOGS=recompiles names the "
+           "guard that failed); in JAX, the same shapes and static arguments to each jitted call")
+    return [Finding("recompilation", "Recompilation in steady state", total, evidence, fix)]
 
 
 def _short(name: str) -> str:
