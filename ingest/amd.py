@@ -151,6 +151,11 @@ class RocprofJsonReader:
                 registers=_int(symbol.get("arch_vgpr_count")), lds=_int(info.get("group_segment_size")),
                 scratch=_int(info.get("private_segment_size"))))
         names = _operation_names(data.get("strings") or {})
+        for record in records.get("memory_copy") or []:
+            row = _copy_row(record, names, device_of)
+            if row is not None:
+                rows.tables.memops.append(row)
+        rows.tables.ranges.extend(_marker_ranges(records.get("marker_api") or [], data.get("strings") or {}, PID))
         for kind in ("hip_api", "hsa_api", "rccl_api"):
             for record in records.get(kind) or []:
                 start, end = _int(record.get("start_timestamp")), _int(record.get("end_timestamp"))
@@ -163,6 +168,57 @@ class RocprofJsonReader:
         node = (data.get("metadata") or {}).get("node") or {}
         return SourceInfo(format="rocprofv3", tool="rocprofv3 (rocprofiler-sdk) JSON"
                           + (f", host {node.get('hostname')}" if node.get("hostname") else "") + f", pid {pid}")
+
+
+_COPY_KINDS = {"MEMORY_COPY_HOST_TO_DEVICE": "Host-to-Device", "MEMORY_COPY_DEVICE_TO_HOST": "Device-to-Host",
+               "MEMORY_COPY_DEVICE_TO_DEVICE": "Device-to-Device", "MEMORY_COPY_HOST_TO_HOST": "Host-to-Host"}
+_RANGE_KINDS = {"roctxThreadRangeA": "pushpop", "roctxProcessRangeA": "startend", "roctxMarkA": "mark"}
+
+
+def _copy_row(record: Any, names: dict[tuple[int | None, int], str], device_of: dict[int | None, int]
+              ) -> dict[str, Any] | None:
+    """A rocprofv3 `memory_copy` record as a memops row: its direction from the operation's name,
+    its device the GPU end of the copy (the destination of a host-to-device copy, else the source)."""
+    if not isinstance(record, dict):
+        return None
+    start, end = _int(record.get("start_timestamp")), _int(record.get("end_timestamp"))
+    if start is None or end is None:
+        return None
+    operation = names.get((_int(record.get("kind")), _int(record.get("operation"))), "")
+    kind = _COPY_KINDS.get(operation, "Other")
+    agent = record.get("dst_agent_id" if kind == "Host-to-Device" else "src_agent_id") or {}
+    device = device_of.get(_int(agent.get("handle")) if isinstance(agent, dict) else None)
+    return {"start_ns": start, "end_ns": end, "dur_ns": end - start, "op": "memcpy", "copy_kind": kind,
+            "bytes": _int(record.get("bytes")), "device_id": device if device is not None else 0, "stream_id": None,
+            "correlation_id": _int((record.get("correlation_id") or {}).get("internal")), "pid": PID}
+
+
+def _marker_ranges(records: list[Any], strings: dict[str, Any], pid: int
+                   ) -> list[tuple[int, int | None, str, str, str, int | None, int | None]]:
+    """roctx ranges and marks: the `MARKER_CORE_RANGE_API` records of `marker_api` (a thread's
+    push/pop range, a process's start/stop range, a mark), named by `strings.marker_api`, which maps
+    a record's correlation id to its message. The `MARKER_CORE_API` records are the roctx calls
+    themselves (the push, the pop), not ranges."""
+    messages = {_int(m.get("key")): m.get("value") for m in strings.get("marker_api") or [] if isinstance(m, dict)}
+    kinds = strings.get("buffer_records") or []
+    ranges = []
+    for record in records:
+        if not isinstance(record, dict):
+            continue
+        kind = _int(record.get("kind"))
+        entry = kinds[kind] if kind is not None and 0 <= kind < len(kinds) and isinstance(kinds[kind], dict) else {}
+        if entry.get("kind") != "MARKER_CORE_RANGE_API":
+            continue
+        operations, operation = entry.get("operations") or [], _int(record.get("operation"))
+        style = _RANGE_KINDS.get(operations[operation] if operation is not None and 0 <= operation < len(operations)
+                                 else "", "pushpop")
+        start, end = _int(record.get("start_timestamp")), _int(record.get("end_timestamp"))
+        message = messages.get(_int((record.get("correlation_id") or {}).get("internal")))
+        if start is None or (end is None and style != "mark"):
+            continue
+        ranges.append((start, None if style == "mark" else end, str(message) if message is not None else "roctx",
+                       style, "roctx", pid, _int(record.get("thread_id"))))
+    return ranges
 
 
 def _operation_names(strings: dict[str, Any]) -> dict[tuple[int | None, int], str]:
@@ -281,6 +337,8 @@ class RpdReader(SqliteReader):
         tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
         strings = dict(src.execute("SELECT id, string FROM rocpd_string"))
         links = dict(src.execute("SELECT op_id, api_id FROM rocpd_api_ops")) if "rocpd_api_ops" in tables else {}
+        sizes = (dict(src.execute("SELECT api_ptr_id, size FROM rocpd_copyapi"))
+                 if "rocpd_copyapi" in tables else {})
         launches = ({r[0]: r[1:] for r in src.execute(
             "SELECT api_ptr_id, gridX, gridY, gridZ, workgroupX, workgroupY, workgroupZ, groupSegmentSize, "
             "privateSegmentSize FROM rocpd_kernelapi")} if "rocpd_kernelapi" in tables else {})
@@ -301,7 +359,8 @@ class RpdReader(SqliteReader):
                         "CopyDeviceToDevice": "Device-to-Device"}.get(kind_name, "Other")
                 rows.tables.memops.append({"start_ns": int(start), "end_ns": int(end), "dur_ns": int(end) - int(start),
                                            "op": "memset" if memset else "memcpy",
-                                           "copy_kind": None if memset else copy, "bytes": None,
+                                           "copy_kind": None if memset else copy,
+                                           "bytes": None if memset else _int(sizes.get(api)),
                                            "device_id": device, "stream_id": _int(queue), "correlation_id": api,
                                            "pid": PID})
         if "rocpd_api" in tables:

@@ -23,7 +23,7 @@ KD = re.compile(r"(\s*\[clone \.kd\]|\.kd)$")
 
 
 def _json(path: Path) -> Counter:
-    tool = json.load(gzip.open(path))["rocprofiler-sdk-tool"][0]
+    tool = json.loads(gzip.decompress(path.read_bytes()))["rocprofiler-sdk-tool"][0]
     names = {s["kernel_id"]: s["demangled_kernel_name"] for s in tool["kernel_symbols"]}
     return Counter({(KD.sub("", names[r["dispatch_info"]["kernel_id"]]), i): r["end_timestamp"] - r["start_timestamp"]
                     for i, r in enumerate(tool["buffer_records"]["kernel_dispatch"])})
@@ -123,3 +123,76 @@ def test_a_csv_with_a_rocprof_header_and_no_dispatch_is_refused(tmp_path: Path) 
     with pytest.raises(TraceFormatError) as e:
         traceq.load(path, tmp_path / "s.duckdb")
     assert "\n" not in str(e.value) and "no kernel dispatch" in str(e.value)
+
+
+def _small_rocprofv3(path: Path, tmp_path: Path) -> tuple[Path, list[dict], list[dict]]:
+    """The real rocprofv3 JSON cut to its first 50 dispatches, with memory copies and roctx
+    records added in the form rocprofv3 writes them (`buffer_records.memory_copy`, `marker_api`,
+    `strings.marker_api`): the corpus's file traced neither."""
+    data = json.loads(gzip.decompress(path.read_bytes()))
+    tool = data["rocprofiler-sdk-tool"][0]
+    kinds = [entry["kind"] for entry in tool["strings"]["buffer_records"]]
+    ops = {entry["kind"]: entry["operations"] for entry in tool["strings"]["buffer_records"]}
+    gpu = next(a["id"]["handle"] for a in tool["agents"] if a["type"] == 2)
+    cpu = next(a["id"]["handle"] for a in tool["agents"] if a["type"] == 1)
+    records = tool["buffer_records"]
+    records["kernel_dispatch"] = records["kernel_dispatch"][:50]
+    t0 = records["kernel_dispatch"][0]["start_timestamp"]
+    copies = []
+    for i, (operation, nbytes) in enumerate([("MEMORY_COPY_HOST_TO_DEVICE", 4096), ("MEMORY_COPY_DEVICE_TO_HOST", 512),
+                                             ("MEMORY_COPY_DEVICE_TO_DEVICE", 1 << 20)]):
+        src, dst = (cpu, gpu) if operation.endswith("HOST_TO_DEVICE") else (gpu, cpu if "TO_HOST" in operation else gpu)
+        copies.append({"size": 80, "kind": kinds.index("MEMORY_COPY"), "operation": ops["MEMORY_COPY"].index(operation),
+                       "thread_id": 908, "correlation_id": {"internal": 90000 + i, "external": 0},
+                       "start_timestamp": t0 + 1000 * i, "end_timestamp": t0 + 1000 * i + 300 + i,
+                       "dst_agent_id": {"handle": dst}, "src_agent_id": {"handle": src}, "bytes": nbytes})
+    records["memory_copy"] = copies
+    ranged = kinds.index("MARKER_CORE_RANGE_API")
+    markers = [{"size": 64, "kind": ranged, "operation": ops["MARKER_CORE_RANGE_API"].index(op),
+                "thread_id": 908 + i, "correlation_id": {"internal": 80000 + i, "external": 0},
+                "start_timestamp": t0 + 10 * i, "end_timestamp": t0 + 10 * i + (0 if op == "roctxMarkA" else 5000)}
+               for i, op in enumerate(["roctxThreadRangeA", "roctxThreadRangeA", "roctxProcessRangeA", "roctxMarkA"])]
+    markers.append({"size": 64, "kind": kinds.index("MARKER_CORE_API"), "operation": 1, "thread_id": 908,
+                    "correlation_id": {"internal": 80009, "external": 0}, "start_timestamp": t0,
+                    "end_timestamp": t0 + 2})  # the roctxRangePushA call itself: not a range
+    records["marker_api"] = markers
+    tool["strings"]["marker_api"] = [{"key": 80000 + i, "value": name}
+                                     for i, name in enumerate(["forward", "backward", "step 1", "checkpoint"])]
+    out = tmp_path / "small.json"
+    out.write_text(json.dumps(data))
+    return out, copies, markers[:4]
+
+
+def test_rocprofv3_json_copies_and_roctx_ranges(tmp_path: Path) -> None:
+    import traceq
+
+    path, copies, markers = _small_rocprofv3(shared(*ROCPD, FILES[0][0]), tmp_path)
+    t = traceq.load(path, tmp_path / "s.duckdb")
+    got = t.con.execute("SELECT copy_kind, bytes, dur_ns, correlation_id FROM memops WHERE trace_id = ? "
+                        "ORDER BY start_ns", [t.id]).fetchall()
+    assert got == [("Host-to-Device", 4096, 300, 90000), ("Device-to-Host", 512, 301, 90001),
+                   ("Device-to-Device", 1 << 20, 302, 90002)]
+    assert sum(c["bytes"] for c in copies) == sum(g[1] for g in got)
+    ranges = t.con.execute("SELECT name, kind, dur_ns, tid FROM nvtx WHERE trace_id = ? ORDER BY start_ns",
+                           [t.id]).fetchall()
+    assert ranges == [("forward", "pushpop", 5000, 908), ("backward", "pushpop", 5000, 909),
+                      ("step 1", "startend", 5000, 910), ("checkpoint", "mark", None, 911)]
+    assert len(ranges) == len(markers)
+    assert t.con.execute("SELECT count(*) FROM kernels WHERE trace_id = ?", [t.id]).fetchone()[0] == 50
+
+
+def test_rpd_copies_carry_their_bytes(tmp_path: Path) -> None:
+    """RPD's copies take their size from the launching call's `rocpd_copyapi` row (raw SQL)."""
+    import traceq
+
+    path = shared(*ROCPD, "ROCm__rocmProfileData__matmul_result.rpd")
+    raw = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    expected = sorted(raw.execute(
+        """SELECT t.string, count(*), sum(c.size) FROM rocpd_op o JOIN rocpd_string t ON t.id = o.opType_id
+           LEFT JOIN rocpd_api_ops l ON l.op_id = o.id LEFT JOIN rocpd_copyapi c ON c.api_ptr_id = l.api_id
+           WHERE t.string LIKE 'Copy%' OR t.string = 'FillBuffer' GROUP BY 1""").fetchall())
+    t = traceq.load(path, tmp_path / "s.duckdb")
+    got = t.con.execute("SELECT coalesce(copy_kind, op), count(*), sum(bytes) FROM memops WHERE trace_id = ? "
+                        "GROUP BY 1", [t.id]).fetchall()
+    names = {"Device-to-Host": "CopyDeviceToHost", "Host-to-Device": "CopyHostToDevice", "memset": "FillBuffer"}
+    assert sorted((names[k], n, b) for k, n, b in got) == expected
