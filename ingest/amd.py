@@ -364,9 +364,15 @@ class RpdReader(SqliteReader):
                                            "device_id": device, "stream_id": _int(queue), "correlation_id": api,
                                            "pid": PID})
         if "rocpd_api" in tables:
-            for api_id, tid, start, end, name in src.execute(
-                    "SELECT id, tid, start, \"end\", apiName_id FROM rocpd_api"):
-                rows.tables.calls.append((int(start), int(end), strings.get(name) or "call", _int(tid) or 0, api_id))
+            for api_id, tid, start, end, name, args in src.execute(
+                    "SELECT id, tid, start, \"end\", apiName_id, args_id FROM rocpd_api"):
+                name = strings.get(name) or "call"
+                if name == "UserMarker":  # a roctx range (its message the args) or mark (end = start)
+                    mark = int(end) <= int(start)
+                    rows.tables.ranges.append((int(start), None if mark else int(end), strings.get(args) or "roctx",
+                                               "mark" if mark else "pushpop", "roctx", PID, _int(tid)))
+                else:
+                    rows.tables.calls.append((int(start), int(end), name, _int(tid) or 0, api_id))
         rows.tables.gpus.extend(gpu_row(index, None) for index in range(len(devices)))
         rows.write(sink)
         version = dict(src.execute("SELECT tag, value FROM rocpd_metadata")).get("schema_version") \

@@ -196,3 +196,29 @@ def test_rpd_copies_carry_their_bytes(tmp_path: Path) -> None:
                         "GROUP BY 1", [t.id]).fetchall()
     names = {"Device-to-Host": "CopyDeviceToHost", "Host-to-Device": "CopyHostToDevice", "memset": "FillBuffer"}
     assert sorted((names[k], n, b) for k, n, b in got) == expected
+
+
+def test_rpd_roctx_ranges_and_marks(tmp_path: Path) -> None:
+    """rpd_tracer writes a roctx range or mark as a `rocpd_api` row named UserMarker, its message
+    as the args (a mark: end = start): ranges in the store, not API calls. The corpus's RPD has
+    none, so three are added to a copy."""
+    import traceq
+
+    path = tmp_path / "marked.rpd"
+    path.write_bytes(shared(*ROCPD, "ROCm__rocmProfileData__matmul_result.rpd").read_bytes())
+    con = sqlite3.connect(path)
+    (t0,) = con.execute("SELECT min(start) FROM rocpd_api").fetchone()
+    ids = {}
+    for text in ("UserMarker", "forward", "layer 1", "checkpoint"):
+        ids[text] = con.execute("INSERT INTO rocpd_string (string) VALUES (?)", [text]).lastrowid
+    for message, start, end in (("forward", t0, t0 + 9000), ("layer 1", t0 + 10, t0 + 500), ("checkpoint", t0 + 20, t0 + 20)):
+        con.execute("INSERT INTO rocpd_api (pid, tid, start, \"end\", apiName_id, args_id) VALUES (?, ?, ?, ?, ?, ?)",
+                    [7, 7, start, end, ids["UserMarker"], ids[message]])
+    con.commit()
+    calls = con.execute("SELECT count(*) FROM rocpd_api").fetchone()[0] - 3
+    con.close()
+    t = traceq.load(path, tmp_path / "s.duckdb")
+    assert t.con.execute("SELECT name, kind, dur_ns, tid FROM nvtx WHERE trace_id = ? ORDER BY start_ns",
+                         [t.id]).fetchall() == [("forward", "pushpop", 9000, 7), ("layer 1", "pushpop", 490, 7),
+                                                ("checkpoint", "mark", None, 7)]
+    assert t.con.execute("SELECT count(*) FROM api_calls WHERE trace_id = ?", [t.id]).fetchone()[0] == calls
