@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 from traceq.errors import TraceFormatError
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo, SqliteReader
 from traceq.ingest.json_events import GZIP_MAGIC
+from traceq.ingest.validate import TIME_LIMIT_NS
 from traceq.ingest.xplane import _Tables
 from traceq.ingest.xplane_tables import PID
 
@@ -64,14 +65,15 @@ def gpu_row(device: int, name: str | None, compute_units: Any = None, clock_mhz:
 
 
 def _int(value: Any) -> int | None:
+    """An integer the store's BIGINT holds, from a number or its text; else None."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value
-    try:
-        return int(str(value).strip(), 0) if value not in (None, "") else None
-    except ValueError:
-        return None
+    if not isinstance(value, int):
+        try:
+            value = int(str(value).strip(), 0) if value not in (None, "") else None
+        except ValueError:
+            return None
+    return value if value is not None and -(1 << 63) <= value < (1 << 63) else None
 
 
 class _Rows:
@@ -79,11 +81,42 @@ class _Rows:
 
     def __init__(self) -> None:
         self.tables = _Tables()
+        self.skipped = 0  # dispatches without a name or a start and end time
 
     def write(self, sink: Sink) -> None:
-        if not self.tables.kernels and not self.tables.memops:
-            raise TraceFormatError("the profile records no kernel dispatch")
-        self.tables.write(sink)
+        """The rows into the sink, less those with an end before the start or a time more than
+        TIME_LIMIT_NS from the median dispatch (AMD's times are the host's monotonic clock, not
+        relative to the session: a damaged time is told by its distance from the others)."""
+        t = self.tables
+        if not t.kernels and not t.memops:
+            raise TraceFormatError("the profile records no kernel dispatch" + (
+                f" ({self.skipped:,} rows without a kernel name or a start and end time)" if self.skipped else ""))
+        starts = sorted(k["start_ns"] for k in t.kernels or t.memops)
+        middle = starts[len(starts) // 2]
+
+        def keep(rows: list[Any], noun: str, times: Any, table: str) -> list[Any]:
+            kept, late, reversed_, total = [], 0, 0, 0
+            for row in rows:
+                start, end = times(row)
+                if abs(start - middle) >= TIME_LIMIT_NS or (end is not None and abs(end - middle) >= TIME_LIMIT_NS):
+                    late += 1
+                elif end is not None and end < start:
+                    reversed_ += 1
+                else:
+                    kept.append(row)
+                    total += 0 if end is None else end - start
+            sink.damage.add(noun, "with times out of range dropped", late)
+            sink.damage.add(noun, "with end < start dropped", reversed_)
+            sink.damage.add_total(table, float(total))
+            return kept
+
+        t.kernels = keep(t.kernels, "kernel", lambda k: (k["start_ns"], k["end_ns"]), "kernel_events")
+        t.memops = keep(t.memops, "memcpy/memset", lambda m: (m["start_ns"], m["end_ns"]), "memops")
+        t.calls = keep(t.calls, "API call", lambda c: (c[0], c[1]), "api_events")
+        t.ranges = keep(t.ranges, "NVTX event", lambda r: (r[0], r[1]), "nvtx_events")
+        if not t.kernels and not t.memops:
+            raise TraceFormatError("the profile's dispatches all have damaged times")
+        t.write(sink)
 
 
 # --------------------------------------------------------------------------------------------
@@ -118,56 +151,73 @@ class RocprofJsonReader:
         return _JsonSource(_read_json(path))
 
     def estimate_rows(self, src: _JsonSource) -> int:
-        records = src.data.get("buffer_records") or {}
-        return sum(len(v) for v in records.values() if isinstance(v, list))
+        return sum(len(v) for v in _o(src.data.get("buffer_records")).values() if isinstance(v, list))
 
     def read(self, src: _JsonSource, sink: Sink) -> SourceInfo:
         data, rows = src.data, _Rows()
-        gpus = sorted((a for a in data.get("agents") or [] if isinstance(a, dict) and a.get("type") == 2),
+        gpus = sorted((a for a in _l(data.get("agents")) if isinstance(a, dict) and a.get("type") == 2),
                       key=lambda a: (_int(a.get("node_id")) or 0))
         device_of = {}
         for index, agent in enumerate(gpus):
-            device_of[_int((agent.get("id") or {}).get("handle"))] = index
-            rows.tables.gpus.append(gpu_row(index, agent.get("product_name") or agent.get("name"),
+            device_of[_int(_o(agent.get("id")).get("handle"))] = index
+            rows.tables.gpus.append(gpu_row(index, _text(agent.get("product_name")) or _text(agent.get("name")),
                                             agent.get("cu_count"), agent.get("max_engine_clk_fcompute"),
                                             agent.get("wave_front_size")))
-        symbols = {_int(s.get("kernel_id")): s for s in data.get("kernel_symbols") or [] if isinstance(s, dict)}
-        pid = _int((data.get("metadata") or {}).get("pid")) or PID
-        records = data.get("buffer_records") or {}
-        for record in records.get("kernel_dispatch") or []:
-            info = record.get("dispatch_info") or {}
-            symbol = symbols.get(_int(info.get("kernel_id"))) or {}
+        symbols = {_int(s.get("kernel_id")): s for s in _l(data.get("kernel_symbols")) if isinstance(s, dict)}
+        metadata, strings, records = _o(data.get("metadata")), _o(data.get("strings")), _o(data.get("buffer_records"))
+        pid = _int(metadata.get("pid")) or PID
+        for record in _l(records.get("kernel_dispatch")):
+            record = _o(record)
+            info = _o(record.get("dispatch_info"))
+            symbol = _o(symbols.get(_int(info.get("kernel_id"))))
             start, end = _int(record.get("start_timestamp")), _int(record.get("end_timestamp"))
             if start is None or end is None:
+                rows.skipped += 1
                 continue
-            size, grid = info.get("workgroup_size") or {}, info.get("grid_size") or {}
-            name = symbol.get("demangled_kernel_name") or symbol.get("kernel_name") or f"kernel {info.get('kernel_id')}"
+            size, grid = _o(info.get("workgroup_size")), _o(info.get("grid_size"))
+            name = (_text(symbol.get("demangled_kernel_name")) or _text(symbol.get("kernel_name"))
+                    or f"kernel {_int(info.get('kernel_id'))}")
             rows.tables.kernels.append(kernel_row(
-                name, start, end, device_of.get(_int((info.get("agent_id") or {}).get("handle")), 0),
-                _int((info.get("queue_id") or {}).get("handle")),
-                correlation=_int((record.get("correlation_id") or {}).get("internal")), pid=PID,
+                name, start, end, device_of.get(_int(_o(info.get("agent_id")).get("handle")), 0),
+                _int(_o(info.get("queue_id")).get("handle")),
+                correlation=_int(_o(record.get("correlation_id")).get("internal")), pid=PID,
                 grid=tuple(workgroups(_int(grid.get(k)), _int(size.get(k))) for k in "xyz"),  # type: ignore[arg-type]
                 block=tuple(_int(size.get(k)) for k in "xyz"),  # type: ignore[arg-type]
                 registers=_int(symbol.get("arch_vgpr_count")), lds=_int(info.get("group_segment_size")),
                 scratch=_int(info.get("private_segment_size"))))
-        names = _operation_names(data.get("strings") or {})
-        for record in records.get("memory_copy") or []:
+        names = _operation_names(strings)
+        for record in _l(records.get("memory_copy")):
             row = _copy_row(record, names, device_of)
             if row is not None:
                 rows.tables.memops.append(row)
-        rows.tables.ranges.extend(_marker_ranges(records.get("marker_api") or [], data.get("strings") or {}, PID))
+        rows.tables.ranges.extend(_marker_ranges(_l(records.get("marker_api")), strings, PID))
         for kind in ("hip_api", "hsa_api", "rccl_api"):
-            for record in records.get(kind) or []:
+            for record in _l(records.get(kind)):
+                record = _o(record)
                 start, end = _int(record.get("start_timestamp")), _int(record.get("end_timestamp"))
                 if start is None or end is None:
                     continue
                 call = names.get((_int(record.get("kind")), _int(record.get("operation"))), f"{kind} call")
                 rows.tables.calls.append((start, end, call, _int(record.get("thread_id")) or 0,
-                                          _int((record.get("correlation_id") or {}).get("internal"))))
+                                          _int(_o(record.get("correlation_id")).get("internal"))))
         rows.write(sink)
-        node = (data.get("metadata") or {}).get("node") or {}
+        host = _text(_o(metadata.get("node")).get("hostname"))
         return SourceInfo(format="rocprofv3", tool="rocprofv3 (rocprofiler-sdk) JSON"
-                          + (f", host {node.get('hostname')}" if node.get("hostname") else "") + f", pid {pid}")
+                          + (f", host {host}" if host else "") + f", pid {pid}")
+
+
+def _o(value: Any) -> dict[str, Any]:
+    """`value` if it is a JSON object, else an empty one (a damaged file's field)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _l(value: Any) -> list[Any]:
+    """`value` if it is a JSON array, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 _COPY_KINDS = {"MEMORY_COPY_HOST_TO_DEVICE": "Host-to-Device", "MEMORY_COPY_DEVICE_TO_HOST": "Device-to-Host",
@@ -186,11 +236,11 @@ def _copy_row(record: Any, names: dict[tuple[int | None, int], str], device_of: 
         return None
     operation = names.get((_int(record.get("kind")), _int(record.get("operation"))), "")
     kind = _COPY_KINDS.get(operation, "Other")
-    agent = record.get("dst_agent_id" if kind == "Host-to-Device" else "src_agent_id") or {}
-    device = device_of.get(_int(agent.get("handle")) if isinstance(agent, dict) else None)
+    agent = _o(record.get("dst_agent_id" if kind == "Host-to-Device" else "src_agent_id"))
+    device = device_of.get(_int(agent.get("handle")))
     return {"start_ns": start, "end_ns": end, "dur_ns": end - start, "op": "memcpy", "copy_kind": kind,
             "bytes": _int(record.get("bytes")), "device_id": device if device is not None else 0, "stream_id": None,
-            "correlation_id": _int((record.get("correlation_id") or {}).get("internal")), "pid": PID}
+            "correlation_id": _int(_o(record.get("correlation_id")).get("internal")), "pid": PID}
 
 
 def _marker_ranges(records: list[Any], strings: dict[str, Any], pid: int
@@ -199,8 +249,9 @@ def _marker_ranges(records: list[Any], strings: dict[str, Any], pid: int
     push/pop range, a process's start/stop range, a mark), named by `strings.marker_api`, which maps
     a record's correlation id to its message. The `MARKER_CORE_API` records are the roctx calls
     themselves (the push, the pop), not ranges."""
-    messages = {_int(m.get("key")): m.get("value") for m in strings.get("marker_api") or [] if isinstance(m, dict)}
-    kinds = strings.get("buffer_records") or []
+    messages = {_int(m.get("key")): _text(m.get("value")) for m in _l(strings.get("marker_api"))
+                if isinstance(m, dict)}
+    kinds = _l(strings.get("buffer_records"))
     ranges = []
     for record in records:
         if not isinstance(record, dict):
@@ -209,11 +260,11 @@ def _marker_ranges(records: list[Any], strings: dict[str, Any], pid: int
         entry = kinds[kind] if kind is not None and 0 <= kind < len(kinds) and isinstance(kinds[kind], dict) else {}
         if entry.get("kind") != "MARKER_CORE_RANGE_API":
             continue
-        operations, operation = entry.get("operations") or [], _int(record.get("operation"))
+        operations, operation = _l(entry.get("operations")), _int(record.get("operation"))
         style = _RANGE_KINDS.get(operations[operation] if operation is not None and 0 <= operation < len(operations)
                                  else "", "pushpop")
         start, end = _int(record.get("start_timestamp")), _int(record.get("end_timestamp"))
-        message = messages.get(_int((record.get("correlation_id") or {}).get("internal")))
+        message = messages.get(_int(_o(record.get("correlation_id")).get("internal")))
         if start is None or (end is None and style != "mark"):
             continue
         ranges.append((start, None if style == "mark" else end, str(message) if message is not None else "roctx",
@@ -224,9 +275,10 @@ def _marker_ranges(records: list[Any], strings: dict[str, Any], pid: int
 def _operation_names(strings: dict[str, Any]) -> dict[tuple[int | None, int], str]:
     """(record kind, operation) -> the API function's name, from the `strings` table of kinds."""
     names = {}
-    for kind, entry in enumerate(strings.get("buffer_records") or []):
-        for operation, name in enumerate((entry or {}).get("operations") or []):
-            names[(kind, operation)] = name
+    for kind, entry in enumerate(_l(strings.get("buffer_records"))):
+        for operation, name in enumerate(_l(_o(entry).get("operations"))):
+            if isinstance(name, str):
+                names[(kind, operation)] = name
     return names
 
 
@@ -280,6 +332,7 @@ class RocprofCsvReader:
                 grid = (workgroups(_int(r.get("grd")), size[0]), 1, 1)
                 extra = {"lds": _int(r.get("lds")), "scratch": _int(r.get("scr")), "registers": _int(r.get("arch_vgpr"))}
             if not name or start is None or end is None:
+                rows.skipped += 1
                 continue
             device = devices.setdefault(agent if agent is not None else -1, len(devices))
             rows.tables.kernels.append(kernel_row(name, start, end, device, stream, grid=grid, block=size, **extra))

@@ -115,14 +115,43 @@ def test_a_damaged_amd_profile_is_refused_in_one_line(file: str, tmp_path: Path)
     assert store.read_bytes() == before
 
 
-def test_a_csv_with_a_rocprof_header_and_no_dispatch_is_refused(tmp_path: Path) -> None:
+DAMAGES = [(f[0], damage) for f in FILES if f[0].endswith(".csv") for damage in
+           ("header only", "not UTF-8", "no timestamps")] + [(FILES[0][0], "no tool entry")]
+
+
+@pytest.mark.parametrize(("file", "damage"), DAMAGES, ids=[f"{f[:12]}-{d}" for f, d in DAMAGES])
+def test_a_damaged_rocprof_csv_or_json_is_refused_in_one_line(file: str, damage: str, tmp_path: Path) -> None:
+    """A rocprof CSV with its header and no dispatch, with bytes that are not UTF-8, with its
+    timestamps blanked; a JSON whose `rocprofiler-sdk-tool` is not an object: one line, the store
+    unchanged."""
     import traceq
 
-    path = tmp_path / "empty.csv"
-    path.write_text(shared(*ROCPD, FILES[2][0]).read_text().splitlines()[0] + "\n")
+    store = tmp_path / "s.duckdb"
+    traceq.load(sample("lenet_b256_cudnn.sqlite"), store)
+    before = store.read_bytes()
+    lines = [] if damage == "no tool entry" else shared(*ROCPD, file).read_text().splitlines()
+    path = tmp_path / ("broken.json" if damage == "no tool entry" else "broken.csv")
+    if damage == "header only":
+        path.write_text(lines[0] + "\n")
+    elif damage == "not UTF-8":
+        path.write_bytes(("\n".join(lines[:3]) + "\n").encode() + b"\xff\xfe\x80,1,2\n")
+    elif damage == "no timestamps":
+        header = next(csv.reader([lines[0]]))
+        rows = [dict(zip(header, r)) for r in csv.reader(lines[1:]) if r]
+        for r in rows:
+            for key in ("Start_Timestamp", "End_Timestamp", "BeginNs", "EndNs"):
+                if key in r:
+                    r[key] = ""
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, header, quoting=csv.QUOTE_NONNUMERIC)
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        path.write_text(json.dumps({"rocprofiler-sdk-tool": ["not an object"]}))
     with pytest.raises(TraceFormatError) as e:
-        traceq.load(path, tmp_path / "s.duckdb")
-    assert "\n" not in str(e.value) and "no kernel dispatch" in str(e.value)
+        traceq.load(path, store)
+    assert "\n" not in str(e.value) and str(e.value)
+    assert store.read_bytes() == before
 
 
 def _small_rocprofv3(path: Path, tmp_path: Path) -> tuple[Path, list[dict], list[dict]]:
@@ -222,3 +251,39 @@ def test_rpd_roctx_ranges_and_marks(tmp_path: Path) -> None:
                          [t.id]).fetchall() == [("forward", "pushpop", 9000, 7), ("layer 1", "pushpop", 490, 7),
                                                 ("checkpoint", "mark", None, 7)]
     assert t.con.execute("SELECT count(*) FROM api_calls WHERE trace_id = ?", [t.id]).fetchone()[0] == calls
+
+
+WRONG_SHAPES = [
+    {"buffer_records": {"kernel_dispatch": [1, "x"]}},
+    {"agents": "x", "buffer_records": {"kernel_dispatch": [{"start_timestamp": 1, "end_timestamp": 5,
+                                                            "dispatch_info": 3}]}},
+    {"kernel_symbols": [{"kernel_id": []}], "strings": {"buffer_records": 5, "marker_api": [{"key": 1, "value": 5}]},
+     "buffer_records": {"kernel_dispatch": [{"start_timestamp": 1, "end_timestamp": 5,
+                                             "dispatch_info": {"kernel_id": [], "workgroup_size": 3}}],
+                        "hip_api": [{"kind": "a"}, 3], "marker_api": [3, {"kind": 0}],
+                        "memory_copy": [{"start_timestamp": 1, "end_timestamp": 2, "kind": []}]}},
+    {"metadata": [], "agents": [{"type": 2, "id": 4, "product_name": 7}],
+     "buffer_records": {"kernel_dispatch": [{"start_timestamp": 1, "end_timestamp": 10**23}]}},
+    {"buffer_records": {"kernel_dispatch": [{"start_timestamp": 10, "end_timestamp": 50},
+                                            {"start_timestamp": 10, "end_timestamp": 5},
+                                            {"start_timestamp": -(2**63), "end_timestamp": 2**63 - 1}]}},
+]
+
+
+@pytest.mark.parametrize("tool", WRONG_SHAPES, ids=range(len(WRONG_SHAPES)))
+def test_a_rocprofv3_json_of_the_wrong_shape_loads_what_it_can_or_is_refused(tool: dict, tmp_path: Path) -> None:
+    """Fields of the wrong JSON type, numbers past 64 bits, ends before starts: what is sound
+    loads (the rest dropped and counted), or the file is refused in one line; never a traceback."""
+    import traceq
+
+    path = tmp_path / "shape.json"
+    path.write_text(json.dumps({"rocprofiler-sdk-tool": [tool]}))
+    try:
+        t = traceq.load(path, tmp_path / "s.duckdb")
+    except TraceFormatError as e:
+        assert "\n" not in str(e)
+        return
+    kernels = t.con.execute("SELECT count(*), min(dur_ns) FROM kernels WHERE trace_id = ?", [t.id]).fetchone()
+    assert kernels[0] >= 1 and kernels[1] >= 0
+    for command in (t.top, t.libs):
+        command()

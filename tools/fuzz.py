@@ -77,6 +77,16 @@ PROTOBUF_TRACES = (
 """XPlane profiles from ../shared/realtraces, fuzzed when `--format protobuf` asks (kept out of the
 default corpus, whose mutant numbers earlier runs' reproducers name)."""
 
+AMD_TRACES = (
+    "rocpd/AMD-AGI__TraceLens__rocprof__908_results.json.gz",  # rocprofv3 JSON, 43,915 dispatches
+    "rocpd/ROCm__rocmProfileData__matmul_result.rpd",  # RPD SQLite: kernels, copies, API calls
+    "rocpd/ROCm__rocprofiler-sdk__docs__kernel_trace.csv",  # rocprofv3 kernel_trace.csv
+    "rocpd/amd__HPCTrainingExamples__finite-difference__results.csv",  # rocprof v1 CSV
+    "rocpd/amd__HPCTrainingExamples__finite-difference__results.db",  # rocprof v1 SQLite (KERN)
+)
+"""AMD profiles from ../shared/realtraces, fuzzed when `--amd` asks (kept out of the default
+corpus for the same reason as the XPlanes)."""
+
 BASE_TRACE = ROOT / "sample_traces" / "lenet_b256_cudnn.sqlite"
 """The good trace every mutant's store already holds."""
 
@@ -88,12 +98,12 @@ COMMANDS = (*FIRST_COMMANDS, ("idle", "--by", "iteration"), ("launches",), ("sta
 the latest loaded, so each runs on it by default."""
 
 
-def corpus(include_shared: bool = True, protobuf: bool = False) -> list[Path]:
+def corpus(include_shared: bool = True, protobuf: bool = False, amd: bool = False) -> list[Path]:
     """The traces mutants are made from: the samples, and the realtraces when ../shared is there
-    (with `protobuf`, the XPlane profiles too)."""
+    (with `protobuf`, the XPlane profiles too; with `amd`, the AMD profiles)."""
     files = [ROOT / "sample_traces" / name for name in SAMPLES]
     if include_shared and (SHARED / "realtraces").is_dir():
-        shared = REALTRACES + (PROTOBUF_TRACES if protobuf else ())
+        shared = REALTRACES + (PROTOBUF_TRACES if protobuf else ()) + (AMD_TRACES if amd else ())
         files += [p for p in (SHARED / "realtraces" / rel for rel in shared) if p.exists()]
     return files
 
@@ -107,6 +117,8 @@ def trace_format(path: Path) -> str:
         return "json.gz"
     if head.lstrip()[:1] in (b"{", b"["):
         return "json"
+    if path.suffix == ".csv":  # rocprof's CSV (a header row of quoted names)
+        return "csv"
     if head[:1] == b"\x0a":  # protobuf: field 1, length-delimited (an XSpace's first plane)
         return "protobuf"
     raise ValueError(f"{path}: no mutations for this format")
@@ -694,11 +706,61 @@ class GzipDamage(Mutation):
         return what
 
 
+# --- CSV (rocprof) ------------------------------------------------------------------------------
+# rocprof v1's results.csv and rocprofv3's kernel_trace.csv: a cell changed (empty, text in a
+# number, a huge or negative number, an unclosed quote), rows cut short, bytes that are not UTF-8.
+
+
+class CsvCell(Mutation):
+    name = "csv_cell"
+    formats = ("csv",)
+
+    def apply(self, dst: Path, rng: random.Random) -> str:
+        lines = dst.read_bytes().split(b"\n")
+        rows = [i for i, line in enumerate(lines) if i and line.strip()]
+        if not rows:
+            raise NotApplicable("no data row")
+        i = rng.choice(rows)
+        cells = lines[i].split(b",")
+        j = rng.randrange(len(cells))
+        value = rng.choice((b"", b"abc", b"-1", b"1e400", b"99999999999999999999999", b'"unclosed', b"NaN",
+                            b"0x10", b"-9223372036854775809"))
+        cells[j] = value
+        lines[i] = b",".join(cells)
+        dst.write_bytes(b"\n".join(lines))
+        return f"row {i} cell {j} = {value.decode()!r}"
+
+
+class CsvTruncate(Mutation):
+    name = "csv_truncate"
+    formats = ("csv",)
+
+    def apply(self, dst: Path, rng: random.Random) -> str:
+        data = dst.read_bytes()
+        keep = rng.randrange(1, len(data))
+        dst.write_bytes(data[:keep])
+        return f"cut at byte {keep:,} of {len(data):,}"
+
+
+class CsvBytes(Mutation):
+    name = "csv_bytes"
+    formats = ("csv",)
+
+    def apply(self, dst: Path, rng: random.Random) -> str:
+        data = bytearray(dst.read_bytes())
+        where = sorted(rng.randrange(len(data)) for _ in range(rng.choice((1, 4, 32))))
+        for i in where:
+            data[i] = rng.choice((0x00, 0xFF, 0x22, 0x2C, 0x0A, data[i] ^ (1 << rng.randrange(8))))
+        dst.write_bytes(bytes(data))
+        return f"{len(where)} bytes changed from byte {where[0]:,}"
+
+
 MUTATIONS: tuple[Mutation, ...] = (
     ByteFlip(), ZeroPages(), Truncate(), DropTable(), DropColumn(), SetNull(), TextInInteger(),
     NonFinite(), ExtremeTimestamp(), EndBeforeStart(), DanglingStringId(), BadUtf8(),
     JsonTruncate(), JsonWrongType(), JsonMissingField(), JsonNumber(), JsonDuplicateKey(), JsonBadUtf8(),
-    JsonNotEvents(), GzipDamage(), ProtoBytes(), ProtoTruncate(), ProtoLength(),
+    JsonNotEvents(), GzipDamage(), ProtoBytes(), ProtoTruncate(), ProtoLength(), CsvCell(), CsvTruncate(),
+    CsvBytes(),
 )
 """Every mutation class; a mutant's class is drawn uniformly among those for its file's format."""
 
@@ -909,8 +971,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", type=int, action="append", help="check just this mutant (repeatable)")
     parser.add_argument("--seed", default="1", help="the run's seed: same seed, same mutants")
     parser.add_argument("--no-shared", action="store_true", help="the samples alone, not ../shared/realtraces")
-    parser.add_argument("--format", action="append", choices=("sqlite", "json", "json.gz", "protobuf"),
+    parser.add_argument("--format", action="append", choices=("sqlite", "json", "json.gz", "protobuf", "csv"),
                         help="only corpus files in this container (repeatable)")
+    parser.add_argument("--amd", action="store_true", help="the AMD profiles of ../shared/realtraces/rocpd too")
     parser.add_argument("--jsonl", type=Path, help="append each mutant's outcome here as a JSON line")
     parser.add_argument("--keep", type=Path, help="move failing mutants into this folder")
     parser.add_argument("--quiet", action="store_true", help="no line per mutant on stderr")
@@ -925,7 +988,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     indexes = args.only or range(args.start, args.start + args.mutants)
     started = time.perf_counter()
     with scratch() as work:
-        files = [p for p in corpus(not args.no_shared, protobuf="protobuf" in (args.format or ()))
+        files = [p for p in corpus(not args.no_shared, protobuf="protobuf" in (args.format or ()), amd=args.amd)
                  if not args.format or trace_format(p) in args.format]
         harness = Harness(files, args.seed, work)
         log = args.jsonl.open("a") if args.jsonl else None
