@@ -388,29 +388,33 @@ class RpdReader(SqliteReader):
 
     def read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
         tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
-        strings = dict(src.execute("SELECT id, string FROM rocpd_string"))
-        links = dict(src.execute("SELECT op_id, api_id FROM rocpd_api_ops")) if "rocpd_api_ops" in tables else {}
+        strings = {i: v for i, v in src.execute("SELECT id, string FROM rocpd_string") if isinstance(v, str)}
+        links = ({op: _int(api) for op, api in src.execute("SELECT op_id, api_id FROM rocpd_api_ops")}
+                 if "rocpd_api_ops" in tables else {})
         sizes = (dict(src.execute("SELECT api_ptr_id, size FROM rocpd_copyapi"))
                  if "rocpd_copyapi" in tables else {})
-        launches = ({r[0]: r[1:] for r in src.execute(
+        launches = ({r[0]: [_int(v) for v in r[1:]] for r in src.execute(
             "SELECT api_ptr_id, gridX, gridY, gridZ, workgroupX, workgroupY, workgroupZ, groupSegmentSize, "
             "privateSegmentSize FROM rocpd_kernelapi")} if "rocpd_kernelapi" in tables else {})
         rows, devices = _Rows(), {}
         for op_id, gpu, queue, start, end, description, kind in src.execute(
                 "SELECT id, gpuId, queueId, start, \"end\", description_id, opType_id FROM rocpd_op ORDER BY start"):
-            kind_name = strings.get(kind, "")
-            device = devices.setdefault(gpu, len(devices))
+            kind_name, start, end = strings.get(kind, ""), _int(start), _int(end)
+            if start is None or end is None:
+                rows.skipped += 1
+                continue
+            device = devices.setdefault(_int(gpu), len(devices))
             api = links.get(op_id)
             if kind_name == "KernelExecution":
-                launch = launches.get(api) or (None,) * 8
+                launch = launches.get(api) or [None] * 8
                 rows.tables.kernels.append(kernel_row(
                     strings.get(description) or "kernel", start, end, device, _int(queue), correlation=api,
-                    grid=launch[0:3], block=launch[3:6], lds=launch[6], scratch=launch[7]))
+                    grid=launch[0:3], block=launch[3:6], lds=launch[6], scratch=launch[7]))  # type: ignore[arg-type]
             elif kind_name.startswith("Copy") or kind_name == "FillBuffer":
                 memset = kind_name == "FillBuffer"
                 copy = {"CopyHostToDevice": "Host-to-Device", "CopyDeviceToHost": "Device-to-Host",
                         "CopyDeviceToDevice": "Device-to-Device"}.get(kind_name, "Other")
-                rows.tables.memops.append({"start_ns": int(start), "end_ns": int(end), "dur_ns": int(end) - int(start),
+                rows.tables.memops.append({"start_ns": start, "end_ns": end, "dur_ns": end - start,
                                            "op": "memset" if memset else "memcpy",
                                            "copy_kind": None if memset else copy,
                                            "bytes": None if memset else _int(sizes.get(api)),
@@ -419,15 +423,18 @@ class RpdReader(SqliteReader):
         if "rocpd_api" in tables:
             for api_id, tid, start, end, name, args in src.execute(
                     "SELECT id, tid, start, \"end\", apiName_id, args_id FROM rocpd_api"):
-                name = strings.get(name) or "call"
+                name, start, end = strings.get(name) or "call", _int(start), _int(end)
+                if start is None or end is None:
+                    continue
                 if name == "UserMarker":  # a roctx range (its message the args) or mark (end = start)
-                    mark = int(end) <= int(start)
-                    rows.tables.ranges.append((int(start), None if mark else int(end), strings.get(args) or "roctx",
+                    mark = end <= start
+                    rows.tables.ranges.append((start, None if mark else end, strings.get(args) or "roctx",
                                                "mark" if mark else "pushpop", "roctx", PID, _int(tid)))
                 else:
-                    rows.tables.calls.append((int(start), int(end), name, _int(tid) or 0, api_id))
+                    rows.tables.calls.append((start, end, name, _int(tid) or 0, _int(api_id)))
         rows.tables.gpus.extend(gpu_row(index, None) for index in range(len(devices)))
         rows.write(sink)
         version = dict(src.execute("SELECT tag, value FROM rocpd_metadata")).get("schema_version") \
             if "rocpd_metadata" in tables else None
+        version = str(version) if isinstance(version, (str, int)) else None
         return SourceInfo(format="rpd", tool="rocmProfileData (RPD)", schema_version=version)
