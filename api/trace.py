@@ -272,20 +272,24 @@ class Trace:
         return frame if k is None else frame.head(k)
 
     def mfu(self, *, model_flops: float | None = None, params: float | None = None, tokens: float | None = None,
-            inference: bool = False, precision: str | None = None, iteration_regex: str | None = None) -> pl.DataFrame:
+            inference: bool = False, layers: int | None = None, d_model: int | None = None, seq: int | None = None,
+            full_attention: bool = False, precision: str | None = None,
+            iteration_regex: str | None = None) -> pl.DataFrame:
         """`traceq mfu`: model and hardware FLOPs utilization per steady iteration and over all
         of them (`model_flops` per iteration, or `params` x `tokens`: 6 P T for training, 2 P T
-        with `inference`)."""
+        with `inference`, plus attention's products with `layers`, `d_model` and `seq`, halved
+        unless `full_attention`)."""
         from traceq.analysis.efficiency.mfu import mfu_table, model_flops_per_iteration
 
+        model = model_flops_per_iteration(model_flops, params, tokens, not inference, layers=layers,
+                                          d_model=d_model, seq=seq, causal=not full_attention)
         precision = None if precision is None else getattr(precision, "value", precision)
         try:
             per_kernel = self._kernel_ce(None, None, precision, iteration_regex)
         except MissingDataError:
             per_kernel = pl.DataFrame()
-        return mfu_table(self.con, self.id, model_flops=model_flops_per_iteration(model_flops, params, tokens,
-                                                                                  not inference),
-                         precision=precision, iteration_regex=_regex(iteration_regex), per_kernel=per_kernel)
+        return mfu_table(self.con, self.id, model_flops=model, precision=precision,
+                         iteration_regex=_regex(iteration_regex), per_kernel=per_kernel)
 
     def traffic(self, by: TrafficBy | str = TrafficBy.layer, *, gpu: str | None = None,
                 spec: str | Path | None = None, batch: int | None = None, k: int | None = None,

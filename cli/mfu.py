@@ -22,6 +22,15 @@ def mfu(
     tokens: Annotated[float | None, typer.Option(
         "--tokens", min=0, show_default=False, help="Tokens per iteration (batch x sequence length)")] = None,
     inference: Annotated[bool, typer.Option("--inference", help="2 x P x T per iteration, not 6 x P x T")] = False,
+    layers: Annotated[int | None, typer.Option(
+        "--layers", min=1, show_default=False,
+        help="Transformer layers: with --d-model and --seq, attention's products are added to 6 x P x T")] = None,
+    d_model: Annotated[int | None, typer.Option("--d-model", min=1, show_default=False,
+                                                help="The model's width (heads x head size)")] = None,
+    seq: Annotated[int | None, typer.Option("--seq", min=1, show_default=False,
+                                            help="Sequence length (keys each query attends to)")] = None,
+    full_attention: Annotated[bool, typer.Option(
+        "--full-attention", help="Attention is not causal (count the whole score matrix, not half)")] = False,
     precision: Annotated[Precision | None, typer.Option(
         "--precision", show_default=False,
         help="The peak to measure against [default: the precision that ran the most FLOPs]")] = None,
@@ -34,8 +43,9 @@ def mfu(
 ) -> None:
     """Model FLOPs utilization (MFU) and hardware FLOPs utilization (HFU) per iteration."""
     def build(t: Trace):
-        frame = t.mfu(model_flops=model_flops, params=params, tokens=tokens, inference=inference,
-                      precision=precision, iteration_regex=iteration_regex)
+        frame = t.mfu(model_flops=model_flops, params=params, tokens=tokens, inference=inference, layers=layers,
+                      d_model=d_model, seq=seq, full_attention=full_attention, precision=precision,
+                      iteration_regex=iteration_regex)
         gpu = t.gpu()
         peak = frame["peak_flops"][0]
         given = "model FLOPs given" if frame["model_flops"].drop_nulls().len() else \

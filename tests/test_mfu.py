@@ -10,17 +10,18 @@ import json
 import re
 
 import pytest
-from conftest import sample
+from conftest import sample, shared
 from typer.testing import CliRunner
 
 PLAIN = "conventions/gpt_kineto_plain.json.gz"
 H200_BF16 = 132 * 1.98e9 * 4096  # SMs x clock x dense bf16 FLOPs per SM per clock (Hopper: 1024 FMA x 2 x 2)
 
 
-def _raw_spans() -> dict[str, int]:
+def _raw_spans(path=None) -> dict[str, int]:
     """Each ProfilerStep's GPU span (ns): from the first start to the last end of the kernels and
     copies whose runtime call lies in the step (by correlation id)."""
-    events = json.load(gzip.open(sample(PLAIN)))["traceEvents"]
+    with gzip.open(path or sample(PLAIN)) as raw:
+        events = json.load(raw)["traceEvents"]
     steps = [(e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
              if e.get("cat") == "user_annotation" and re.fullmatch(r"ProfilerStep#\d+", e.get("name", ""))]
     calls = {e["args"]["correlation"]: e["ts"] for e in events
@@ -85,3 +86,59 @@ def test_cli_mfu_reads_at_80_columns(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     assert "MFU %" in result.output.replace("\n", " ") or "MFU" in result.output
     assert all(len(line) <= 80 for line in result.output.splitlines())
+
+
+def test_attention_term_and_hfu_beside_mfu(trace) -> None:
+    """--layers/--d-model/--seq add attention's two products to 6 P T: 12 L S d a token for a
+    training step, halved for causal attention. On the GPT (P = its 16,777,216 matrix weights,
+    4 layers, d 512, sequence 256, 2,048 tokens a step) the counted FLOPs exceed that by the
+    scores the attention backward recomputes: half (causal) of Q K^T for 4 layers, 2 x 8 x 8 x
+    256 x 256 x 64 x 4 / 2 FLOP a step, so HFU > MFU by exactly that."""
+    params, tokens = 16_777_216, 2048
+    frame = trace.mfu(params=params, tokens=tokens, layers=4, d_model=512, seq=256)
+    model = 6 * params * tokens + 12 * 4 * 256 * 512 * tokens / 2
+    steps = frame.filter(frame["iteration"] != "all")
+    assert set(steps["model_flops"]) == {model}
+    recompute = 2 * 8 * 8 * 256 * 256 * 64 * 4 / 2
+    assert (steps["counted_flops"] - steps["model_flops"]).to_list() == pytest.approx([recompute] * 3, rel=1e-9)
+    full = trace.mfu(params=params, tokens=tokens, layers=4, d_model=512, seq=256, full_attention=True)
+    assert full["model_flops"][0] == 6 * params * tokens + 12 * 4 * 256 * 512 * tokens
+
+
+@pytest.mark.parametrize("bad", [{"params": 1e6}, {"params": 1e6, "tokens": 10, "layers": 2},
+                                 {"model_flops": 1e9, "params": 1e6, "tokens": 10}, {"layers": 2, "d_model": 8, "seq": 4}])
+def test_incomplete_descriptions_are_refused(trace, bad) -> None:
+    from traceq.errors import OptionError
+
+    with pytest.raises(OptionError):
+        trace.mfu(**bad)
+
+
+QWEN = ("realtraces", "kineto_json", "AMD-AGI__TraceLens__h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz")
+
+
+def test_qwen_prefill_mfu_by_hand(tmp_path) -> None:
+    """HF Qwen1.5-0.5B, one prefill step of 16 x 559 tokens on an H100 (TraceLens' sample): its 24
+    layers' linear weights (4 x 1024^2 + 3 x 1024 x 2816 each, 308,281,344; the trace has no LM
+    head), d 1024, causal. 2 P T + 4 L S d T / 2 is exactly what traceq counts from the shapes
+    (linear layers and causal SDPA), so MFU = HFU but for the rotary embedding's tiny matmul; MFU
+    equals the hand value over the step's span
+    read from the raw JSON at the H100 SXM's dense BF16 peak (132 SMs x 1.98 GHz x 4,096: the
+    trace records no clock, traceq takes the product's maximum)."""
+    import traceq
+
+    path = shared(*QWEN)
+    t = traceq.load(path, tmp_path / "q.duckdb")
+    params, tokens, seq = 24 * (4 * 1024**2 + 3 * 1024 * 2816), 16 * 559, 559
+    frame = t.mfu(params=params, tokens=tokens, inference=True, layers=24, d_model=1024, seq=seq)
+    (name, span), = _raw_spans(path).items()
+    row = frame.filter(frame["iteration"] == name).row(0, named=True)
+    model = 2 * params * tokens + 4 * 24 * seq * 1024 * tokens / 2
+    peak = 132 * 1.98e9 * 4096
+    assert row["model_flops"] == model and row["precision"] == "bf16"
+    assert row["peak_flops"] == pytest.approx(peak, rel=1e-6)
+    assert abs(row["time_ns"] - span) <= 2
+    assert row["mfu_pct"] == pytest.approx(100 * model / (span / 1e9 * peak), rel=1e-4)
+    rotary = 2 * 32 * 1 * 559  # the rotary embedding's frequencies x positions, an aten::matmul
+    assert row["counted_flops"] == pytest.approx(model + rotary, rel=1e-12)
+    assert row["hfu_pct"] == pytest.approx(row["mfu_pct"] * (model + rotary) / model, rel=1e-9)

@@ -23,6 +23,7 @@ import duckdb
 import polars as pl
 
 from traceq.analysis.efficiency.modelspec import load_spec, spec_layer_flops
+from traceq.analysis.efficiency.transformer_flops import TRANSFORMER_FLOP_OPS, transformer_op_flops
 from traceq.analysis.kernels.classify import classify_names
 from traceq.analysis.structure.attribution import kernel_attribution
 from traceq.errors import MissingDataError
@@ -38,8 +39,9 @@ _CONV = ("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "a
 _GEMM = ("aten::linear", "aten::matmul", "aten::mm", "aten::addmm", "aten::_addmm_activation",
          "aten::bmm", "aten::baddbmm")
 _CONV_BACKWARD = "aten::convolution_backward"
-FLOP_OPS = (*_CONV, *_GEMM, _CONV_BACKWARD)
-"""ATen ops whose NVTX ranges carry FLOPs; nested ones count once, at the outermost."""
+FLOP_OPS = (*_CONV, *_GEMM, _CONV_BACKWARD, *TRANSFORMER_FLOP_OPS)
+"""ATen ops (and flash_attn's) whose ranges carry FLOPs; nested ones count once, at the outermost.
+Attention, `_scaled_mm` and grouped GEMMs: `transformer_flops`."""
 
 _NO_SHAPES = ("no layer shapes in this trace: record it under torch.autograd.profiler."
               "emit_nvtx(record_shapes=True), or pass --spec model.toml (see docs/flops.md)")
@@ -138,7 +140,7 @@ def _kernel_shares(con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFr
     inside = (inside.join(name_ids, on="kernel_id", how="left", maintain_order="left")
               .join(names, on="name_id", how="left", maintain_order="left").drop("name_id"))
     classes = classify_names(inside["name"].unique()).select(
-        "name", compute=pl.col("operation").is_in(["convolution", "gemm"]))
+        "name", compute=pl.col("operation").is_in(["convolution", "gemm", "attention"]))
     k = inside.join(classes, on="name", how="left").with_columns(pl.col("compute").fill_null(False))
     by_op = pl.col("op_row")
     k = k.with_columns(weight=pl.when(pl.col("compute").any().over(by_op))
@@ -284,6 +286,8 @@ def _range_flops(op: str, sizes: list[list[int]] | None, out_shapes: list[list[i
             return 2 * x[0] * math.prod(x[2:]) * math.prod(weight)
         fits = [s for s in out_shapes or [] if s and len(s) == len(x) and s[0] == x[0] and s[1] == weight[0]]
         return 2 * x[0] * math.prod(fits[0][2:]) * math.prod(weight) if fits else None
+    if op in TRANSFORMER_FLOP_OPS:  # NVTX ranges record no is_causal: attention counts as not causal
+        return transformer_op_flops(op, sizes, None)
     return _gemm_flops(op, sizes)
 
 
@@ -402,6 +406,8 @@ def _operator_flops(op: str, input_dims: str | None, concrete_inputs: str | None
         return 2 * x[0] * math.prod(out) * math.prod(w)
     if op in _CONV:
         return None
+    if op in TRANSFORMER_FLOP_OPS:
+        return transformer_op_flops(op, sizes, [_parsed(v) for v in scalars])
     return _gemm_flops(op, sizes)
 
 

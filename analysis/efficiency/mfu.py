@@ -5,8 +5,9 @@ model FLOPs / (iteration time x peak FLOP/s). HFU counts the FLOPs the kernels a
 (recomputation included): traceq's FLOPs from the trace's recorded shapes (`ce.kernel_ce`, the
 same FLOPs `traceq ce` shows) over the same time and peak. The model FLOPs are the user's
 (`model_flops` per iteration, or 6 x parameters x tokens for a training step and 2 x parameters
-x tokens for inference, the usual transformer estimate); without them MFU is not stated and HFU
-is the one measure.
+x tokens for inference, the usual transformer estimate, plus with a transformer's layers, width
+and sequence length the attention term of `attention_flops_per_iteration`); without them MFU is
+not stated and HFU is the one measure.
 
 Iteration time is the iteration's GPU span on its busiest device (`layers.stage_times`), the
 steady-state iterations only (`conventions.steady`); the peak is the busiest GPU's dense peak at
@@ -22,20 +23,47 @@ import polars as pl
 from traceq.analysis.efficiency.ce import busiest_gpu, kernel_ce
 from traceq.analysis.structure.conventions import ITERATION_REGEX, steady
 from traceq.analysis.structure.layers import attributed_kernels, stage_times
-from traceq.errors import MissingDataError
+from traceq.errors import MissingDataError, OptionError
 
 ALL = "all"
 """The iteration label of the row over every steady iteration."""
 
 
 def model_flops_per_iteration(model_flops: float | None, params: float | None, tokens: float | None,
-                              training: bool) -> float | None:
-    """The model FLOPs of one iteration: given, else (6 or 2) x parameters x tokens per iteration."""
+                              training: bool, *, layers: int | None = None, d_model: int | None = None,
+                              seq: int | None = None, causal: bool = True) -> float | None:
+    """The model FLOPs of one iteration: given, else (6 or 2) x parameters x tokens per iteration,
+    plus the attention term when `layers`, `d_model` and `seq` are given. Raises OptionError for
+    an incomplete or contradictory description."""
+    described = [v is not None for v in (layers, d_model, seq)]
+    if any(described) and not all(described):
+        raise OptionError("the attention term needs --layers, --d-model and --seq together")
     if model_flops is not None:
+        if any(described) or params is not None:
+            raise OptionError("--model-flops is the whole model's count: give it alone, or --params/--tokens")
         return float(model_flops)
-    if params is not None and tokens is not None:
-        return (6.0 if training else 2.0) * float(params) * float(tokens)
-    return None
+    if (params is None) != (tokens is None):
+        raise OptionError("--params and --tokens go together (6 x P x T a training step, 2 x P x T inference)")
+    if params is None or tokens is None:
+        if any(described):
+            raise OptionError("the attention term is added to 6 x P x T: give --params and --tokens too")
+        return None
+    flops = (6.0 if training else 2.0) * float(params) * float(tokens)
+    if all(described):
+        flops += attention_flops_per_iteration(int(layers), int(d_model), int(seq), float(tokens),  # type: ignore[arg-type]
+                                               training, causal)
+    return flops
+
+
+def attention_flops_per_iteration(layers: int, d_model: int, seq: int, tokens: float, training: bool,
+                                  causal: bool = True) -> float:
+    """The FLOPs of attention's two matrix products (Q K^T and P V), which 6 P T leaves out: per
+    token and layer 2 x 2 x seq x d_model forward (each query meets `seq` keys, over all heads'
+    d_model columns), 3 times that for a training step (PaLM, Chowdhery et al. 2022, appendix B:
+    12 L H Q T per token), halved for causal attention (half the score matrix is masked, as
+    traceq counts a causal attention op)."""
+    per_token = (12.0 if training else 4.0) * layers * seq * d_model
+    return per_token * float(tokens) / (2.0 if causal else 1.0)
 
 
 def mfu_table(con: duckdb.DuckDBPyConnection, trace_id: int, *, model_flops: float | None = None,
