@@ -49,7 +49,7 @@ def idle(
         title = (f"{t.name}: GPU idle {format_duration(totals.idle_ns)} of {format_duration(totals.span_ns)}"
                  f"{share} on {totals.devices} device(s)")
         if totals.iterations:
-            title += f", {format_duration(totals.idle_ns / totals.iterations)} per iteration ({totals.iterations})"
+            title += f", {format_duration(totals.per_iteration_ns)} per iteration ({totals.iterations})"
         return frame, f"{title}; by cause" + (f" and {by.value}" if by is not None else "")
 
     _show_trace_table(trace, db, dataset, fmt, out, build)

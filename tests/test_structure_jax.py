@@ -196,3 +196,18 @@ def test_command_buffer_kernels_are_their_ops(store) -> None:
     assert [op for op, name, _ in gemms.iter_rows() if name not in names.get(op, set())] == []
     same_grid = sum(f"{name} {grid}" in truth[op] for op, name, grid in gemms.iter_rows())
     assert same_grid >= 7
+
+
+def test_idle_per_iteration_leaves_the_warm_up_out(store) -> None:
+    """`traceq idle`'s idle time per iteration is the steady iterations' gaps over their number,
+    not the compiling step's 11.6 s spread over them."""
+    from traceq.analysis.timeline.idle import idle_split, idle_totals
+
+    con, ids = store
+    t = ids[COLD]
+    totals = idle_totals(con, t)
+    rows = idle_split(con, t, "iteration")
+    steady = rows.filter(pl.col("iteration").str.starts_with("ProfilerStep#"))
+    assert totals.iterations == 3 and steady.height == 3
+    assert totals.per_iteration_ns == pytest.approx(steady["idle_ns"].sum() / 3)
+    assert totals.per_iteration_ns < 0.01 * totals.idle_ns  # was idle_ns / 3 before

@@ -24,8 +24,15 @@ class IdleTotals:
 
     span_ns: int  # per device, first work start to last work end, summed over devices
     idle_ns: int  # all gaps
-    iterations: int  # iteration ranges the gaps' work belongs to
+    iterations: int  # steady iteration ranges the gaps' work belongs to (the warm-up is none)
     devices: int
+    steady_idle_ns: int | None = None  # the gaps of those iterations (None: as idle_ns)
+
+    @property
+    def per_iteration_ns(self) -> float:
+        """Idle time per steady iteration: their gaps over their number."""
+        idle = self.idle_ns if self.steady_idle_ns is None else self.steady_idle_ns
+        return idle / max(self.iterations, 1)
 
 
 def _shares(frame: pl.DataFrame, keys: list[str], column: str, label: str) -> pl.DataFrame:
@@ -112,10 +119,11 @@ def idle_totals(
                 JOIN kernel_queues q ON q.trace_id = {t} AND q.queue_id = e.queue_id
                 UNION ALL SELECT device_id, start_ns, end_ns FROM memops WHERE trace_id = {t})
             GROUP BY device_id)""").fetchall()[0]
-    idle_ns, iterations = frame.select(pl.col("dur_ns").sum(),
-                                       pl.col("iteration").filter(pl.col("iteration").is_in(steady_codes)).n_unique()
-                                       ).collect().row(0)
-    return IdleTotals(span_ns=int(span[0]), idle_ns=int(idle_ns), iterations=iterations, devices=int(span[1]))
+    steady = pl.col("iteration").is_in(steady_codes)
+    idle_ns, iterations, steady_ns = frame.select(pl.col("dur_ns").sum(), pl.col("iteration").filter(steady).n_unique(),
+                                                  pl.col("dur_ns").filter(steady).sum().alias("steady_ns")).collect().row(0)
+    return IdleTotals(span_ns=int(span[0]), idle_ns=int(idle_ns), iterations=iterations, devices=int(span[1]),
+                      steady_idle_ns=int(steady_ns or 0))
 
 
 def idle_split(
