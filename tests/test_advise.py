@@ -30,6 +30,7 @@ CASES = {
     "straggler": (None, "alexnet_b256_amp"),  # fires only on a rank of a run (the DLRM job)
     "layout_transforms": ("alexnet_b256_amp", "badloop_mlp"),  # cuDNN converts NCHW activations for fp16 convs
     "allocator_churn": (None, "alexnet_b256_amp"),
+    "recompilation": (None, "alexnet_b256_cudnn"),  # fires: tests/test_advice_catalogue.py (a crafted recompile)
 }
 
 
