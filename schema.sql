@@ -27,7 +27,7 @@ CREATE TABLE traces (
     source_path VARCHAR NOT NULL,    -- absolute path of the file at load time
     sha256 VARCHAR NOT NULL,         -- hex digest of the file's bytes
     source_bytes BIGINT,             -- file size in bytes
-    format VARCHAR NOT NULL,         -- 'nsys' (Nsight Systems SQLite export), 'nvprof', 'kineto' (PyTorch profiler JSON) or 'xplane' (JAX/TensorFlow XSpace protobuf)
+    format VARCHAR NOT NULL,         -- 'nsys' (Nsight Systems SQLite export), 'nvprof', 'kineto' (PyTorch profiler JSON), 'xplane' (JAX/TensorFlow XSpace protobuf), or AMD's (docs/amd.md): 'rocprofv3' (rocprofv3 JSON), 'rocprof-csv' (rocprofv3 kernel_trace.csv, rocprof v1 results.csv), 'rocprof-db' (rocprof v1 results.db), 'rpd' (rocmProfileData)
     tool VARCHAR,                    -- producer, e.g. 'NVIDIA Nsight Systems 2025.3.2.0'; NULL when the file does not say
     source_schema_version VARCHAR,   -- export schema version (nsys EXPORT_SCHEMA_VERSION, nvprof Version, Kineto schemaVersion)
     gpus VARCHAR,                    -- the GPUs that ran kernels, e.g. '2x NVIDIA H200'
@@ -49,7 +49,7 @@ CREATE TABLE gpus (
     trace_id INTEGER NOT NULL,
     device_id INTEGER,                     -- the id kernels carry in kernels.device_id
     name VARCHAR,                          -- 'NVIDIA H200'
-    vendor VARCHAR,                        -- 'NVIDIA' or 'AMD' (Kineto); NULL from nsys and nvprof, which trace NVIDIA GPUs only
+    vendor VARCHAR,                        -- 'NVIDIA' or 'AMD' (Kineto, AMD's profilers); NULL from nsys and nvprof, which trace NVIDIA GPUs only
     cc_major INTEGER,                      -- compute capability major; NULL on AMD GPUs (their gfx version is not one)
     cc_minor INTEGER,                      -- compute capability minor
     sm_count INTEGER,                      -- streaming multiprocessors

@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import sample, shared
+from conftest import ROOT, sample, shared
 
 from traceq import TraceFormatError
 
@@ -287,3 +287,20 @@ def test_a_rocprofv3_json_of_the_wrong_shape_loads_what_it_can_or_is_refused(too
     assert kernels[0] >= 1 and kernels[1] >= 0
     for command in (t.top, t.libs):
         command()
+
+
+def test_fuzzing_the_small_amd_profiles() -> None:
+    """4 mutants of the RPD, rocprof v1 and rocprofv3 CSV files (fixed seed: SQLite and CSV
+    damage), each loaded and the first commands run on it: refused in one line with the store as
+    before, or loaded with every command working. `python tools/fuzz.py --amd` is the larger run."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import fuzz
+
+    files = [shared(*ROCPD, f[0]) for f in FILES[1:]]
+    with fuzz.scratch() as work:
+        harness = fuzz.Harness(files, "amd-ci", work, commands=fuzz.FIRST_COMMANDS)
+        outcomes = fuzz.run(harness, range(4), progress=False)
+    assert [o.problems for o in outcomes if o.problems] == []
+    assert len(outcomes) == 4 and "loaded" in {o.result for o in outcomes}
