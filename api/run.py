@@ -116,6 +116,21 @@ class Run:
             return late_collectives(self.con, self.id, k, _regex(iteration_regex), progress)
         return rank_iterations(self.con, self.id, _regex(iteration_regex), progress)
 
+    def mfu(self, *, model_flops: float | None = None, params: float | None = None, tokens: float | None = None,
+            inference: bool = False, layers: int | None = None, d_model: int | None = None, seq: int | None = None,
+            full_attention: bool = False, precision: str | None = None,
+            iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq mfu --run`: `Trace.mfu` for each rank (model FLOPs and tokens per GPU), then per
+        iteration the ranks together (`analysis.efficiency.mfu.run_mfu_table`)."""
+        from traceq.analysis.efficiency.mfu import run_mfu_table
+
+        ranks = dict(self.con.execute("SELECT trace_id, min(rank) FROM ranks WHERE run_id = ? GROUP BY 1",
+                                      [self.id]).fetchall())
+        return run_mfu_table([(int(ranks[t.id]), t.mfu(
+            model_flops=model_flops, params=params, tokens=tokens, inference=inference, layers=layers,
+            d_model=d_model, seq=seq, full_attention=full_attention, precision=precision,
+            iteration_regex=iteration_regex)) for t in self.traces()])
+
     def compare(self, other: Run | str | int, by: CompareBy | str = CompareBy.layer, *, k: int | None = None,
                 iteration_regex: str | None = None) -> pl.DataFrame:
         """`traceq compare A B` on runs of different GPU counts: GPU time per GPU and iteration

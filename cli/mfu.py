@@ -8,7 +8,18 @@ import typer
 
 from traceq.analysis.choices import Precision
 from traceq.api import Trace
-from traceq.cli.base import DatasetOpt, DbOpt, FormatOpt, IterOpt, OutOpt, TraceOpt, _show_trace_table, app, example
+from traceq.cli.base import (
+    DatasetOpt,
+    DbOpt,
+    FormatOpt,
+    IterOpt,
+    OutOpt,
+    TraceOpt,
+    _show_run_table,
+    _show_trace_table,
+    app,
+    example,
+)
 
 
 @app.command(epilog=example("traceq mfu -t resnet50_b32_amp_ops --model-flops 3.9e11"))
@@ -34,6 +45,9 @@ def mfu(
     precision: Annotated[Precision | None, typer.Option(
         "--precision", show_default=False,
         help="The peak to measure against [default: the precision that ran the most FLOPs]")] = None,
+    run: Annotated[str | None, typer.Option(
+        "--run", show_default=False,
+        help="A run: each rank's table (model FLOPs and tokens per GPU), then the ranks together")] = None,
     trace: TraceOpt = None,
     db: DbOpt = None,
     dataset: DatasetOpt = None,
@@ -42,16 +56,28 @@ def mfu(
     out: OutOpt = None,
 ) -> None:
     """Model FLOPs utilization (MFU) and hardware FLOPs utilization (HFU) per iteration."""
+    options = {"model_flops": model_flops, "params": params, "tokens": tokens, "inference": inference,
+               "layers": layers, "d_model": d_model, "seq": seq, "full_attention": full_attention,
+               "precision": precision, "iteration_regex": iteration_regex}
+
+    def given(frame) -> str:
+        return ("model FLOPs given" if frame["model_flops"].drop_nulls().len() else
+                "no model FLOPs given (--params/--tokens or --model-flops): HFU only")
+
     def build(t: Trace):
-        frame = t.mfu(model_flops=model_flops, params=params, tokens=tokens, inference=inference, layers=layers,
-                      d_model=d_model, seq=seq, full_attention=full_attention, precision=precision,
-                      iteration_regex=iteration_regex)
-        gpu = t.gpu()
+        frame = t.mfu(**options)
         peak = frame["peak_flops"][0]
-        given = "model FLOPs given" if frame["model_flops"].drop_nulls().len() else \
-            "no model FLOPs given (--params/--tokens or --model-flops): HFU only"
-        title = (f"{t.name}: MFU and HFU per iteration on {gpu['description']} against the dense "
-                 f"{frame['precision'][0]} peak ({peak / 1e12:,.1f} TFLOP/s); {given}")
+        title = (f"{t.name}: MFU and HFU per iteration on {t.gpu()['description']} against the dense "
+                 f"{frame['precision'][0]} peak ({peak / 1e12:,.1f} TFLOP/s); {given(frame)}")
         return frame, title
 
-    _show_trace_table(trace, db, dataset, fmt, out, build)
+    def build_run(r, progress):
+        frame = r.mfu(**options)
+        title = (f"{r.name}: MFU and HFU per iteration of each of {r.world_size} ranks and of all together "
+                 f"(the slowest rank's time, the GPUs' {frame['precision'][0]} peaks added); {given(frame)}")
+        return frame, title
+
+    if run is None:
+        _show_trace_table(trace, db, dataset, fmt, out, build)
+    else:
+        _show_run_table(run, db, dataset, fmt, out, build_run)

@@ -142,3 +142,33 @@ def test_qwen_prefill_mfu_by_hand(tmp_path) -> None:
     rotary = 2 * 32 * 1 * 559  # the rotary embedding's frequencies x positions, an aten::matmul
     assert row["counted_flops"] == pytest.approx(model + rotary, rel=1e-12)
     assert row["hfu_pct"] == pytest.approx(row["mfu_pct"] * (model + rotary) / model, rel=1e-9)
+
+
+def test_run_mfu_per_rank_and_together(tmp_path) -> None:
+    """traceq mfu --run on the GPT under FSDP on 2 H200s: each rank's rows are its trace's; the
+    ranks together last, per step, as long as the slower rank's span read from its raw JSON, with
+    both ranks' model FLOPs over both GPUs' peaks."""
+    import traceq
+    from traceq.cli import app
+
+    files = [sample(f"conventions/gpt_kineto_fsdp_rank{r}.json.gz") for r in (0, 1)]
+    db = tmp_path / "r.duckdb"
+    loaded = CliRunner().invoke(app, ["load", *map(str, files), "--run", "fsdp", "--db", str(db)])
+    assert loaded.exit_code == 0, loaded.output
+    store = traceq.open(db)
+    flops = 2.0e11
+    frame = store.run("fsdp").mfu(model_flops=flops)
+    spans = [_raw_spans(f) for f in files]
+    for r in (0, 1):
+        rank = frame.filter(frame["rank"] == str(r), frame["iteration"] != "all")
+        for name, time_ns in rank.select("iteration", "time_ns").iter_rows():
+            assert abs(time_ns - spans[r][name]) <= 2
+    together = frame.filter(frame["rank"] == "all ranks")
+    assert together["iteration"].to_list() == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4", "all"]
+    for name, time_ns, mfu in together.select("iteration", "time_ns", "mfu_pct").head(3).iter_rows():
+        slowest = max(spans[0][name], spans[1][name])
+        assert abs(time_ns - slowest) <= 2
+        assert mfu == pytest.approx(100 * 2 * flops / (slowest / 1e9 * 2 * H200_BF16), rel=1e-4)
+    total = together.row(3, named=True)
+    slowest = sum(max(spans[0][n], spans[1][n]) for n in spans[0])
+    assert total["mfu_pct"] == pytest.approx(100 * 6 * flops / (slowest / 1e9 * 2 * H200_BF16), rel=1e-4)

@@ -161,3 +161,15 @@ def test_bidirectional_attention_counts_whole(tmp_path) -> None:
     t = traceq.load(path, tmp_path / "b.duckdb")
     ops = op_flops(t.con, t.id).filter(op="aten::scaled_dot_product_attention")
     assert len(expected) == 4 and sorted(ops["flops"].to_list()) == sorted(expected)
+
+
+def test_traffic_model_leaves_attention_out() -> None:
+    """DeLTA's traffic model covers convolutions and GEMMs: an attention op whose S equals its D
+    (so Q and K would chain like a matrix product) gets no GEMM candidate; FP8 _scaled_mm does."""
+    from traceq.analysis.efficiency.traffic_shapes import op_candidates
+
+    qkv = [[8, 8, 64, 64]] * 3
+    assert op_candidates("aten::_scaled_dot_product_cudnn_attention", qkv, None, False, False, False) == []
+    assert op_candidates("aten::_grouped_mm", [[512, 64], [8, 64, 32]], None, False, False, False) == []
+    (kind, problem), = op_candidates("aten::_scaled_mm", [[64, 128], [128, 32]], None, False, False, False)
+    assert (kind, problem.m, problem.n, problem.k) == ("gemm", 64, 32, 128)

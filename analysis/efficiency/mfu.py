@@ -112,3 +112,36 @@ def _dominant_precision(kernels: pl.DataFrame) -> str:
     ranked = (kernels.drop_nulls("precision").group_by("precision").agg(pl.col("flops").sum())
               .sort("flops", "precision", descending=[True, False]))
     return ranked["precision"][0] if ranked.height and ranked["flops"][0] > 0 else "fp32"
+
+
+ALL_RANKS = "all ranks"
+"""The rank label of a run's rows over every rank together."""
+
+
+def run_mfu_table(per_rank: list[tuple[int, pl.DataFrame]]) -> pl.DataFrame:
+    """MFU and HFU of a run: each rank's `mfu_table` (its first rank number beside it) and, per
+    iteration that every rank has, the ranks together: the iteration lasts as long as its slowest
+    rank (the longest of their times), the FLOPs add up (model FLOPs are per GPU, as each rank's
+    table has them) and so do the GPUs' peaks, so a run whose ranks did equal work at equal speed
+    has each rank's MFU; `all` sums those iterations. Columns: rank (the number, or `ALL_RANKS`),
+    then `mfu_table`'s."""
+    frames = [frame.with_columns(rank=pl.lit(str(rank))) for rank, frame in per_rank]
+    columns = ["rank", *frames[0].columns[:-1]]
+    ranks = pl.concat(frames, how="vertical_relaxed").select(columns)
+    steps = ranks.filter(pl.col("iteration") != ALL)
+    order = frames[0].select("iteration").with_row_index("position")
+    together = (steps.group_by("iteration")
+                .agg(pl.col("time_ns").max(), pl.col("model_flops").sum(),
+                     pl.col("model_flops").is_not_null().all().alias("given"), pl.col("counted_flops").sum(),
+                     pl.col("precision").first(), pl.col("peak_flops").sum(), pl.len().alias("n"))
+                .filter(pl.col("n") == len(frames))
+                .join(order, on="iteration").sort("position")
+                .with_columns(model_flops=pl.when(pl.col("given")).then(pl.col("model_flops"))))
+    total = together.select(pl.lit(ALL).alias("iteration"), pl.col("time_ns").sum(),
+                            pl.when(pl.col("given").all()).then(pl.col("model_flops").sum()).alias("model_flops"),
+                            pl.col("counted_flops").sum(), pl.col("precision").first(), pl.col("peak_flops").first())
+    together = pl.concat([together.select(total.columns), total], how="vertical_relaxed")
+    capacity = pl.col("time_ns") / 1e9 * pl.col("peak_flops")
+    together = together.with_columns(rank=pl.lit(ALL_RANKS), mfu_pct=100.0 * pl.col("model_flops") / capacity,
+                                     hfu_pct=100.0 * pl.col("counted_flops") / capacity)
+    return pl.concat([ranks, together.select(columns)], how="vertical_relaxed")

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from traceq.analysis.efficiency.modelspec import SpecLayer
 from traceq.analysis.efficiency.traffic_model import Conv, Problem, conv_problem
+from traceq.analysis.efficiency.transformer_flops import GROUPED_MM_OPS, SDPA_OPS
 
 Candidate = tuple[str, Problem]
 
@@ -100,8 +101,9 @@ def recorded_candidates(layer: dict, backward: bool) -> list[Candidate]:
 def op_candidates(op: str, sizes: list[list[int]] | None, out_shapes: list[list[int]] | None,
                   data_used: bool, weight_used: bool, has_ids: bool) -> list[Candidate]:
     """The candidates of one recorded op range (`flops.op_shapes` row); empty where the shapes
-    are not those of a 2-D convolution or a matrix product."""
-    if not sizes or len(sizes) < 2:
+    are not those of a 2-D convolution or a matrix product (attention and grouped GEMMs are not
+    modelled)."""
+    if not sizes or len(sizes) < 2 or op in SDPA_OPS or op in GROUPED_MM_OPS:
         return []
     if op == "aten::convolution_backward":  # grad_output, input, weight
         if len(sizes) < 3 or len(sizes[0]) != 4 or len(sizes[1]) != 4 or len(sizes[2]) != 4:
