@@ -228,7 +228,9 @@ def _hang_before_publishing(victim: int, marker: str) -> None:
 
     def hang(staging: Path, final: Path) -> None:
         if final.name == f"trace={victim}":
-            Path(marker).write_text(str(os.getpid()))
+            ready = Path(marker + ".tmp")  # whole or absent: the test may read it as soon as it exists
+            ready.write_text(str(os.getpid()))
+            ready.rename(marker)
             time.sleep(600)
         publish(staging, final)
 
