@@ -36,7 +36,7 @@ import polars as pl
 from traceq.analysis.intervals import last_at_or_before, last_open
 from traceq.analysis.operations import api_calls, gpu_work
 from traceq.analysis.structure.conventions import ITERATION_REGEX
-from traceq.analysis.structure.phases import either, merged, overlapping
+from traceq.analysis.structure.phases import either, split_warm
 from traceq.analysis.timeline.gaps import COPY_CALL, SYNC_CALL
 from traceq.errors import MissingDataError
 
@@ -282,10 +282,8 @@ def _iterations(con: duckdb.DuckDBPyConnection, trace_id: int, nodes: pl.DataFra
                      params=[iteration_regex, either(iteration_regex)]).pl()
     ranges = ranges.filter(pl.col("end_ns").is_not_null())
     # an iteration during which its process compiled is the warm-up, on no critical path (`structure.phases`)
-    compiling = merged(ranges.filter(~pl.col("is_iter")))
-    ranges = ranges.filter("is_iter").drop("is_iter")
-    if not compiling.is_empty():
-        ranges = ranges.filter(~overlapping(compiling, ranges["pid"], ranges["start_ns"], ranges["end_ns"]))
+    ranges, warm = split_warm(ranges)
+    ranges = ranges.filter(~warm)
     if ranges.height == 0:
         return pl.Series([], dtype=pl.String), pl.repeat(None, nodes.height, dtype=pl.UInt32, eager=True)
     order = ranges.select(pl.col("name").unique(maintain_order=True))["name"]

@@ -62,6 +62,16 @@ def compile_intervals(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.S
     return merged(ranges)
 
 
+def split_warm(ranges: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series]:
+    """The rows of one scan by `either` (pid, start_ns, end_ns, is_iter, ...) as (the iteration
+    ranges, without is_iter; whether each is the warm-up: its process compiled during it, an
+    open iteration counted from its start)."""
+    compiling = merged(ranges.filter(~pl.col("is_iter") & pl.col("end_ns").is_not_null()))
+    iterations = ranges.filter("is_iter").drop("is_iter")
+    ends = iterations["end_ns"].fill_null(iterations["start_ns"])
+    return iterations, overlapping(compiling, iterations["pid"], iterations["start_ns"], ends)
+
+
 def merged(ranges: pl.DataFrame) -> pl.DataFrame:
     """pid, start_ns, end_ns: `ranges` (pid, start_ns, end_ns) merged per process into disjoint
     intervals, in start order."""

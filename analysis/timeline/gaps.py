@@ -45,7 +45,7 @@ import polars as pl
 from traceq.analysis.intervals import last_at_or_before, last_open
 from traceq.analysis.operations import KINDS, Work, api_calls, gpu_work
 from traceq.analysis.structure.conventions import ITERATION_REGEX, WARM_UP
-from traceq.analysis.structure.phases import either, merged, overlapping
+from traceq.analysis.structure.phases import either, split_warm
 
 CAUSES = ("sync", "h2d_pageable", "h2d_pinned", "iteration_start", "launch_bound", "other")
 """Gap causes (the host-caused ones in the order they are tested), as identifiers: the names of
@@ -204,11 +204,8 @@ def operation_iterations(
         WHERE trace_id = {int(trace_id)} AND kind IN ('pushpop', 'startend') AND pid IS NOT NULL
           AND regexp_matches(coalesce(name, ''), ?)
         ORDER BY pid, start_ns""", params=[iteration_regex, either(iteration_regex)]).pl()
-    compiling = merged(ranges.filter(~pl.col("is_iter") & pl.col("end_ns").is_not_null()))
-    ranges = ranges.filter("is_iter").drop("is_iter")
-    if not compiling.is_empty():
-        warm = overlapping(compiling, ranges["pid"], ranges["start_ns"], ranges["end_ns"].fill_null(ranges["start_ns"]))
-        ranges = ranges.with_columns(name=pl.when(warm).then(pl.lit(WARM_UP)).otherwise(pl.col("name")))
+    ranges, warm = split_warm(ranges)
+    ranges = ranges.with_columns(name=pl.when(warm).then(pl.lit(WARM_UP)).otherwise(pl.col("name")))
     # a range that never ended lasts to the trace's end (not to the end of time: times are packed
     # into keys with the process, so they must span what the trace spans)
     horizon = max((v for v in (ops["end_ns"].max(), ops["call_end_ns"].max(), ranges["start_ns"].max())
