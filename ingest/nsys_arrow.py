@@ -52,12 +52,13 @@ def arrow_tables(path: Path) -> Iterator[tuple[str, pa.Table]]:
         while source.tell() < source.size():
             reader = ipc.open_stream(source)
             table = reader.read_all()
+            table.validate(full=True)  # offsets and lengths inside their buffers: a stream reads without checking
             name = (reader.schema.metadata or {}).get(TABLE_KEY)
             if name is None:
                 raise TraceFormatError(f"{path}: an Arrow stream without a table name is not an nsys export")
             yield name.decode("utf-8", "replace"), table
-    except (pa.ArrowInvalid, OSError) as e:
-        raise TraceFormatError(f"{path} is a damaged Arrow export ({str(e).splitlines()[0]})") from None
+    except (pa.ArrowException, OSError, MemoryError) as e:  # a damaged length can ask for any size
+        raise TraceFormatError(f"{path} is a damaged Arrow export ({_first_line(e)})") from None
     finally:
         source.close()
 
@@ -69,10 +70,16 @@ def parquet_tables(path: Path) -> Iterator[tuple[str, pa.Table]]:
     for file in sorted(path.glob("*.parquet")):
         try:
             table = pq.read_table(file)
-        except (pa.ArrowInvalid, OSError) as e:
-            raise TraceFormatError(f"{file} is a damaged Parquet file ({str(e).splitlines()[0]})") from None
+            table.validate(full=True)
+        except (pa.ArrowException, OSError, MemoryError) as e:
+            raise TraceFormatError(f"{file} is a damaged Parquet file ({_first_line(e)})") from None
         name = (table.schema.metadata or {}).get(TABLE_KEY)
         yield (name.decode("utf-8", "replace") if name else file.stem), table
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def stage(tables: Iterator[tuple[str, pa.Table]], target: Path) -> None:
