@@ -58,10 +58,15 @@ MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
 NVTX = "NVTX_EVENTS"
 MEMORY = "CUDA_GPU_MEMORY_USAGE_EVENTS"
 GRAPH_NODES = "CUDA_GRAPH_NODE_EVENTS"
-EVENT_TABLES = (KERNEL, RUNTIME, MEMCPY, MEMSET, NVTX, MEMORY, GRAPH_NODES)
+GRAPH_TRACE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
+"""A CUDA graph's replay as one activity: what nsys records by default (`--cuda-graph-trace=graph`)
+instead of the graph's kernels. Each row is kept as one GPU operation, a kernel named
+`[CUDA graph N]` (N: the graph's id), so that the GPU counts as busy and the replay as launched
+by its cudaGraphLaunch; its kernels are not in the trace (`--cuda-graph-trace=node` records them)."""
+EVENT_TABLES = (KERNEL, RUNTIME, MEMCPY, MEMSET, NVTX, MEMORY, GRAPH_NODES, GRAPH_TRACE)
 
 REQUIRED = {
-    KERNEL: ("start", "end"), RUNTIME: ("start", "end"), MEMCPY: ("start", "end"), MEMSET: ("start", "end"),
+    KERNEL: ("start", "end"), GRAPH_TRACE: ("start", "end", "graphId"), RUNTIME: ("start", "end"), MEMCPY: ("start", "end"), MEMSET: ("start", "end"),
     NVTX: ("start", "eventType"), MEMORY: ("start", "memoryOperationType"), "StringIds": ("id", "value"),
 }
 """Columns without which a table's rows mean nothing: a file lacking one is refused (others read as NULL)."""
@@ -108,9 +113,13 @@ class NsysReader(SqliteReader):
             global_tids = pa.array([key[0] for key in threads.keys], I64)
             sink.append("api_threads", api_threads(_pid(global_tids).to_pylist(), _tid(global_tids).to_pylist(),
                                                    global_tids.to_pylist()), source_rows=0)
-        if KERNEL in tables:
+        if KERNEL in tables or GRAPH_TRACE in tables:
             names, configs, queues = Names(), Names(), Names()
-            sink.append_all("kernel_events", _kernels(src, names, configs, queues, sink, calls))
+            first_id = [0]
+            for table in (KERNEL, GRAPH_TRACE):
+                if table in tables:
+                    sink.append_all("kernel_events", _kernels(src, names, configs, queues, sink, calls, table,
+                                                              first_id))
             calls.close()
             demangled, short, mangled = list(zip(*names.keys)) or [(), (), ()]
             sink.append("kernel_names", kernel_names(_texts(strings, demangled), _texts(strings, short),
@@ -134,16 +143,21 @@ class NsysReader(SqliteReader):
 
 
 def _texts(strings: Strings, ids: Sequence[int | None]) -> list[str | None]:
-    """The strings that StringIds ids stand for (None for a NULL or unknown id)."""
-    return strings.lookup(pa.array(ids, I64)).to_pylist()
+    """The strings that StringIds ids stand for (None for a NULL or unknown id); a negative id
+    -(N + 1) is the name of CUDA graph N's replays (`GRAPH_TRACE`)."""
+    texts = strings.lookup(pa.array([i if i is None or i >= 0 else None for i in ids], I64)).to_pylist()
+    return [f"[CUDA graph {-i - 1}]" if i is not None and i < 0 else t for i, t in zip(ids, texts, strict=True)]
 
 
 def _kernels(src: sqlite3.Connection, names: Names, configs: Names, queues: Names, sink: Sink,
-             calls: CallIndex) -> Iterator[pa.Table]:
-    """kernel_events rows; `names` numbers the (demangled, short, mangled) StringIds ids of each,
-    `configs` its launch configuration (KERNEL_CONFIG_COLUMNS), `queues` its KERNEL_QUEUE_COLUMNS,
-    `calls` gives its launching call; rows with unusable times are dropped (into `sink.damage`)."""
-    have = column_names(src, KERNEL)
+             calls: CallIndex, table: str = KERNEL, first_id: list[int] | None = None) -> Iterator[pa.Table]:
+    """kernel_events rows of `table` (KERNEL, or GRAPH_TRACE: graph replays as kernels named by
+    the id -(graphId + 1)); `names` numbers the (demangled, short, mangled) StringIds ids of
+    each, `configs` its launch configuration (KERNEL_CONFIG_COLUMNS), `queues` its
+    KERNEL_QUEUE_COLUMNS, `calls` gives its launching call; rows with unusable times are dropped
+    (into `sink.damage`). Kernel ids continue from first_id[0], which is advanced."""
+    first_id = [0] if first_id is None else first_id
+    have = column_names(src, table)
     wanted = [
         ("start_ns", "start", ["start"]),
         ("end_ns", '"end"', ["end"]),
@@ -168,6 +182,10 @@ def _kernels(src: sqlite3.Connection, names: Names, configs: Names, queues: Name
         ("launch_type", "launchType", ["launchType"]),
         ("graph_node_id", "graphNodeId", ["graphNodeId"]),  # 0: not from a graph
     ]
+    if table == GRAPH_TRACE:
+        graph_name = ("-(graphId + 1)", ["graphId"])
+        override = {"demangled_id": graph_name, "short_id": graph_name, "mangled_id": ("NULL", [])}
+        wanted = [(alias, *override.get(alias, (expr, needs))) for alias, expr, needs in wanted]
     schema = _schema(*[(w[0], I64) for w in wanted])
 
     def columns(batch: pa.Table) -> pa.Table:  # on the reading threads
@@ -184,12 +202,11 @@ def _kernels(src: sqlite3.Connection, names: Names, configs: Names, queues: Name
                 .append_column("config_key", key_rows(*[batch[c] for c in KERNEL_CONFIG_COLUMNS]))
                 .append_column("queue_key", key_rows(*[batch[c] for c in KERNEL_QUEUE_COLUMNS])))
 
-    offset = 0
-    for batch in scan_table(src, KERNEL, select_columns(have, wanted), schema, transform=columns):
+    for batch in scan_table(src, table, select_columns(have, wanted), schema, transform=columns):
         yield numbered(kernel_batch(batch, name_id=names.number_keys(batch["name_key"]),
                                     config_id=configs.number_keys(batch["config_key"]),
-                                    queue_id=queues.number_keys(batch["queue_key"])), offset)
-        offset += batch.num_rows
+                                    queue_id=queues.number_keys(batch["queue_key"])), first_id[0])
+        first_id[0] += batch.num_rows
 
 
 def _api_calls(src: sqlite3.Connection, names: Names, threads: Names, sink: Sink, strings: Strings,

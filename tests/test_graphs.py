@@ -95,3 +95,34 @@ def test_idle_gaps_take_the_capture_layers(sample_store) -> None:
 
     frame = idle_split(sample_store, trace_id(sample_store, GRAPH), "layer")
     assert {"conv1", "fc6", "bconv1", "bfc8"} <= set(frame["layer"].drop_nulls())
+
+
+def test_graph_level_replays_are_gpu_work(tmp_path) -> None:
+    """nsys's default `--cuda-graph-trace=graph` records each replay as one GRAPH_TRACE row and no
+    kernel rows (planted/smallkernels_graph.sqlite): each replay is one GPU operation named
+    `[CUDA graph N]`, launched by its cudaGraphLaunch, so the GPU is busy while it runs (read
+    with sqlite3 from the export)."""
+    from pathlib import Path
+
+    from traceq.api.loading import load_trace
+    from traceq.store import open_store
+
+    path = Path(__file__).resolve().parent.parent / "sample_traces" / "planted" / "smallkernels_graph.sqlite"
+    raw = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    rows = raw.execute('SELECT graphId, start, "end", correlationId FROM CUPTI_ACTIVITY_KIND_GRAPH_TRACE '
+                       "ORDER BY start").fetchall()
+    launch = dict(raw.execute("SELECT r.correlationId, s.value FROM CUPTI_ACTIVITY_KIND_RUNTIME r "
+                              "JOIN StringIds s ON s.id = r.nameId").fetchall())
+    raw.close()
+    assert rows and all(re.match(r"cudaGraphLaunch", launch[r[3]]) for r in rows)
+    con = open_store(tmp_path / "s.duckdb", create=True)
+    t = load_trace(con, path).trace_id
+    got = con.execute("SELECT k.name, k.start_ns, k.end_ns, l.launch_api FROM kernels k JOIN kernel_launches l "
+                      "USING (trace_id, kernel_id) WHERE k.trace_id = ? ORDER BY k.start_ns", [t]).fetchall()
+    from traceq.analysis.timeline.idle import idle_totals
+
+    busy = idle_totals(con, t)
+    con.close()
+    assert [(n, s, e) for n, s, e, _ in got] == [(f"[CUDA graph {g}]", s, e) for g, s, e, _ in rows]
+    assert all(a and a.startswith("cudaGraphLaunch") for *_, a in got)
+    assert busy.span_ns - busy.idle_ns >= sum(e - s for _, s, e, _ in rows)
