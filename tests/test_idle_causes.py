@@ -4,7 +4,6 @@ export itself: sqlite3 reads, then a plain loop over the gaps with linear scans 
 
 from __future__ import annotations
 
-import bisect
 import re
 import sqlite3
 from collections import Counter, defaultdict
@@ -71,16 +70,23 @@ def reference_causes(path: Path) -> dict[tuple[int, int, int], str]:
         by_device[op[0]].append(op)
     for device, work in by_device.items():
         work.sort(key=lambda o: o[1])
-        seen, first = set(), []
+        seen, first, its = set(), [], []
         for _, _, _, pid, corr in work:
             it = iteration(pid, corr)
             first.append(it is not None and it not in seen)
+            its.append(it)
             seen.add(it)
         reach = work[0][2]
+        last = None  # (index, cause) of the device's last gap
         for i, (_, start, end, pid, corr) in enumerate(work[1:], 1):
             if start > reach:
-                causes[(device, reach, start)] = _cause(reach, start, pid, corr, first[i], calls, blocking, h2d,
-                                                        pageable_h2d)
+                cause = _cause(reach, start, pid, corr, first[i], calls, blocking, h2d, pageable_h2d)
+                # a sync's echo: launch-bound right after a sync gap, no work between found queued
+                if (cause == "launch_bound" and last and last[0] == i - 1 and last[1] == "sync"
+                        and its[i] is not None and its[i] == its[i - 1]):
+                    cause = "sync"
+                causes[(device, reach, start)] = cause
+                last = (i, cause)
             reach = max(reach, end)
     return causes
 
@@ -92,7 +98,10 @@ def _cause(gap_start, gap_end, pid, corr, first, calls, blocking, h2d, pageable_
     covering = [b for b in blocking if b[0] == pid and b[1] <= gap_start <= b[2]]
     if covering:
         holder = max(covering, key=lambda b: b[2])
-        return "h2d_pageable" if (pid, holder[3] - 1) in pageable_h2d else "sync"
+        if (pid, holder[3] - 1) in pageable_h2d:
+            return "h2d_pageable"
+        if not (first and holder[2] - gap_start < 0.5 * (gap_end - gap_start)):  # left early, between iterations
+            return "sync"
     begun = [c for c in h2d if c[0] == pid and c[1] == call[0] and c[2] < gap_end]
     if begun:
         copy = max(begun, key=lambda c: c[2])
@@ -116,3 +125,24 @@ def test_causes_equal_the_rules_applied_to_the_export(sample_store, name: str) -
     assert not wrong, f"(reference, traceq) gaps: {wrong}"
     if name == "badloop_mlp":  # the trace recorded to show every host-caused class but pinned copies
         assert {"sync", "h2d_pageable", "iteration_start", "launch_bound", "other"} <= set(want.values())
+
+
+@pytest.mark.parametrize("name", ["sync", "dataloader"])
+def test_causes_on_the_planted_loops(tmp_path, name: str) -> None:
+    """The loops with syncs after every layer (the launch-bound gaps that follow a sync until
+    the host is ahead again are the sync's) and with host-side data preparation after the
+    step's closing sync (between iterations, not the sync's): the same rules, naively."""
+    from traceq.api.loading import load_trace
+    from traceq.store import open_store
+
+    path = Path(__file__).resolve().parent.parent / "sample_traces" / "planted" / f"{name}.sqlite"
+    want = reference_causes(path)
+    con = open_store(tmp_path / "s.duckdb", create=True)
+    gaps = idle_gaps(con, load_trace(con, path).trace_id)
+    con.close()
+    got = {(d, s, e): LABELS[c] for d, s, e, c in gaps.select("device_id", "start_ns", "end_ns", "cause").iter_rows()}
+    assert got.keys() == want.keys()
+    wrong = Counter((want[k], got[k]) for k in want if want[k] != got[k])
+    assert not wrong, f"(reference, traceq) gaps: {wrong}"
+    counts = Counter(want.values())
+    assert counts["sync" if name == "sync" else "iteration_start"] >= 7

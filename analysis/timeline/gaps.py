@@ -19,7 +19,10 @@ that holds:
    device. Such a call drains the queue: the host cannot run ahead while it waits. A
    synchronize that is the process's very next call after a host-to-device copy from pageable
    memory waits for that copy (PyTorch synchronizes after each such copy): that gap is
-   `h2d_pageable`.
+   `h2d_pageable`. A gap before its iteration's first work that the host left the blocking
+   call early in (before H2D_SHARE of it) is not `sync`: the host was between iterations. The
+   launch-bound gaps that follow a `sync` gap directly (no operation between found its work
+   queued, same iteration) are the sync's echo: `sync` (`_sync_echoes`).
 2. `h2d_pageable` / `h2d_pinned`: the thread that issued the next operation spent at least half
    of the gap (`H2D_SHARE`) inside a host-to-device copy call (the last one it began before the
    gap ended); pageable or pinned by the copy's source memory.
@@ -110,7 +113,8 @@ def gap_frame(
     timeline = (ops.select(*([device] if devices else []), "start_ns", "end_ns").with_row_index("op_row")
                 .sort("start_ns", maintain_order=True))  # ties: the first in the trace's order
     reach = pl.col("end_ns").cum_max().shift(1)
-    timeline = timeline.select("op_row", "start_ns", gap_start=reach.over("device_id") if devices else reach)
+    timeline = timeline.select("op_row", "start_ns", gap_start=reach.over("device_id") if devices else reach,
+                               pos=pl.int_range(pl.len()).over("device_id") if devices else pl.int_range(pl.len()))
     if iterations.len():  # whether each operation is its device's first of its iteration
         code = iteration
         if devices:
@@ -128,8 +132,10 @@ def gap_frame(
     late = pl.DataFrame([work.of("pid", late_ops), work.of("tid", late_ops),
                          *gaps.select("start_ns", "gap_start", "first").gather(late_rows),
                          ops["call_name_id"].gather(late_ops)])
-    sync_call, h2d_call, h2d_pageable = _host_waits(late, blocking, h2d)
-    cause = (pl.when(sync_call.is_not_null()).then(0)
+    sync_call, sync_end, h2d_call, h2d_pageable = _host_waits(late, blocking, h2d)
+    # a wait the host left early in a gap before its iteration's first work: between iterations
+    left_early = late["first"] & ((sync_end - late["gap_start"]) < H2D_SHARE * (late["start_ns"] - late["gap_start"]))
+    cause = (pl.when(sync_call.is_not_null() & ~left_early).then(0)
              .when(h2d_call.is_not_null() & h2d_pageable).then(1)
              .when(h2d_call.is_not_null()).then(2)
              .when(late["first"]).then(3)
@@ -140,6 +146,7 @@ def gap_frame(
     own = gaps.select("op_row", start_ns="gap_start", end_ns="start_ns").with_columns(
         cause=pl.repeat(5, gaps.height, dtype=pl.UInt8, eager=True).scatter(late_rows, late_cause["cause"]),
         call=ops["call_name_id"].gather(rows).scatter(late_rows, late_cause["call"].cast(ops["call_name_id"].dtype)))
+    own = _sync_echoes(own, gaps["pos"], work.of("device_id", rows) if devices else None, iteration.gather(rows))
     del gaps, late_cause, late_rows
 
     def of_next(values: pl.Series, codes: pl.Series | None = None) -> pl.Expr:
@@ -166,6 +173,25 @@ def gap_frame(
                                .otherwise(pl.lit("[CUDA memset]"))).to_series(),
     }
     return frame, names
+
+
+def _sync_echoes(own: pl.DataFrame, pos: pl.Series, device: pl.Series | None, iteration: pl.Series) -> pl.DataFrame:
+    """A synchronize drains the device's queue; until the host is ahead again, the GPU waits
+    for each launch. Launch-bound gaps that follow a `sync` gap directly (each next operation
+    the device's next, with no operation between that found work queued, in the same
+    iteration) are the sync's too: they take its cause and call."""
+    breaks = (pos.diff() != 1).fill_null(True) | (iteration != iteration.shift(1)).fill_null(True)
+    breaks = breaks | iteration.is_null() | iteration.shift(1).is_null()
+    if device is not None:
+        breaks = breaks | (device != device.shift(1)).fill_null(True)
+    breaks = breaks | ~own["cause"].is_in([0, 4])  # another cause between ends the echo
+    frame = own.select("cause", "call").with_columns(run=breaks.cum_sum())
+    is_sync = pl.col("cause") == 0
+    echo = (pl.col("cause") == 4) & is_sync.cast(pl.UInt8).cum_max().over("run").cast(pl.Boolean)
+    call = pl.when(is_sync).then(pl.col("call")).forward_fill().over("run")
+    frame = frame.select(cause=pl.when(echo).then(pl.lit(0, pl.UInt8)).otherwise(pl.col("cause")),
+                         call=pl.when(echo).then(call).otherwise(pl.col("call")))
+    return own.with_columns(frame["cause"], frame["call"])
 
 
 def _firsts(code: pl.Series) -> pl.Series:
@@ -251,14 +277,15 @@ def _waiting_calls(calls: pl.DataFrame, memops: pl.DataFrame, api_names: pl.Seri
 
 
 def _host_waits(gaps: pl.DataFrame, blocking: pl.DataFrame, h2d: pl.DataFrame
-                ) -> tuple[pl.Series, pl.Series, pl.Series]:
+                ) -> tuple[pl.Series, pl.Series, pl.Series, pl.Series]:
     """Per gap: the name id of a blocking call of the process that covered the gap's start
-    (sync_call), the name id of a host-to-device copy call of the issuing thread that took
+    (sync_call) and when that call ended (sync_end), the name id of a host-to-device copy call of the issuing thread that took
     H2D_SHARE of the gap, or that the covering blocking call waited for (h2d_call), and
     whether that copy was from pageable memory (`_waiting_calls` gives the calls)."""
     holder = _covering(gaps, blocking)
     waited_copy = blocking["copy_name"].gather(holder)
     sync_call = pl.select(pl.when(waited_copy.is_null()).then(blocking["name_id"].gather(holder))).to_series()
+    sync_end = blocking["end_ns"].gather(holder)
     row = last_at_or_before(h2d["pid"] * (1 << 32) + h2d["tid"], h2d["start_ns"],
                             gaps["pid"] * (1 << 32) + gaps["tid"], gaps["start_ns"] - 1)
     inside = (pl.min_horizontal(h2d["end_ns"].gather(row), gaps["start_ns"])
@@ -268,7 +295,7 @@ def _host_waits(gaps: pl.DataFrame, blocking: pl.DataFrame, h2d: pl.DataFrame
     h2d_pageable = h2d["h2d_pageable"].gather(row).fill_null(False)
     # the copy a covering synchronize waited for comes first
     h2d_pageable = pl.select(pl.when(waited_copy.is_not_null()).then(True).otherwise(h2d_pageable)).to_series()
-    return sync_call, pl.select(pl.coalesce(waited_copy, h2d_call)).to_series(), h2d_pageable
+    return sync_call, sync_end, pl.select(pl.coalesce(waited_copy, h2d_call)).to_series(), h2d_pageable
 
 
 def _covering(gaps: pl.DataFrame, blocking: pl.DataFrame) -> pl.Series:
