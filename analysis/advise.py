@@ -183,22 +183,34 @@ def _idle_rule(cause: str, title: str, fix: str) -> Callable[[_Facts], list[Find
 
 
 def _pageable(facts: _Facts) -> list[Finding]:
-    """Copies from pageable memory: the idle they caused (`h2d_pageable`), with every pageable
-    copy of the trace as evidence."""
+    """Copies from pageable memory: the idle they caused (`h2d_pageable`) and the copies' own
+    time that no kernel of their device overlapped (a pageable copy is staged by the host and
+    blocks it; pinned and issued ahead it would run beside the work), with every pageable copy
+    of the trace as evidence."""
     row = _cause(facts, "h2d_pageable")
-    copies = facts.con.execute(
-        "SELECT count(*), coalesce(sum(bytes), 0), coalesce(sum(dur_ns), 0) FROM memops WHERE trace_id = ? "
-        "AND op = 'memcpy' AND (src_kind = 'Pageable' OR dst_kind = 'Pageable')", [facts.trace_id]).fetchall()[0]
-    if not row["gaps"] or not copies[0]:
+    copies = facts.con.execute("""
+        WITH c AS (SELECT row_number() OVER () AS memop_id, device_id, start_ns, end_ns, bytes FROM memops
+                   WHERE trace_id = ?
+                   AND op = 'memcpy' AND (src_kind = 'Pageable' OR dst_kind = 'Pageable')),
+             o AS (SELECT c.memop_id, sum(least(k.end_ns, c.end_ns) - greatest(k.start_ns, c.start_ns)) AS ns
+                   FROM c JOIN kernels k ON k.trace_id = ? AND k.device_id IS NOT DISTINCT FROM c.device_id
+                    AND k.start_ns < c.end_ns AND k.end_ns > c.start_ns GROUP BY c.memop_id)
+        SELECT count(*), coalesce(sum(bytes), 0), coalesce(sum(end_ns - start_ns), 0),
+               coalesce(sum(greatest(end_ns - start_ns - coalesce(o.ns, 0), 0)), 0)
+        FROM c LEFT JOIN o USING (memop_id)""", [facts.trace_id, facts.trace_id]).fetchall()[0]
+    if not copies[0] or not (row["gaps"] or copies[3]):
         return []
     from traceq.units import format_bytes
 
+    stake = row["total_ns"] + copies[3]
     evidence = (f"{copies[0]:,} copies to or from pageable host memory ({format_bytes(copies[1])}, "
-                f"{_ms(copies[2])} of copying); the GPU waited {_ms(row['total_ns'])} for them in "
-                f"{row['gaps']:,} gaps{_per_iteration(facts, row['total_ns'])}; calls: {_first(row['call_shares'])}")
+                f"{_ms(copies[2])} of copying, {_ms(copies[3])} of it with no kernel beside it); the GPU waited "
+                f"{_ms(row['total_ns'])} for them in {row['gaps']:,} gaps; at stake{_per_iteration(facts, stake)}: "
+                f"both; calls: {_first(row['call_shares'])}")
     fix = ("Pin the host buffers (DataLoader(pin_memory=True), tensor.pin_memory()) and copy with "
-           ".to(device, non_blocking=True): pinned copies run on the copy engine without blocking the host")
-    return [Finding("pageable_copies", "Copies from pageable memory", row["total_ns"], evidence, fix)]
+           ".to(device, non_blocking=True) ahead of use: pinned copies run on the copy engine beside the "
+           "kernels without blocking the host")
+    return [Finding("pageable_copies", "Copies from pageable memory", stake, evidence, fix)]
 
 
 def _tiny_kernels(facts: _Facts) -> list[Finding]:

@@ -9,6 +9,7 @@ import itertools
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 from conftest import DLRM
 
@@ -96,7 +97,15 @@ def test_allocator_churn_counts_malloc_free_after_the_first_iteration(tmp_path) 
     load_trace(con, path)
     frame, _ = advise(con, int(con.execute("SELECT max(trace_id) FROM traces").fetchone()[0]))
     row = frame.filter(frame["rule"] == "allocator_churn").row(0, named=True)
-    assert row["time_ns"] == 700_000 + 1_100_000 + 300_000
+    # plus the GPU idle the free's wait for the device caused: `traceq idle`'s sync gaps of cudaFree
+    # (their causes are checked against a naive reading of the export in test_idle_causes.py)
+    from traceq.analysis.timeline.gaps import idle_gaps
+
+    gaps = idle_gaps(con, int(con.execute("SELECT max(trace_id) FROM traces").fetchone()[0]))
+    sync = gaps.filter(pl.col("cause") == "Sync")
+    freed = int(sync.filter(pl.col("call") == "cudaFree")["dur_ns"].sum())
+    assert freed > 0  # (the free's share of the sync idle is read from whole-percent shares)
+    assert abs(row["time_ns"] - (700_000 + 1_100_000 + 300_000 + freed)) <= 0.005 * int(sync["dur_ns"].sum()) + 1
     assert "3 allocator calls" in row["evidence"]
     con.close()
 
@@ -138,50 +147,58 @@ def test_the_straggler_is_the_same_in_ranks_by_collective_and_advise(dlrm_store)
         assert frame["rule"][0] in {"straggler", "launch_bound"}, (rank, frame["rule"].to_list())
 
 
-PLANTED = Path(__file__).resolve().parent.parent / ".recorded" / "r14" / "planted"
+PLANTED = Path(__file__).resolve().parent.parent / "sample_traces" / "planted"
 EXPECTED = {"pageable": {"pageable_copies"}, "sync": {"sync"}, "smallkernels": {"tiny_kernels", "launch_bound"},
             "fp32": {"fp32_math"}, "layout": {"layout_transforms"}, "dataloader": {"iteration_start"},
-            "churn": {"allocator_churn"}, "recompile": {"launch_bound", "iteration_start"},
-            "exposed_comm": {"exposed_comm"}, "straggler": {"straggler"}}
-"""The rule(s) that must name each planted problem first."""
-
-
-def _step_ns(truth: dict) -> float:
-    """The measured step time of a truth.json, whatever unit its key names."""
-    for key, scale in (("step_ns", 1), ("step_us", 1e3), ("step_ms", 1e6), ("step_s", 1e9)):
-        if key in truth:
-            return float(truth[key]) * scale
-    raise KeyError(f"no step time in {sorted(truth)}")
+            "churn": {"allocator_churn"}}
+"""The rule(s) that must name each planted problem first (tools/record_planted.py says what each
+plant is; docs/advise.md has the results). Not here: `recompile` (under nsys torch.compile leaves
+no mark: advise can only call it launch-bound) and the two-GPU plants (exposed communication, a
+straggler), not yet recorded."""
+UPPER_BOUND = {"layout"}
+"""Plants whose finding's time at stake is an upper bound, not an estimate: the layout transforms'
+kernel time, while the NCHW model's other kernels ran faster than the channels_last base's."""
 
 
 @pytest.mark.parametrize("planted", sorted(EXPECTED))
 def test_planted_problem_is_the_first_finding(tmp_path, planted: str) -> None:
     """A recorded variant of the base loop with one planted problem: advise's first finding is it,
-    its time at stake within 25 % of the cost measured against the base loop (per step, times the
-    steps the trace marks). Skips until the recordings exist (they are not in CI)."""
+    its time at stake per iteration within 25 % of the planted cost: the traced step time of the
+    plant minus that of the base loop, both traced in the same process (the truth file,
+    measured by the recording script's own clock, not by traceq)."""
     from traceq.api.loading import load_trace
     from traceq.store import open_store
 
-    if not (PLANTED / "DONE").exists():
-        pytest.skip("the planted recordings (.recorded/r14/planted/) are absent or incomplete")
-    files = sorted(PLANTED.glob(f"{planted}*.sqlite"))
-    if not files or not (PLANTED / f"{planted}.truth.json").exists():
-        pytest.skip(f"no planted recording {planted}")
     truth = json.loads((PLANTED / f"{planted}.truth.json").read_text())
-    base = json.loads((PLANTED / "base.truth.json").read_text()) if (PLANTED / "base.truth.json").exists() else {}
-    cost_per_step = _step_ns(truth) - _step_ns(truth.get("base", base))
+    cost = truth["traced_step_ns"] - truth["base"]["traced_step_ns"]
+    assert cost > 0.1 * truth["base"]["traced_step_ns"], "the plant costs too little to check"
     con = open_store(tmp_path / "s.duckdb", create=True)
-    if len(files) > 1:  # the two GPUs' files of one job: a run, so that the straggler rule sees both ranks
-        from traceq.api.loading import load_run
-
-        load_run(con, files, planted)
-    else:
-        load_trace(con, files[0])
-    frame, totals = advise(con, int(con.execute("SELECT min(trace_id) FROM traces").fetchone()[0]))
-    assert frame.height and frame["rule"][0] in EXPECTED[planted], frame.select("rule", "time_ns").rows()
-    steps = max(totals.iterations, 1)
-    assert abs(frame["time_ns"][0] / steps - cost_per_step) <= 0.25 * cost_per_step
+    trace = load_trace(con, PLANTED / f"{planted}.sqlite").trace_id
+    frame, totals = advise(con, trace)
     con.close()
+    assert frame.height and frame["rule"][0] in EXPECTED[planted], frame.select("rule", "time_ns").rows()
+    assert totals.iterations == truth["steps"]
+    stake = frame["time_ns"][0] / totals.iterations
+    if planted in UPPER_BOUND:
+        assert stake >= 0.75 * cost
+    else:
+        assert abs(stake - cost) <= 0.25 * cost, (stake, cost)
+
+
+def test_the_base_loop_has_no_planted_finding(tmp_path) -> None:
+    """The clean loop the plants start from: none of the plants' rules finds anything big in it
+    (each plant's first rule, at more than 10 % of the base step)."""
+    from traceq.api.loading import load_trace
+    from traceq.store import open_store
+
+    truth = json.loads((PLANTED / "base.truth.json").read_text())
+    con = open_store(tmp_path / "s.duckdb", create=True)
+    frame, totals = advise(con, load_trace(con, PLANTED / "base.sqlite").trace_id)
+    con.close()
+    planted_rules = set().union(*EXPECTED.values()) - {"launch_bound"}
+    big = frame.filter(pl.col("rule").is_in(sorted(planted_rules))
+                       & (pl.col("time_ns") / totals.iterations > 0.1 * truth["traced_step_ns"]))
+    assert big.height == 0, big.select("rule", "time_ns").rows()
 
 
 def test_layout_transforms_on_a_third_party_vgg16_trace(tmp_path) -> None:

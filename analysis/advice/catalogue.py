@@ -98,7 +98,9 @@ def layout_transforms(facts: object) -> list[Finding]:
 def allocator_churn(facts: object) -> list[Finding]:
     """cudaMalloc/cudaFree (and their HIP and driver twins) after the first iteration: a caching
     allocator reuses its blocks, so these calls in steady state mean it keeps freeing and
-    allocating (fragmentation, empty_cache(), changing shapes). At stake: the calls' host time."""
+    allocating (fragmentation, empty_cache(), changing shapes). At stake: the calls' host time and
+    the GPU idle that the frees' waits for the whole device caused (`traceq idle`'s sync gaps
+    whose call is a free)."""
     t = int(facts.trace_id)
     ranges = facts.con.execute(
         "SELECT min(start_ns), count(*) FROM nvtx WHERE trace_id = ? AND end_ns IS NOT NULL "
@@ -118,13 +120,31 @@ def allocator_churn(facts: object) -> list[Finding]:
         return []
     total = float(sum(c[2] or 0 for c in calls))
     n = sum(c[1] for c in calls)
+    drained = _freed_idle(facts)
+    total += drained
     evidence = (f"{n:,} allocator calls after the first iteration took {_ms(total)} of host time"
                 f" ({_ms(total / max(ranges[1] - 1, 1))} per iteration); "
                 + ", ".join(f"{name} x{k:,} {_ms(ns or 0)}" for name, k, ns in calls[:3])
-                + "; cudaFree also waits for the whole device")
+                + f"; the frees' waits for the whole device left the GPU idle {_ms(drained)}")
     fix = ("Let the caching allocator reuse memory: no torch.cuda.empty_cache() in the loop, fixed or bucketed "
            "shapes, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation")
     return [Finding("allocator_churn", "Allocator churn: cudaMalloc/cudaFree in steady state", total, evidence, fix)]
+
+
+def _freed_idle(facts: object) -> float:
+    """The GPU idle time of `traceq idle`'s sync gaps whose call was an allocator call (a free),
+    from the sync row's call shares."""
+    from traceq.analysis.timeline.gaps import CAUSE_LABELS
+
+    row = facts.idle.filter(pl.col("cause") == CAUSE_LABELS["sync"])
+    if not row.height or not row["call_shares"][0]:
+        return 0.0
+    share = 0.0
+    for item in row["call_shares"][0].split(", "):
+        call, _, pct = item.rpartition(" ")
+        if call in ALLOC_CALLS and pct.endswith("%"):
+            share += float(pct[:-1]) / 100
+    return share * float(row["total_ns"][0])
 
 
 def recompilation(facts: object) -> list[Finding]:
