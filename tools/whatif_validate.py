@@ -9,7 +9,11 @@ Each pair predicts the second recording's median iteration time from the first's
   model; (b) each layer's GEMM and convolution kernels scaled to the AMP run's measured GEMM and
   convolution time in that layer (the issue's method).
 - batch 128 -> 256 (alexnet_b128_cudnn -> alexnet_b256_cudnn): every kernel and copy twice as
-  long (no third recording to fit a per-kernel scaling from).
+  long (the naive model, kept to show why a fit is needed).
+- batch 128 -> 256 with a fit (whatif/alexnet_b{64,128,256}_fp32, one session): each layer's GPU
+  work at batch 128 scaled by that layer's measured growth from batch 64 to 128.
+- eager -> CUDA graphs (planted/smallkernels -> planted/smallkernels_graph: a launch-bound step,
+  tools/record_planted.py): `--no-launch-overhead`.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ def _gemm_conv_by_layer(graph) -> pl.DataFrame:
     nodes = graph.nodes
     return (nodes.filter((pl.col("kind") == 1) & pl.col("operation").is_in(["gemm", "convolution"]))
             .group_by("layer").agg(ns=pl.col("dur_ns").sum()))
+
+
+def _gpu_by_layer(graph) -> pl.DataFrame:
+    return graph.nodes.filter(pl.col("kind") > 0).group_by("layer").agg(ns=pl.col("dur_ns").sum())
 
 
 def main(samples: Path) -> list[tuple[str, float, float, float]]:
@@ -66,6 +74,22 @@ def main(samples: Path) -> list[tuple[str, float, float, float]]:
         gpu = b128.nodes["kind"] > 0
         dur = pl.select(pl.when(gpu).then(b128.nodes["dur_ns"] * 2).otherwise(b128.nodes["dur_ns"])).to_series()
         results.append(("batch 128 -> 256, GPU work x 2", _median(b128), _median(b128, dur), truth_b256))
+        series = {b: build_graph(con, load_trace(con, samples / "whatif" / f"alexnet_b{b}_fp32.sqlite").trace_id)
+                  for b in (64, 128, 256)}
+        growth = (_gpu_by_layer(series[128]).join(_gpu_by_layer(series[64]), on="layer", suffix="_64", nulls_equal=True)
+                  .select("layer", factor=pl.col("ns") / pl.col("ns_64")))
+        nodes = series[128].nodes
+        factor = nodes.select("layer").join(growth, on="layer", how="left", nulls_equal=True,
+                                            maintain_order="left")["factor"].fill_null(2.0)
+        dur = pl.select(pl.when(nodes["kind"] > 0).then(nodes["dur_ns"] * factor).otherwise(nodes["dur_ns"])).to_series()
+        results.append(("batch 128 -> 256, each layer's growth from 64 -> 128", _median(series[128]),
+                        _median(series[128], dur.round(0).cast(pl.Int64)), _median(series[256])))
+        eager_id = load_trace(con, samples / "planted" / "smallkernels.sqlite").trace_id
+        eager = build_graph(con, eager_id)
+        graphed = build_graph(con, load_trace(con, samples / "planted" / "smallkernels_graph.sqlite").trace_id)
+        table, _, _ = predict(con, eager_id, Changes(no_launch_overhead=True), eager)
+        results.append(("eager -> CUDA graphs, --no-launch-overhead", _median(eager),
+                        float(table["predicted_ns"].median()), _median(graphed)))
         con.close()
     return results
 
