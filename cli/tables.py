@@ -96,8 +96,17 @@ def libs(by_layer: Annotated[bool, typer.Option("--by-layer", help="One row per 
 def stages(trace: TraceOpt = None, db: DbOpt = None, dataset: DatasetOpt = None, iteration_regex: IterOpt = None,
            fmt: FormatOpt = None, out: OutOpt = None) -> None:
     """GPU time per iteration in data copy, forward, backward and weight update, and GPU idle time."""
-    _show_trace_table(trace, db, dataset, fmt, out, lambda t: (
-        t.stages(iteration_regex=iteration_regex), f"{t.name}: GPU time per iteration and stage"))
+    # the stages and the idle time are what the command is for: at 80 columns the totals go first;
+    # a table of one device does without the Device column
+    def build(t: Trace):
+        frame = t.stages(iteration_regex=iteration_regex)
+        if format_for(fmt, out) == Format.table and frame.height and frame["device_id"].n_unique() == 1:
+            frame = frame.drop("device_id")
+        return frame, f"{t.name}: GPU time per iteration and stage"
+
+    _show_trace_table(trace, db, dataset, fmt, out, build, keys=("iteration", "device_id"),
+                      priorities={"data_copy_ns": 1, "forward_ns": 1, "backward_ns": 1, "weight_update_ns": 2,
+                                  "idle_ns": 1, "idle_pct": 4, "busy_ns": 4, "span_ns": 3, "other_ns": 2})
 
 
 @app.command(epilog=example('traceq ru --by layer -t alexnet_b256_cudnn'))

@@ -140,7 +140,9 @@ def gap_frame(
              .when(h2d_call.is_not_null()).then(2)
              .when(late["first"]).then(3)
              .otherwise(4))
-    late_cause = late.select(cause=cause.cast(pl.UInt8), call=pl.coalesce(sync_call, h2d_call, late["call_name_id"]))
+    late_cause = late.select(cause=cause.cast(pl.UInt8)).with_columns(  # the call that kept the GPU waiting
+        call=pl.when(pl.col("cause") == 0).then(sync_call).when(pl.col("cause") <= 2).then(h2d_call)
+        .otherwise(late["call_name_id"]))
     del late
     # late gaps get their cause and call in place; the rest are `other`, their call the issuing one
     own = gaps.select("op_row", start_ns="gap_start", end_ns="start_ns").with_columns(
