@@ -13,6 +13,7 @@ import gzip
 import json
 from collections import Counter
 
+import polars as pl
 import pytest
 from conftest import sample, shared
 
@@ -173,3 +174,37 @@ def test_traffic_model_leaves_attention_out() -> None:
     assert op_candidates("aten::_grouped_mm", [[512, 64], [8, 64, 32]], None, False, False, False) == []
     (kind, problem), = op_candidates("aten::_scaled_mm", [[64, 128], [128, 32]], None, False, False, False)
     assert (kind, problem.m, problem.n, problem.k) == ("gemm", 64, 32, 128)
+
+
+def test_fp8_grouped_and_causal_attention_in_a_recorded_trace(tmp_path) -> None:
+    """tools/record_fp8.py on an H200 (3 repetitions): an FP8 `_scaled_mm`, a bf16 `_grouped_mm`
+    of 8 experts and SDPA causal and not, forward and backward. Per op, traceq's FLOPs equal
+    PyTorch's FlopCounterMode for one repetition times 3, attention halved where the raw JSON's
+    Concrete Inputs say causal (PyTorch does not halve); the grouped GEMM, which FlopCounterMode
+    of PyTorch 2.11 does not count, equals 2 x rows x K x N from the recorded shapes."""
+    import traceq
+    from traceq.analysis.efficiency.flops import op_flops
+
+    path = sample("conventions/fp8_grouped_kineto.json.gz")
+    ref = json.loads(sample("conventions/fp8_grouped_flops.json").read_text())
+    assert set(ref["ran"].values()) == {"ok"}
+    reps = ref["repetitions"]
+    with gzip.open(path) as raw:
+        events = [e for e in json.load(raw)["traceEvents"] if e.get("cat") == "cpu_op"]
+    sdpa = [e for e in events if e["name"] == "aten::scaled_dot_product_attention"]
+    causal = [e["args"]["Concrete Inputs"][5] == "True" for e in sdpa]
+    assert sorted(causal) == [False] * reps + [True] * reps
+    share = sum(0.5 if c else 1.0 for c in causal) / len(causal)  # of PyTorch's (unhalved) count
+    grouped = [e["args"]["Input Dims"] for e in events if e["name"] == "aten::_grouped_mm"]
+    assert len(grouped) == reps
+    expected = {
+        "aten::_scaled_mm": reps * ref["flop_counter"]["aten._scaled_mm"],
+        "aten::scaled_dot_product_attention": round(
+            reps * share * ref["flop_counter"]["aten._scaled_dot_product_cudnn_attention"]),
+        "aten::_scaled_dot_product_cudnn_attention_backward": round(
+            reps * share * ref["flop_counter"]["aten._scaled_dot_product_cudnn_attention_backward"]),
+        "aten::_grouped_mm": sum(2 * a[0] * a[1] * b[2] for a, b, *_ in grouped),
+    }
+    t = traceq.load(path, tmp_path / "s.duckdb")
+    ours = {op: int(f) for op, f in op_flops(t.con, t.id).group_by("op").agg(pl.col("flops").sum()).iter_rows()}
+    assert ours == expected
