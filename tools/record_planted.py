@@ -23,6 +23,9 @@ Plants (each adds one thing to the base loop):
 - `recompile`: the linear head under `torch.compile` with a new batch size every step;
 - `base`: nothing.
 
+`--kineto FILE` records both captures with `torch.profiler` instead (record_shapes; the ranges
+as `record_function`s too) and writes the plant's as Kineto JSON to FILE.
+
 `--graph` captures the whole step into a CUDA graph replayed once per iteration (for the eager ->
 CUDA graphs what-if pair with `smallkernels`).
 
@@ -49,7 +52,21 @@ from torch import nn
 
 PLANTS = ("base", "pageable", "sync", "smallkernels", "fp32", "layout", "dataloader", "churn", "recompile")
 BATCH, CHANNELS, SIDE = 256, 16, 56
-push, pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
+_STACK: list = []
+KINETO = False  # ranges also as torch.profiler record_functions (--kineto)
+
+
+def push(name: str) -> None:
+    torch.cuda.nvtx.range_push(name)
+    if KINETO:
+        _STACK.append(torch.profiler.record_function(name))
+        _STACK[-1].__enter__()
+
+
+def pop() -> None:
+    torch.cuda.nvtx.range_pop()
+    if KINETO:
+        _STACK.pop().__exit__(None, None, None)
 
 
 def build() -> nn.Sequential:
@@ -174,7 +191,10 @@ def main() -> None:
     ap.add_argument("--graph", action="store_true")
     ap.add_argument("--measure", type=int, default=30)
     ap.add_argument("--traced", type=int, default=8)
+    ap.add_argument("--kineto", help="record the plant's steps with torch.profiler into this JSON file instead")
     a = ap.parse_args()
+    global KINETO
+    KINETO = bool(a.kineto)
     if a.plant == "recompile":
         from torch import _dynamo
 
@@ -196,9 +216,18 @@ def main() -> None:
     torch.cuda.synchronize()
     traced = {}
     for kind in ("base", "planted"):  # two capture ranges: nsys --capture-range-end=repeat:2
+        profiler = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                       torch.profiler.ProfilerActivity.CUDA], record_shapes=True)
+                    if a.kineto else None)
         torch.cuda.cudart().cudaProfilerStart()
+        if profiler:
+            profiler.__enter__()
         traced[kind] = [loop.step(kind == "planted", f"iteration {i}") for i in range(a.traced)]
         torch.cuda.synchronize()
+        if profiler:
+            profiler.__exit__(None, None, None)
+            if kind == "planted":
+                profiler.export_chrome_trace(a.kineto)
         torch.cuda.cudart().cudaProfilerStop()
         time.sleep(1.0)
     truth = {"plant": a.plant, "graph": a.graph, "step_ns": statistics.median(planted),
