@@ -92,9 +92,9 @@ def _event_queries(p: Part, origin: int, kept: bool, lay: Layout, ids: int) -> d
     s_tid, s_join = "coalesce(k.launch_tid, 0)", ""
     if "a" in moved:
         s_tid = "coalesce(x.tid, coalesce(k.launch_tid, 0))"
-        s_join = (f"LEFT JOIN (SELECT a, b, start_ns, end_ns, min(tid) AS tid FROM {_MOVED} WHERE src = 'a' AND "
+        s_join = (f"LEFT JOIN (SELECT a, b, start_ns, min(tid) AS tid FROM {_MOVED} WHERE src = 'a' AND "
                   f"trace_id = {t} GROUP BY ALL) x ON x.a IS NOT DISTINCT FROM k.pid AND x.b = coalesce(k.launch_tid, 0) "
-                  "AND x.start_ns = k.launch_start_ns AND x.end_ns = k.launch_end_ns")
+                  "AND x.start_ns = k.launch_start_ns")
     f_tid, f_join = lane("k", "k", "coalesce(k.stream_id, 0)", "")
     f_join = f_join.replace("x.seq = k.seq", "x.seq = k.kernel_id")
     return {

@@ -5,8 +5,8 @@ of each), HTA's VGG-16 trace and the 8-rank DLRM run:
 - on every track (pid, tid) the `X` slices nest or are disjoint (a slice that starts inside
   another and ends after it is dropped or misdrawn by the importer);
 - async `b`/`e` events pair up per (cat, id), the end not before the begin;
-- flow `s`/`f` events pair up per id, each inside a slice of its track (`f` binds to the
-  enclosing slice: `bp: 'e'`);
+- flow `s`/`f` events pair up per id: `s` at the start of its launching call's slice, `f`
+  inside a slice of its track (it binds to the enclosing slice: `bp: 'e'`);
 - exactly one process_name per pid and one thread_name per (pid, tid) that has events, and no
   pid both a GPU's (kernels) and a host process's (API calls);
 - every number a number (not a string or a bool), ts >= 0, dur >= 0;
@@ -47,6 +47,7 @@ def check_importer_rules(path: Path) -> list[dict]:
     process_names: dict[int, list[str]] = defaultdict(list)
     thread_names: dict[tuple[int, int], list[str]] = defaultdict(list)
     slices: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    calls: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
     used: set[tuple[int, int]] = set()
     for e in events:
         assert _number(e["pid"]) and _number(e["tid"]) and isinstance(e["pid"], int), e
@@ -60,6 +61,8 @@ def check_importer_rules(path: Path) -> list[dict]:
         if e["ph"] == "X":
             assert _number(e["dur"]) and e["dur"] >= 0, e
             slices[e["pid"], e["tid"]].append((e["ts"], e["ts"] + e["dur"]))
+            if e["cat"] == "cuda_api":
+                calls[e["pid"], e["tid"]].append((e["ts"], e["ts"] + e["dur"]))
         if e["ph"] in "bsef":
             assert _number(e["id"]), e
     assert all(len(n) == 1 for n in process_names.values()), {p: n for p, n in process_names.items() if len(n) > 1}
@@ -91,8 +94,9 @@ def check_importer_rules(path: Path) -> list[dict]:
             flows[e["id"]][e["ph"]] = e
     for flow_id, ends in flows.items():
         assert set(ends) == {"s", "f"} and ends["f"].get("bp") == "e", flow_id
-        for e in ends.values():
-            assert any(a <= e["ts"] <= b for a, b in slices[e["pid"], e["tid"]]), e
+        s, f = ends["s"], ends["f"]
+        assert any(a <= f["ts"] <= b for a, b in slices[f["pid"], f["tid"]]), f
+        assert any(a == s["ts"] <= b for a, b in calls[s["pid"], s["tid"]]), s  # at its launching call
     return events
 
 
@@ -220,3 +224,24 @@ def test_vgg16_and_the_8_rank_dlrm_run(tmp_path: Path) -> None:
         pytest.skip("the DLRM rank files are absent")
     _load(db, *map(str, dlrm), "--run", "dlrm8")
     check_run(db, "dlrm8", _export(db, "dlrm8", tmp_path / "dlrm.json.gz"))
+
+
+def test_crossing_calls_and_ranges_go_on_extra_tracks_of_their_thread(tmp_path: Path) -> None:
+    """A store whose API calls cross the NVTX ranges and calls after them (every 7th call made
+    3 ms longer): every call and range is still written, each thread's slices nest or are
+    disjoint on its tracks (`python3 · 2`, ...), and each launch's flow starts inside its call."""
+    db = tmp_path / "s.duckdb"
+    _load(db, str(sample("alexnet_b256_cudnn.sqlite")))
+    with duckdb.connect(str(db)) as con:
+        stretched = con.execute("UPDATE api_events SET end_ns = end_ns + 3000000 WHERE start_ns % 7 = 0").fetchone()[0]
+        con.execute("UPDATE kernel_events SET launch_end_ns = launch_end_ns + 3000000 WHERE launch_start_ns % 7 = 0")
+        calls, ranges = (con.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in ("api_events", "nvtx"))
+    assert stretched > 100
+    events = _export(db, "alexnet_b256_cudnn", tmp_path / "x.json.gz")
+    kinds = Counter((e["ph"], e.get("cat")) for e in events)
+    assert kinds["X", "cuda_api"] == calls and kinds["X", "nvtx"] == ranges
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    moved = {names[e["pid"], e["tid"]] for e in events if e.get("cat") == "cuda_api" and " · " in names[e["pid"], e["tid"]]}
+    assert "python3 · 2" in moved
+    launches = [e for e in events if e["ph"] == "s"]
+    assert sum(" · " in names[e["pid"], e["tid"]] for e in launches) > 0
