@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from traceq.api.export_tracks import RANGES, SEQ, Layout, Part, layout
+from traceq.api.export_tracks import Layout, Part, layout
 from traceq.store import first_row
 
 if TYPE_CHECKING:
@@ -67,25 +67,27 @@ def _event_queries(p: Part, origin: int, kept: bool, lay: Layout, ids: int) -> d
 
     moved = {src for src, tt, *_ in lay.moved if tt == t}
 
-    def lane(src: str, alias: str, native: str, keys: str) -> tuple[str, str]:
-        """(the tid expression, the join) of rows of `src` that may be on an extra track."""
+    def lane(src: str, native: str, keys: str) -> tuple[str, str]:
+        """(the tid expression, the join) of rows of `src` that may be on an extra track, matched
+        by their track (`keys`, over x.a and x.b), start and end (x.start_ns, x.end_ns)."""
         if src not in moved:
             return native, ""
-        join = f"LEFT JOIN {_MOVED} x ON x.src = '{src}' AND x.trace_id = {t} AND x.seq = {alias}.seq{keys}"
-        return f"coalesce(x.tid, {native})", join
-
-    def numbered(src: str, table: str, where: str) -> str:
-        return (f"(SELECT *, {SEQ[src]} AS seq FROM {table} WHERE trace_id = {t}{where})" if src in moved else
-                f"(SELECT * FROM {table} WHERE trace_id = {t}{where})")
+        return f"coalesce(x.tid, {native})", (
+            f"LEFT JOIN (SELECT a, b, start_ns, end_ns, min(tid) AS tid FROM {_MOVED} WHERE src = '{src}' AND "
+            f"trace_id = {t} GROUP BY ALL) x ON {keys}")
 
     gpu = lay.gpu_case(t, "k.device_id")
-    k_tid, k_join = lane("k", "k", "coalesce(k.stream_id, 0)", "")
-    k_join = k_join.replace("x.seq = k.seq", "x.seq = k.kernel_id")
-    m_tid, m_join = lane("m", "m", "coalesce(m.stream_id, 0)",
-                         " AND x.a = coalesce(m.device_id, 0) AND x.b = coalesce(m.stream_id, 0)")
-    host_keys = " AND x.a IS NOT DISTINCT FROM {0}.pid AND x.b = coalesce({0}.tid, 0)"
-    c_tid, c_join = lane("a", "c", "coalesce(c.tid, 0)", host_keys.format("c"))
-    n_tid, n_join = lane("n", "n", "coalesce(n.tid, 0)", host_keys.format("n"))
+    k_tid, k_join = "coalesce(k.stream_id, 0)", ""
+    if "k" in moved:
+        k_tid = "coalesce(x.tid, coalesce(k.stream_id, 0))"
+        k_join = (f"LEFT JOIN (SELECT seq, tid FROM {_MOVED} WHERE src = 'k' AND trace_id = {t}) x "
+                  "ON x.seq = k.kernel_id")
+    m_tid, m_join = lane("m", "coalesce(m.stream_id, 0)", "x.a = coalesce(m.device_id, 0) AND "
+                         "x.b = coalesce(m.stream_id, 0) AND x.start_ns = m.start_ns AND x.end_ns = m.end_ns")
+    host_keys = ("x.a IS NOT DISTINCT FROM {0}.pid AND x.b = coalesce({0}.tid, 0) AND x.start_ns = {0}.start_ns "
+                 "AND x.end_ns = {0}.end_ns")
+    c_tid, c_join = lane("a", "coalesce(c.tid, 0)", host_keys.format("c"))
+    n_tid, n_join = lane("n", "coalesce(n.tid, 0)", host_keys.format("n"))
     orphan = lay.annotation_pid(t, "n.tid")
     nvtx_pid = (lay.host_case(t, "n.pid") if orphan is None else
                 f"(CASE WHEN n.pid IS NULL THEN {orphan} ELSE {lay.host_case(t, 'n.pid')} END)")
@@ -95,8 +97,7 @@ def _event_queries(p: Part, origin: int, kept: bool, lay: Layout, ids: int) -> d
         s_join = (f"LEFT JOIN (SELECT a, b, start_ns, min(tid) AS tid FROM {_MOVED} WHERE src = 'a' AND "
                   f"trace_id = {t} GROUP BY ALL) x ON x.a IS NOT DISTINCT FROM k.pid AND x.b = coalesce(k.launch_tid, 0) "
                   "AND x.start_ns = k.launch_start_ns")
-    f_tid, f_join = lane("k", "k", "coalesce(k.stream_id, 0)", "")
-    f_join = f_join.replace("x.seq = k.seq", "x.seq = k.kernel_id")
+    f_tid, f_join = k_tid, k_join
     return {
         "kernel": f"""
             SELECT to_json({{name: k.short_name, cat: 'kernel', ph: 'X', ts: {ts('k.start_ns')},
@@ -114,17 +115,17 @@ def _event_queries(p: Part, origin: int, kept: bool, lay: Layout, ids: int) -> d
                     pid: {lay.gpu_case(t, 'm.device_id')}, tid: {m_tid},
                     args: {{bytes: m.bytes, src_kind: m.src_kind, dst_kind: m.dst_kind,
                            correlation_id: m.correlation_id}}}}) AS e
-            FROM {numbered('m', 'memops', '')} m {m_join}""",
+            FROM memops m {m_join} WHERE m.trace_id = {t}""",
         "cuda_api": f"""
             SELECT to_json({{name: c.name, cat: 'cuda_api', ph: 'X', ts: {ts('c.start_ns')},
                     dur: {dur('c.start_ns', 'c.end_ns')}, pid: {lay.host_case(t, 'c.pid')}, tid: {c_tid},
                     args: {{api: c.api, correlation_id: c.correlation_id}}}}) AS e
-            FROM {numbered('a', 'api_calls', '')} c {c_join}""",
+            FROM api_calls c {c_join} WHERE c.trace_id = {t}""",
         "nvtx_range": f"""
             SELECT to_json({{name: coalesce(n.name, ''), cat: 'nvtx', ph: 'X', ts: {ts('n.start_ns')},
                     dur: {dur('n.start_ns', 'n.end_ns')}, pid: {lay.host_case(t, 'n.pid')}, tid: {n_tid},
                     args: {{domain: n.domain}}}}) AS e
-            FROM {numbered('n', 'nvtx', ' AND ' + RANGES)} n {n_join}""",
+            FROM nvtx n {n_join} WHERE n.trace_id = {t} AND n.kind <> 'startend' AND n.end_ns IS NOT NULL""",
         "nvtx_async": f"""
             SELECT to_json({{name: coalesce(n.name, ''), cat: 'nvtx', ph: q.ph, id: n.id + {ids},
                     ts: CASE q.ph WHEN 'b' THEN {ts('n.start_ns')} ELSE {ts('n.end_ns')} END,

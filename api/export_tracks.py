@@ -7,8 +7,10 @@ on one GPU stream may overlap (a kernel starting before the previous one ends: p
 dependent launch, a profiler's rounding), and a thread's API calls and NVTX ranges may cross.
 Such work goes on extra tracks of its stream or thread (`stream 7 · 2`), assigned greedily in
 start order (each slice on the first track where it fits): a stream's tracks hold slices that
-never overlap, a thread's slices that nest or are disjoint. Finding what needs a track is SQL
-(window functions); only the groups of overlapping slices are read into Python and placed.
+never overlap, a thread's slices that nest or are disjoint. A stream's groups of overlapping
+work are found in SQL (window functions) and only they are read into Python and placed; a
+thread's calls and ranges are read in order (four numbers each) and placed in one pass with a
+stack, holding no more than the slices open at once.
 
 Processes: one per GPU and one per host process of each trace, each with one name. A trace
 alone keeps its GPUs' device ids (as PyTorch's profiler writes them) and its processes' pids,
@@ -34,19 +36,7 @@ SYNTHETIC_PID_BASE = 2_000_000_000
 """A host process whose pid is unknown, or collides with a GPU's, gets a pid counting up from here."""
 
 RANGES = "kind <> 'startend' AND end_ns IS NOT NULL"
-"""The NVTX ranges drawn as slices of their thread (push/pop)."""
-
-SEQ = {
-    "m": "row_number() OVER (PARTITION BY coalesce(device_id, 0), coalesce(stream_id, 0) ORDER BY start_ns, end_ns, "
-         "op, correlation_id, bytes, copy_kind, src_kind, dst_kind, value, pid)",
-    "a": "row_number() OVER (PARTITION BY pid, coalesce(tid, 0) ORDER BY start_ns, end_ns, name, api, "
-         "correlation_id, return_value)",
-    "n": "row_number() OVER (PARTITION BY pid, coalesce(tid, 0) ORDER BY start_ns, end_ns, name, domain, category, "
-         "color)",
-}
-"""Memops, API calls and NVTX ranges have no id: a row's number within its stream or thread, in a
-total order (rows equal in it are equal in what the file shows), names the ones moved."""
-
+"""The NVTX ranges drawn as slices of their thread (push/pop; api/export.py writes them alike)."""
 
 @dataclass(frozen=True)
 class Part:
@@ -111,7 +101,7 @@ class Layout:
     annotation_device: dict[int, dict[int, int]] = field(default_factory=dict)  # trace -> stream -> device
     processes: list[tuple[int, str]] = field(default_factory=list)              # (pid, name), in order
     threads: list[tuple[int, int, str, int]] = field(default_factory=list)      # (pid, tid, name, sort)
-    moved: list[tuple] = field(default_factory=list)  # (src, trace, a, b, seq, start_ns, end_ns, tid)
+    moved: list[tuple] = field(default_factory=list)  # (src, trace, a, b, kernel_id, start_ns, end_ns, tid)
 
     def gpu_case(self, t: int, column: str) -> str:
         """SQL: the pid of the GPU `column` (a device id, NULL: 0) names in trace `t`."""
@@ -252,35 +242,44 @@ def _name_processes(con: duckdb.DuckDBPyConnection, out: Layout) -> None:
 
 def _moved(con: duckdb.DuckDBPyConnection, t: int, out: Layout) -> dict[tuple[int, int], list[tuple[int, int]]]:
     """Place trace `t`'s overlapping slices on extra tracks (appended to `out.moved`); returns,
-    per (pid, tid) of the file, its extra tracks as (lane, tid)."""
+    per (pid, tid) of the file, its extra tracks as (lane, tid). A moved slice is named by its
+    kernel id, else by its track, start and end: two slices alike in those get one track (they
+    nest, as Perfetto wants)."""
     lanes: dict[tuple[int, int], list[tuple[int, int]]] = {}
     next_tid = LANE_TID_BASE + len({r[7] for r in out.moved})
-    for gpu, query in ((True, _GPU_OVERLAPS), (False, _HOST_CROSSINGS)):
+    for gpu, query in ((True, _GPU_OVERLAPS), (False, _HOST_SLICES)):
         tids: dict[tuple, int] = {}
-        for src, a, b, seq, start, end, lane in _place(con.execute(query.format(t=t, range=RANGES, **SEQ)), gpu):
+        for src, a, b, kernel_id, start, end, lane in _place(con.execute(query.format(t=t, range=RANGES)), gpu):
             pid = out.gpu_pid[t, a] if gpu else out.host_pid[t, a]
             key = (pid, b, lane)
             if key not in tids:
                 tids[key] = next_tid
                 lanes.setdefault((pid, b), []).append((lane, next_tid))
                 next_tid += 1
-            out.moved.append((src, t, a, b, seq, start, end, tids[key]))
+            out.moved.append((src, t, a, b, kernel_id, start, end, tids[key]))
     return lanes
 
 
 def _place(cursor: duckdb.DuckDBPyConnection, disjoint: bool) -> Iterator[tuple]:
-    """Rows (src, a, b, seq, start_ns, end_ns) of groups of overlapping slices, in start order
-    per track (a, b): each on the first of its track's lanes where it fits (`disjoint`: after
-    the lane's last slice ends; else also inside the innermost slice still open there); yields
-    those placed on a lane after the first, with their lane (1, 2, ...)."""
+    """Rows (src, a, b, kernel_id, start_ns, end_ns) in start order per track (a, b), the
+    longer first of two starting together: each on the first of its track's lanes where it fits
+    (`disjoint`: after the lane's last slice ends; else also inside the innermost slice still
+    open there); yields those placed on a lane after the first, with their lane (1, 2, ...)."""
     track = None
     stacks: list[list[int]] = []
-    while rows := cursor.fetchmany(10_000):
-        for src, a, b, seq, start, end in rows:
+    while rows := cursor.fetchmany(50_000):
+        for src, a, b, kernel_id, start, end in rows:
             if (a, b) != track:
-                track, stacks = (a, b), []
+                track, stacks = (a, b), [[]]
+            first = stacks[0]
+            while first and first[-1] <= start:
+                first.pop()
+            if not first or (not disjoint and end <= first[-1]):
+                first.append(end)  # the common case: lane 0
+                continue
             lane = None
-            for i, stack in enumerate(stacks):
+            for i in range(1, len(stacks)):
+                stack = stacks[i]
                 while stack and stack[-1] <= start:
                     stack.pop()
                 if not stack or (not disjoint and end <= stack[-1]):
@@ -290,52 +289,32 @@ def _place(cursor: duckdb.DuckDBPyConnection, disjoint: bool) -> Iterator[tuple]
                 lane = len(stacks)
                 stacks.append([])
             stacks[lane].append(end)
-            if lane:
-                yield src, a, b, seq, start, end, lane
+            yield src, a, b, kernel_id, start, end, lane
 
 
-_ORDER = "ORDER BY start_ns, end_ns DESC, src, seq"
+_ORDER = "ORDER BY start_ns, end_ns DESC, src, id"
 
 _GPU_OVERLAPS = """
-    WITH w AS (SELECT 'k' AS src, coalesce(device_id, 0) AS a, coalesce(stream_id, 0) AS b, kernel_id AS seq,
+    WITH w AS (SELECT 'k' AS src, coalesce(device_id, 0) AS a, coalesce(stream_id, 0) AS b, kernel_id AS id,
                       start_ns, end_ns FROM kernels WHERE trace_id = {t}
                UNION ALL
-               SELECT 'm', coalesce(device_id, 0), coalesce(stream_id, 0), {m}, start_ns, end_ns
+               SELECT 'm', coalesce(device_id, 0), coalesce(stream_id, 0), NULL, start_ns, end_ns
                FROM memops WHERE trace_id = {t}),
          c AS (SELECT *, max(end_ns) OVER (PARTITION BY a, b """ + _ORDER + """
                                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM w),
          g AS (SELECT *, sum(CASE WHEN reach IS NULL OR start_ns >= reach THEN 1 ELSE 0 END)
                          OVER (PARTITION BY a, b """ + _ORDER + """ ROWS UNBOUNDED PRECEDING) AS grp FROM c),
          busy AS (SELECT a, b, grp FROM g GROUP BY ALL HAVING count(*) > 1)
-    SELECT src, a, b, seq, start_ns, end_ns FROM g SEMI JOIN busy USING (a, b, grp)
-    ORDER BY a, b, start_ns, end_ns DESC, src, seq"""
-"""The groups of a GPU's kernels and memops (a: device, b: stream) that overlap on one stream."""
+    SELECT src, a, b, id, start_ns, end_ns FROM g SEMI JOIN busy USING (a, b, grp)
+    ORDER BY a, b, start_ns, end_ns DESC, src, id"""
+"""The groups of a GPU's kernels and memops (a: device, b: stream) that overlap on one stream
+(SQL: a group starts where a slice starts after every slice before it ended)."""
 
-_HOST_CROSSINGS = """
-    WITH w AS (SELECT 'a' AS src, pid AS a, coalesce(tid, 0) AS b, {a} AS seq, start_ns, end_ns
-               FROM api_calls WHERE trace_id = {t}
-               UNION ALL
-               SELECT 'n', pid, coalesce(tid, 0), {n}, start_ns, end_ns FROM nvtx WHERE trace_id = {t} AND {range}),
-         p AS (SELECT a, b, src, seq, 1 AS step, start_ns AS t_ns, 1 AS typ, -end_ns AS k1,
-                      CASE src WHEN 'a' THEN 0 ELSE 1 END AS k2, seq AS k3 FROM w
-               UNION ALL
-               SELECT a, b, src, seq, -1, end_ns, CASE WHEN end_ns > start_ns THEN 0 ELSE 2 END, -start_ns,
-                      CASE src WHEN 'a' THEN 0 ELSE -1 END, -seq FROM w),
-         d AS (SELECT *, sum(step) OVER (PARTITION BY a, b ORDER BY t_ns, typ, k1, k2, k3 ROWS UNBOUNDED PRECEDING)
-                         AS depth FROM p),
-         bad AS (SELECT a, b, src, seq FROM d GROUP BY ALL
-                 HAVING max(depth) FILTER (WHERE step = 1) - 1 <> max(depth) FILTER (WHERE step = -1)),
-         c AS (SELECT *, max(end_ns) OVER (PARTITION BY a, b """ + _ORDER + """
-                                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM w),
-         g AS (SELECT *, sum(CASE WHEN reach IS NULL OR start_ns >= reach THEN 1 ELSE 0 END)
-                         OVER (PARTITION BY a, b """ + _ORDER + """ ROWS UNBOUNDED PRECEDING) AS grp FROM c),
-         hit AS (SELECT DISTINCT g.a, g.b, g.grp FROM g JOIN bad ON g.a IS NOT DISTINCT FROM bad.a AND g.b = bad.b
-                 AND g.src = bad.src AND g.seq = bad.seq)
-    SELECT g.src, g.a, g.b, g.seq, g.start_ns, g.end_ns FROM g
-    JOIN hit ON g.a IS NOT DISTINCT FROM hit.a AND g.b = hit.b AND g.grp = hit.grp
-    ORDER BY g.a NULLS LAST, g.b, g.start_ns, g.end_ns DESC, g.src, g.seq"""
-"""The groups of a host thread's API calls and NVTX ranges (a: pid, b: tid) in which two cross
-(one starts inside the other and ends after it). A slice crosses another exactly when, walking
-every start and end in time order (an end before a start at the same time, the longer of two
-starting together first, the inner of two ending together first), the count of open slices just
-before it starts differs from the count just after it ends."""
+_HOST_SLICES = """
+    SELECT 'a' AS src, pid AS a, coalesce(tid, 0) AS b, NULL AS id, start_ns, end_ns FROM api_calls
+    WHERE trace_id = {t}
+    UNION ALL
+    SELECT 'n', pid, coalesce(tid, 0), NULL, start_ns, end_ns FROM nvtx WHERE trace_id = {t} AND {range}
+    ORDER BY a NULLS LAST, b, start_ns, end_ns DESC, src"""
+"""A host thread's API calls and NVTX ranges (a: pid, b: tid), in the order they are placed in:
+where they nest, each fits on the first lane, so placing them all is one pass with a stack."""
