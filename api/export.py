@@ -135,7 +135,7 @@ def _event_queries(p: Part, origin: int, kept: bool, lay: Layout, ids: int) -> d
                  (VALUES ('b'), ('e')) q(ph)""",
         "nvtx_mark": f"""
             SELECT to_json({{name: coalesce(n.name, ''), cat: 'nvtx', ph: 'i', s: 't', ts: {ts('n.start_ns')},
-                    pid: {nvtx_pid}, tid: coalesce(n.tid, 0), args: {{domain: n.domain}}}}) AS e
+                    pid: {lay.host_case(t, 'n.pid')}, tid: coalesce(n.tid, 0), args: {{domain: n.domain}}}}) AS e
             FROM nvtx n WHERE n.trace_id = {t} AND n.end_ns IS NULL""",
         "flow": f"""
             SELECT to_json({{name: 'launch', cat: 'launch', ph: 's', id: k.kernel_id + {ids},
