@@ -21,6 +21,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -210,6 +211,22 @@ def test_a_run_writes_every_rank_on_its_clock(store: Path, tmp_path: Path, run: 
     check_run(store, run, events)
     pids = [e["pid"] for e in events if e["name"] == "process_name"]
     assert len(pids) == 4  # each rank's GPU and process
+
+
+def test_a_run_whose_clocks_drift(store: Path, tmp_path: Path) -> None:
+    """A rank whose clock runs 80 ppm slow (the loads here measured none): its kernels are put on
+    the run's clock with the drift too, t + shift + drift x 1e-6 x (t - shift_at), to the ns."""
+    db = tmp_path / "drift.duckdb"
+    shutil.copyfile(store, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE ranks SET drift_ppm = 80.0 WHERE rank = 1 AND run_id = (SELECT run_id FROM runs "
+                    "WHERE name = 'ddpn')")
+    events = _export(db, "ddpn", tmp_path / "d.json.gz")
+    check_run(db, "ddpn", events)
+    with duckdb.connect(str(db), read_only=True) as con:
+        span = con.execute("SELECT max(k.end_ns) - min(k.start_ns) FROM kernels k JOIN traces t USING (trace_id) "
+                           "WHERE t.name = 'ddp_resnet50_2gpu_rank1'").fetchone()[0]
+    assert span * 80e-6 > 1_000  # the drift moves its last kernels by more than a microsecond
 
 
 def test_vgg16_and_the_8_rank_dlrm_run(tmp_path: Path) -> None:
