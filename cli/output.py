@@ -59,7 +59,7 @@ def report(
 
 @app.command(epilog=example('traceq export lenet_b256_cudnn --to perfetto -o lenet.json.gz'))
 def export(
-    trace: Annotated[str | None, typer.Argument(help="Trace name or id, or a run's name (every rank) [default: the latest loaded]",
+    trace: Annotated[str | None, typer.Argument(help="Trace name or id, or a run: every rank [default: the latest loaded]",
                                                    metavar="[TRACE]", show_default=False)] = None,
     out: Annotated[Path | None, typer.Option(
         "--output", "-o", callback=_global, show_default=False,
