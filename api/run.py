@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from traceq.analysis.choices import CommBy, CompareBy, RanksBy
@@ -87,6 +88,20 @@ class Run:
                                 "WHERE k.run_id = ? GROUP BY 1 ORDER BY min(k.rank)", [self.id]).fetchall()
         over = (lambda t: None) if self.store.dataset is None else (lambda t: self.store._over([t]))
         return [Trace(self.store, int(t), str(n), con=over(int(t))) for t, n in rows]
+
+    def export(self, path: str | Path, *, format: str = "perfetto",
+               progress: Callable[[int, int], None] | None = None) -> dict[str, int]:
+        """`traceq export RUN`: `Trace.export` for every rank of the run in one file, each rank's
+        GPUs and host processes its own processes (named with the rank), the ranks' times put on
+        the run's clock (the shift and drift measured at load). Returns the events written per kind."""
+        from traceq.api.export import write_chrome_trace
+        from traceq.api.export_tracks import run_parts
+        from traceq.api.trace import _export_format
+
+        _export_format(format)
+        traces = {t.id: t for t in self.traces()}
+        return write_chrome_trace(self.con, run_parts(self.con, self.id), Path(path),
+                                  lambda t: traces[t]._export_attribution(), progress=progress)
 
     def comm(self, by: CommBy | str = CommBy.rank, *, iteration_regex: str | None = None,
              progress: Callable[[int, int], None] | None = None) -> pl.DataFrame:

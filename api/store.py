@@ -12,6 +12,7 @@ from traceq.store import (
     DEFAULT_STORE,
     NotAStoreError,
     default_store_path,
+    first_row,
     open_store,
     resolve_run,
     resolve_trace,
@@ -140,6 +141,17 @@ class Store:
         rank 0's trace). Raises NotFoundError, listing what the store holds, when there is none."""
         trace_id, name = resolve_trace_or_run(self._finder(), None if ref is None else str(ref))
         return Trace(self, trace_id, name, con=None if self.dataset is None else self._over([trace_id]))
+
+    def exported(self, ref: str | int | None = None) -> Trace | Run:
+        """What `traceq export REF` writes: the trace `ref` names (a name or id; None: the latest
+        loaded), else the run it names (every rank in one file). Raises NotFoundError as `trace`."""
+        con = self._finder()
+        try:
+            return self.trace(resolve_trace(con, None if ref is None else str(ref))[0])
+        except NotFoundError:
+            if ref is None or first_row(con, "SELECT 1 FROM runs WHERE name = ?", [str(ref)]) is None:
+                raise
+        return self.run(ref)
 
     def _finder(self) -> duckdb.DuckDBPyConnection:
         """A connection to find traces and runs by: the store's; for a dataset, views over its

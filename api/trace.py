@@ -454,18 +454,28 @@ class Trace:
                progress: Callable[[int, int], None] | None = None) -> dict[str, int]:
         """`traceq export`: write the trace as Chrome trace events (`format='perfetto'`: the JSON
         Perfetto and chrome://tracing open; gzip-compressed when `path` ends in .gz): kernels and
-        memory operations per GPU and stream, CUDA API calls and NVTX ranges per thread, flows
-        from each launch to its kernel, kernels' layer, pass, stage and library in their args.
-        Written as it is read, a batch at a time. Returns the events written per kind."""
+        memory operations per GPU and stream, CUDA API calls and NVTX ranges per thread, work
+        that overlaps on one stream or thread on extra tracks of it, flows from each launch to
+        its kernel, kernels' layer, pass, stage and library in their args (api/export.py says
+        what is written). Written as it is read, a batch at a time. Returns the events written
+        per kind."""
         from traceq.api.export import write_chrome_trace
+        from traceq.api.export_tracks import trace_parts
 
-        if format != "perfetto":
-            raise TraceqError(f"export: unknown format {format!r} (perfetto)")
+        _export_format(format)
+        return write_chrome_trace(self.con, trace_parts(self.con, self.id), Path(path),
+                                  lambda _: self._export_attribution(), progress=progress)
+
+    def _export_attribution(self) -> pl.DataFrame | None:
+        """The kernels' attribution for an export: None where the store keeps it (joined in DuckDB)."""
         from traceq.analysis.structure.stored import is_kept
 
-        attribution = None if is_kept(self.con, self.id) else self._attributed(None)  # kept: joined in DuckDB
-        return write_chrome_trace(self.con, self.id, Path(path), attribution, progress=progress)
+        return None if is_kept(self.con, self.id) else self._attributed(None)
 
+
+def _export_format(format: str) -> None:
+    if format != "perfetto":
+        raise TraceqError(f"export: unknown format {format!r} (perfetto)")
 
 
 def _with_library(con: duckdb.DuckDBPyConnection, ranking: duckdb.DuckDBPyRelation) -> duckdb.DuckDBPyRelation:

@@ -59,7 +59,7 @@ def report(
 
 @app.command(epilog=example('traceq export lenet_b256_cudnn --to perfetto -o lenet.json.gz'))
 def export(
-    trace: Annotated[str | None, typer.Argument(help="Trace name or id [default: the latest loaded]",
+    trace: Annotated[str | None, typer.Argument(help="Trace name or id, or a run: every rank [default: the latest loaded]",
                                                    metavar="[TRACE]", show_default=False)] = None,
     out: Annotated[Path | None, typer.Option(
         "--output", "-o", callback=_global, show_default=False,
@@ -72,14 +72,14 @@ def export(
     db: DbOpt = None,
     dataset: DatasetOpt = None,
 ) -> None:
-    """Write a trace's kernels, memcpys, API calls and NVTX ranges as a timeline Perfetto opens."""
+    """Write a trace's (or every rank of a run's) kernels, memcpys, API calls and NVTX ranges as a timeline Perfetto opens."""
     with user_errors():
         if old_format is not None:  # kept for one release: -f means table, csv or json in every other command
             _err(f"note: `export --format {old_format.value}` is deprecated and will be removed in the next "
                  f"release: use `--to {old_format.value}` (-f/--format is the output format of tables)")
             export_format = old_format
         started = time.monotonic()
-        t = _store(db, dataset).trace(trace)
+        t = _store(db, dataset).exported(trace)  # a trace, or every rank of a run
         out = out or Path(file_name(t.name, ".json.gz"))  # a trace named ../../x writes ./x.json.gz
         progress = _LazyProgress(f"exporting {t.name}")
         try:

@@ -153,9 +153,15 @@ def test_commands_on_a_dataset_print_what_they_print_on_the_store(loaded) -> Non
     assert _run(["sql", query, "--dataset", str(dataset)]) == _run(["sql", query, "--db", str(store)])
 
 
-def test_report_and_export_on_a_dataset_are_those_of_the_store(loaded, tmp_path: Path) -> None:
+def _events(path: Path) -> list[str]:
+    """An export's events as sorted JSON texts (flows come in no set order)."""
     import gzip
 
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return sorted(json.dumps(e, sort_keys=True) for e in json.load(f)["traceEvents"])
+
+
+def test_report_and_export_on_a_dataset_are_those_of_the_store(loaded, tmp_path: Path) -> None:
     dataset, store, files = loaded
     trace = _name(files[0])
     written = {}
@@ -164,9 +170,10 @@ def test_report_and_export_on_a_dataset_are_those_of_the_store(loaded, tmp_path:
         html, events = tmp_path / f"{where[2:]}.html", tmp_path / f"{where[2:]}.json.gz"
         _run(["report", "ddp", where, source, "-o", str(html)])  # rank 0's trace, with the run's figures
         _run(["export", trace, where, source, "-o", str(events)])
+        run_events = tmp_path / f"{where[2:]}-run.json.gz"
+        _run(["export", "dlrm", where, source, "-o", str(run_events)])  # every rank of the 8-file run
         page = re.sub(r"built in [0-9.]+ s", "built in N s", html.read_text())
-        written[where] = page, sorted(json.dumps(e, sort_keys=True)  # flows come in no set order
-                                      for e in json.load(gzip.open(events))["traceEvents"])
+        written[where] = page, *(_events(path) for path in (events, run_events))
     assert re.search(r'"x":\["rank 0","rank 1"\]', written["--db"][0])  # both ranks' time, read from both files
     assert written["--dataset"] == written["--db"]
 
