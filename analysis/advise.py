@@ -467,6 +467,30 @@ def _several_configurations(r: dict[str, object], configs: pl.DataFrame) -> tupl
     return line, str(top["limiter"] or "")
 
 
+def _graph_candidate(facts: _Facts, found: list[Finding]) -> list[Finding]:
+    """A launch-bound finding says whether the step is a CUDA-graph candidate: every iteration
+    range after the first launches the same kernels in the same order (by the launching calls'
+    starts), so one capture could replay them all."""
+    if not found:
+        return found
+    rows = facts.con.execute("""
+        WITH it AS (SELECT row_number() OVER (ORDER BY start_ns) AS i, pid, start_ns, end_ns FROM nvtx
+                    WHERE trace_id = ? AND kind IN ('pushpop', 'startend') AND end_ns IS NOT NULL
+                      AND regexp_matches(coalesce(name, ''), ?)),
+             seq AS (SELECT it.i, count(*) AS n, md5(string_agg(k.name_id::VARCHAR, ',' ORDER BY k.launch_start_ns,
+                                                                k.kernel_id)) AS h
+                     FROM kernel_events k JOIN it ON k.launch_start_ns >= it.start_ns AND k.launch_start_ns < it.end_ns
+                     WHERE k.trace_id = ? AND it.i > 1 GROUP BY it.i)
+        SELECT count(*), count(DISTINCT h), min(n) FROM seq""",
+        [facts.trace_id, facts.iteration_regex, facts.trace_id]).fetchall()[0]
+    if rows[0] >= 2 and rows[1] == 1 and rows[2]:
+        f = found[0]
+        evidence = (f"{f.evidence}; a CUDA-graph candidate: each of {rows[0]} iterations after the first launches the "
+                    f"same {rows[2]:,} kernels in the same order")
+        found = [Finding(f.rule, f.title, f.time_ns, evidence, f.fix)]
+    return found
+
+
 RULES: dict[str, Callable[[_Facts], list[Finding]]] = {
     "sync": _idle_rule("sync", "Synchronizations inside the iteration",
                        "Keep results on the GPU: take loss.item(), .cpu(), print(tensor) and torch.cuda.synchronize() "
@@ -478,9 +502,10 @@ RULES: dict[str, Callable[[_Facts], list[Finding]]] = {
     "iteration_start": _idle_rule("iteration_start", "GPU idle between iterations",
                                   "Prepare the next batch while the GPU runs: DataLoader(num_workers>0, "
                                   "prefetch_factor), preprocessing off the training thread"),
-    "launch_bound": _idle_rule("launch_bound", "Launch-bound: the host issues work slower than the GPU runs it",
-                               "Launch fewer, larger kernels: CUDA graphs (torch.cuda.graphs, "
-                               "torch.compile(mode='reduce-overhead')), fused or foreach optimizers, larger batches"),
+    "launch_bound": lambda facts: _graph_candidate(facts, _idle_rule(
+        "launch_bound", "Launch-bound: the host issues work slower than the GPU runs it",
+        "Launch fewer, larger kernels: CUDA graphs (torch.cuda.graphs, "
+        "torch.compile(mode='reduce-overhead')), fused or foreach optimizers, larger batches")(facts)),
     "tiny_kernels": _tiny_kernels,
     "fp32_math": _fp32_math,
     "transposed_gemm": _transposed_gemms,

@@ -266,3 +266,34 @@ def test_recompilation_after_the_first_iteration(tmp_path) -> None:
     row = frame.filter(frame["rule"] == "recompilation").row(0, named=True)
     assert row["time_ns"] == 300_000_000 and "compile_fx_inner" in row["evidence"]
     con.close()
+
+
+def test_cuda_graph_candidate(tmp_path) -> None:
+    """The launch-bound plant repeats its step exactly: the launch-bound finding says so, with the
+    kernels per iteration counted from the export (kernels whose launching call starts inside
+    `iteration 1`); with one kernel of `iteration 3` deleted from a copy, it does not."""
+    import shutil
+    import sqlite3
+
+    from traceq.api.loading import load_trace
+    from traceq.store import open_store
+
+    source = PLANTED / "smallkernels.sqlite"
+    with sqlite3.connect(f"file:{source}?mode=ro", uri=True) as db:
+        spans = {t: (s, e) for t, s, e in db.execute(
+            "SELECT text, start, \"end\" FROM NVTX_EVENTS WHERE text LIKE 'iteration %'")}
+        launched = db.execute("SELECT r.start, k.rowid FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
+                              "ON r.correlationId = k.correlationId").fetchall()
+    per_iteration = sum(1 for start, _ in launched if spans["iteration 1"][0] <= start < spans["iteration 1"][1])
+    victim = next(row for start, row in launched if spans["iteration 3"][0] <= start < spans["iteration 3"][1])
+    damaged = tmp_path / "altered.sqlite"
+    shutil.copy(source, damaged)
+    with sqlite3.connect(damaged) as db:
+        db.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = ?", [victim])
+    for path, candidate in ((source, True), (damaged, False)):
+        con = open_store(tmp_path / f"{path.stem}.duckdb", create=True)
+        frame, _ = advise(con, load_trace(con, path).trace_id)
+        con.close()
+        evidence = frame.filter(pl.col("rule") == "launch_bound")["evidence"][0]
+        said = f"launches the same {per_iteration:,} kernels in the same order" in evidence
+        assert said == candidate, evidence
