@@ -175,7 +175,7 @@ def _idle_rule(cause: str, title: str, fix: str) -> Callable[[_Facts], list[Find
         if not row["gaps"]:
             return []
         spread = (f", the longest {_ms(row['longest_ns'])}" if cause == "iteration_start"
-                  else _per_iteration(facts, row["total_ns"]))
+                  else f" ({_ms(row['per_iteration_ns'])} per steady iteration)" if row["per_iteration_ns"] else "")
         evidence = (f"{row['gaps']:,} GPU gaps, {_ms(row['total_ns'])} idle{spread}; "
                     f"calls: {_first(row['call_shares'])}; the work that waited: {_first(row['work_shares'])}")
         return [Finding(cause, title, row["total_ns"], evidence, fix)]

@@ -193,3 +193,24 @@ def test_a_time_and_its_class_compare_alike_with_every_boundary(seed: int) -> No
             continue
         assert time == got
         assert all((x < b, x == b) == (got < b, got == b) for b in bounds), (x, got)
+
+
+def test_per_iteration_counts_the_steady_iterations_only(tmp_path) -> None:
+    """On a torch.compile trace whose first step compiles (the warm-up), a cause's per-iteration
+    idle is its gaps in the steady iterations over their number, not its total over them."""
+    from traceq.analysis.timeline.gaps import idle_gaps
+    from traceq.analysis.timeline.idle import idle_causes
+    from traceq.api.loading import load_trace
+    from traceq.store import open_store
+
+    con = open_store(tmp_path / "s.duckdb", create=True)
+    t = load_trace(con, sample("conventions/gpt_kineto_compile_cold.json.gz")).trace_id
+    frame, totals = idle_causes(con, t)
+    gaps = idle_gaps(con, t)
+    con.close()
+    steady = gaps.filter(pl.col("iteration").is_not_null() & (pl.col("iteration") != "warm-up"))
+    assert totals.iterations == steady["iteration"].n_unique() >= 2
+    want = dict(steady.group_by("cause").agg(pl.col("dur_ns").sum()).iter_rows())
+    got = dict(frame.select("cause", "per_iteration_ns").iter_rows())
+    assert all(got[c] == want.get(c, 0) // totals.iterations for c in got)
+    assert any(total // totals.iterations != got[c] for c, total in frame.select("cause", "total_ns").iter_rows())

@@ -55,8 +55,8 @@ def idle_causes(
     and the totals.
 
     Columns: cause, gaps, total_ns, pct (share of all idle time, %), span_pct (share of the
-    devices' span, %), per_iteration_ns (total_ns over the iterations; null without iteration
-    ranges), longest_ns (the longest gap), call_shares (for sync and h2d gaps the blocking or
+    devices' span, %), per_iteration_ns (the cause's idle time in the steady iterations over
+    their number: the warm-up's gaps are in total_ns only; null without iteration ranges), longest_ns (the longest gap), call_shares (for sync and h2d gaps the blocking or
     copy calls, else the calls that issued the work, with their share of the cause's time),
     work_shares (the work the GPU waited for, by short kernel name or copy kind, with its share). `gaps`:
     the trace's `gaps.gap_frame`, when the caller has it already.
@@ -72,6 +72,11 @@ def idle_causes(
     detail_work = by_work.select("cause", "dur_ns", waiting=work_names(by_work, names, "kernel_short"))
     per_cause = (groups.group_by("cause").agg(gaps=pl.col("gaps").sum().cast(pl.Int64), total_ns=pl.col("dur_ns").sum(),
                                               longest_ns=pl.col("longest_ns").max()))
+    # per iteration: the steady iterations' gaps over their number (the warm-up's are not an iteration's)
+    steady_codes = [i for i, name in enumerate(names["iteration"].to_list()) if name != WARM_UP]
+    steady = (gaps.filter(pl.col("iteration").is_in(steady_codes)).group_by("cause")
+              .agg(steady_ns=pl.col("dur_ns").sum()).collect())
+    per_cause = per_cause.join(steady, on="cause", how="left")
     frame = (pl.DataFrame({"cause": pl.int_range(0, len(CAUSES), dtype=pl.UInt8, eager=True)})
              .join(per_cause, on="cause", how="left")
              .join(_shares(detail_calls, ["cause"], "call", "call_shares"), on="cause", how="left")
@@ -79,8 +84,8 @@ def idle_causes(
              .with_columns(pl.col("gaps", "total_ns").fill_null(0))
              .with_columns(pct=100.0 * pl.col("total_ns") / grand,
                            span_pct=100.0 * pl.col("total_ns") / max(totals.span_ns, 1),
-                           per_iteration_ns=(pl.col("total_ns") // totals.iterations) if totals.iterations
-                           else pl.lit(None, pl.Int64))
+                           per_iteration_ns=(pl.col("steady_ns").fill_null(0) // totals.iterations)
+                           if totals.iterations else pl.lit(None, pl.Int64))
              .sort("cause"))
     return (frame.select(pl.Series([CAUSE_LABELS[c] for c in CAUSES]).gather(frame["cause"]).alias("cause"), "gaps", "total_ns", "pct",
                          "span_pct", "per_iteration_ns", "longest_ns", "call_shares", "work_shares"), totals)
