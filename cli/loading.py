@@ -30,7 +30,7 @@ from traceq.render import Format, format_for, render
 
 
 @app.command(epilog=example('traceq load sample_traces/*.sqlite', 'traceq load sample_traces/alexnet_b256_kineto.json --name alexnet_kineto',
-                            'traceq load --ncu sample_traces/ncu/alexnet_b256_fp32_ncu.csv.gz --into alexnet_b256_fp32'))
+                            'traceq load sample_traces/ncu/alexnet_b256_fp32.sqlite --ncu sample_traces/ncu/alexnet_b256_fp32_ncu.csv.gz'))
 def load(
     paths: Annotated[list[Path] | None, typer.Argument(help="Nsight Systems SQLite exports, nvprof databases or "
                                                       "PyTorch profiler (Kineto) JSON traces",
