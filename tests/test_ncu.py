@@ -315,3 +315,26 @@ def test_nvtx_path_keeps_colons_in_range_names() -> None:
             '"<default domain>:aten::conv2d, seq = 7:none:none:none:none:none:none" ')
     assert nvtx_path(cell) == NVTX_SEP.join(["iteration 0", "aten::conv2d, seq = 7"])
     assert nvtx_path("42 ") is None
+
+
+def test_a_skipped_window_without_nvtx_is_found_in_the_trace(store: Path, tmp_path: Path) -> None:
+    """ncu with `--launch-skip 100` and no --nvtx (emulated: the first 100 launches of the
+    ResNet-50 report dropped, its NVTX stacks blanked): each launch still joins the kernel the
+    NVTX-guided join chose (counted in launch order from the trace's start instead of from where
+    the profiled sequence recurs, 43 of the 117 would join earlier kernels)."""
+    lines = gzip.decompress((NCU / "resnet50_b32_fp32_ncu.csv.gz").read_bytes()).decode().splitlines(keepends=True)
+    table = list(csv.reader(io.StringIO("".join(line for line in lines if not line.startswith("==")))))
+    stack = table[0].index(NCU_STACK)
+    kept = [row for row in table[2:] if int(row[0]) >= 100]
+    for row in kept:
+        row[stack] = ""
+    out = io.StringIO()
+    csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows([table[0], table[1], *kept])
+    report = tmp_path / "skipped.csv"
+    report.write_text(out.getvalue())
+    db = tmp_path / "traceq.duckdb"
+    said = _load(db, str(NCU / "resnet50_b32_fp32.sqlite"), "--ncu", str(report))
+    assert f"{len(kept)} of {len(kept)} profiled launches matched;" in said
+    guided = dict(_sql(store, "SELECT ncu_id, kernel_id FROM ncu_metrics JOIN traces USING (trace_id) "
+                              "WHERE name = 'resnet50_b32_fp32' AND ncu_id >= 100"))
+    assert dict(_sql(db, "SELECT ncu_id, kernel_id FROM ncu_metrics")) == guided

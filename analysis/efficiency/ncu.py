@@ -6,7 +6,8 @@ profiled launch is joined to the kernel of the same name (the demangled, mangled
 whichever ncu wrote), grid and block that comes at the same place in launch order among those
 launches, counted within the NVTX push/pop stack of the launching thread where ncu recorded one
 (`ncu --nvtx`) and the trace has it; launches whose stack the trace does not have are then
-counted without it. ncu usually profiles a window (one iteration, `--launch-skip/--launch-count`):
+counted without it, from where the trace's launches repeat the profiled sequence
+(`window_start`: ncu may have skipped launches, `--launch-skip`). ncu usually profiles a window (one iteration, `--launch-skip/--launch-count`):
 the kernels outside it have no measurement, unless `extend`, where each takes the mean of the
 profiled launches of its name, grid, block and innermost NVTX range (else of its name, grid and
 block), marked 'extended'.
@@ -115,12 +116,12 @@ def match_launches(ncu: pl.DataFrame, kernels: pl.DataFrame) -> pl.DataFrame:
              .filter(pl.col("key").is_not_null()).sort("ncu_id"))
     pairs: list[pl.DataFrame] = []
     for with_path in (True, False):
+        start = None if with_path else window_start(_untaken(named, pairs, "ncu_id"), _untaken(kernels, pairs, "kernel_id"))
         for kind, column in (("n", "name"), ("c", "canon"), ("s", "short_name")):
-            left = named.filter(pl.col("key").str.starts_with(kind))
-            right = kernels.with_columns(key=pl.lit(kind) + pl.col(column))
-            for taken in pairs:  # each launch and each kernel is joined once
-                left = left.join(taken, on="ncu_id", how="anti")
-                right = right.join(taken, on="kernel_id", how="anti")
+            left = _untaken(named.filter(pl.col("key").str.starts_with(kind)), pairs, "ncu_id")
+            right = _untaken(kernels.with_columns(key=pl.lit(kind) + pl.col(column)), pairs, "kernel_id")
+            if start is not None:
+                right = right.filter(pl.col("start_ns") >= start)
             keys = ["key", *_CONFIG, *(["nvtx_path"] if with_path else [])]
             if with_path:
                 left, right = left.filter(pl.col("nvtx_path").is_not_null()), right.filter(pl.col("nvtx_path").is_not_null())
@@ -133,6 +134,43 @@ def match_launches(ncu: pl.DataFrame, kernels: pl.DataFrame) -> pl.DataFrame:
     if not pairs:
         return pl.DataFrame(schema={"ncu_id": pl.Int64, "kernel_id": pl.Int64, "with_nvtx": pl.Boolean})
     return pl.concat(pairs).sort("ncu_id")
+
+
+def _untaken(frame: pl.DataFrame, pairs: list[pl.DataFrame], column: str) -> pl.DataFrame:
+    """`frame` less the rows whose `column` a pair has taken already (each launch and each kernel
+    is joined once)."""
+    for taken in pairs:
+        frame = frame.join(taken.select(column), on=column, how="anti")
+    return frame
+
+
+WINDOW_PROBE = 64
+"""Profiled launches compared at each place the window could start."""
+
+
+def window_start(ncu: pl.DataFrame, kernels: pl.DataFrame) -> int | None:
+    """Where in the trace the profiled launches begin, when ncu skipped some (`--launch-skip`, a
+    later iteration) and no NVTX stack tells: the start_ns of the trace's launch from which the
+    sequence of profiled (name, grid, block) best repeats the trace's own sequence of those
+    kinds of launches, the earliest of the best; None when that is the first (or none fits).
+    `ncu` in ID order and `kernels` in launch order, both with `canon` and the grid and block."""
+    if ncu.is_empty() or kernels.is_empty():
+        return None
+    key = pl.concat_str([pl.col("canon"), *[pl.col(c).cast(pl.String) for c in _CONFIG]], separator="|")
+    q = ncu.select(key.alias("k"))["k"].to_list()
+    codes = {k: i for i, k in enumerate(dict.fromkeys(q))}
+    trace = (kernels.select(key.alias("k"), "start_ns").filter(pl.col("k").is_in(list(codes)))
+             .with_columns(pl.col("k").replace_strict(codes, return_dtype=pl.Int64)))
+    probe = [codes[k] for k in q[:WINDOW_PROBE]]
+    score = pl.sum_horizontal([(pl.col("k").shift(-j) == code).fill_null(False).cast(pl.Int32)
+                               for j, code in enumerate(probe)])
+    starts = (trace.with_columns(score=score).with_row_index("at")
+              .filter(pl.col("k") == probe[0]))
+    if starts.height < 2:
+        return None
+    best = starts.sort("score", "at", descending=[True, False]).row(0, named=True)
+    first = starts.row(0, named=True)
+    return None if best["at"] == first["at"] else int(best["start_ns"])
 
 
 _QUALIFIER = re.compile(r"(?:[A-Za-z_]\w*::)+")
