@@ -168,9 +168,9 @@ def test_commands_show_the_measured_beside_the_theory(store: Path) -> None:
                               "\"end\" FROM kernel_events) k USING (trace_id, kernel_id) JOIN kernels n USING (trace_id, "
                               "kernel_id) JOIN traces t USING (trace_id) WHERE t.name = 'alexnet_b256_cudnn' AND n.name = ?",
                        [ru[0]["name"]])
-    assert float(ru[0]["ncu_occupancy"]) == pytest.approx(expected[0], rel=1e-9) and 0 < expected[0] <= 1
+    assert float(ru[0]["ncu_occupancy_pct"]) == pytest.approx(100 * expected[0], rel=1e-9) and 0 < expected[0] <= 1
     assert int(ru[0]["ncu_kernels"]) == expected[1] < int(ru[0]["kernels"])
-    assert "ncu_occupancy" not in csv_of("ru", "-t", "alexnet_b256_fp32")[0]  # that report measured none
+    assert "ncu_occupancy_pct" not in csv_of("ru", "-t", "alexnet_b256_fp32")[0]  # that report measured none
     ce = csv_of("ce", "-t", "alexnet_b256_cudnn", "--spec", str(SAMPLES / "alexnet.model.toml"))
     assert {"ncu_sm_pct", "ncu_tensor_pct", "ncu_kernels"} <= set(ce[0])
     traffic = csv_of("traffic", "-t", "alexnet_b256_fp32", "--spec", str(NCU / "alexnet_b256_fp32_shapes.json"),

@@ -48,7 +48,7 @@ def _beside(frame: pl.DataFrame, measured: pl.DataFrame, kernels: pl.DataFrame, 
     return out.with_columns(pl.col(count).fill_null(0))
 
 
-_SOURCES = {"ncu_occupancy": "achieved_occupancy_pct", "ncu_sm_pct": "sm_throughput_pct",
+_SOURCES = {"ncu_occupancy_pct": "achieved_occupancy_pct", "ncu_sm_pct": "sm_throughput_pct",
             "ncu_tensor_pct": "tensor_pipe_pct", "ncu_dram_bytes": "dram_read_bytes", "ncu_l2_bytes": "l2_bytes"}
 
 
@@ -59,13 +59,13 @@ def _source(label: str) -> str:
 def ncu_ru_columns(con: duckdb.DuckDBPyConnection, trace_id: int, frame: pl.DataFrame, keys: list[str],
                    kernels: pl.DataFrame) -> pl.DataFrame:
     """`traceq ru`'s frame (grouped by `keys`: name | layer, pass | library) with ncu_kernels
-    (measured launches) and ncu_occupancy (achieved occupancy, sm__warps_active over the peak,
-    fraction) beside `occupancy` (theoretical). `kernels`: kernel_id and the keys per launch."""
+    (measured launches) and ncu_occupancy_pct (achieved occupancy, sm__warps_active over the
+    peak, %) beside `occupancy` (theoretical). `kernels`: kernel_id and the keys per launch."""
     measured = ncu_launches(con, trace_id)
     if measured is None:
         return frame
     return _beside(frame, measured, kernels, keys,
-                   {"ncu_occupancy": _weighted("achieved_occupancy_pct", "ncu_occupancy", 0.01)}, "ncu_kernels")
+                   {"ncu_occupancy_pct": _weighted("achieved_occupancy_pct", "ncu_occupancy_pct")}, "ncu_kernels")
 
 
 def ncu_ce_columns(con: duckdb.DuckDBPyConnection, trace_id: int, frame: pl.DataFrame, keys: list[str],
