@@ -338,3 +338,27 @@ def test_a_skipped_window_without_nvtx_is_found_in_the_trace(store: Path, tmp_pa
     guided = dict(_sql(store, "SELECT ncu_id, kernel_id FROM ncu_metrics JOIN traces USING (trace_id) "
                               "WHERE name = 'resnet50_b32_fp32' AND ncu_id >= 100"))
     assert dict(_sql(db, "SELECT ncu_id, kernel_id FROM ncu_metrics")) == guided
+
+
+@pytest.mark.parametrize("base", ["mangled_name", "short_name"])
+def test_names_as_ncu_prints_them_with_another_kernel_base(store: Path, base: str) -> None:
+    """`ncu --print-kernel-base mangled|function` writes the mangled or the short name: each
+    profiled launch, renamed so in the ResNet-50 report, joins the same kernel as before."""
+    from traceq.analysis.efficiency.ncu import match_launches, trace_kernels
+    from traceq.ingest.ncu import read_ncu
+
+    report = read_ncu(NCU / "resnet50_b32_fp32_ncu.csv.gz")
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        (tid,) = con.execute("SELECT trace_id FROM traces WHERE name = 'resnet50_b32_fp32'").fetchall()[0]
+        kernels = trace_kernels(con, tid, paths=True)
+        before = con.execute("SELECT m.ncu_id, m.kernel_id, k.mangled_name, k.short_name FROM ncu_metrics m "
+                             "JOIN kernels k USING (trace_id, kernel_id) WHERE m.trace_id = ? ORDER BY 1",
+                             [tid]).fetchall()
+    finally:
+        con.close()
+    names = {ncu_id: mangled if base == "mangled_name" else short for ncu_id, _, mangled, short in before}
+    assert all(names.values())
+    renamed = report.launches.with_columns(name=report.launches["ncu_id"].replace_strict(names))
+    pairs = match_launches(renamed, kernels)
+    assert list(zip(pairs["ncu_id"], pairs["kernel_id"])) == [(i, k) for i, k, _, _ in before]
