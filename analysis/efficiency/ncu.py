@@ -75,12 +75,15 @@ def join_ncu(con: duckdb.DuckDBPyConnection, trace_id: int, report: NcuReport, *
 
 
 def trace_kernels(con: duckdb.DuckDBPyConnection, trace_id: int, *, paths: bool) -> pl.DataFrame:
-    """The trace's kernels in launch order: kernel_id, start_ns, name, short_name, mangled_name,
-    grid and block, and (`paths`) nvtx_path: the push/pop ranges open on the launching thread
-    when the launch was called, outermost first, joined by NVTX_SEP (null: none, or no NVTX)."""
+    """The trace's kernels in launch order (ncu's: that of the calls, which streams may run out
+    of order): kernel_id, order_ns (when the launch was called, as found at load; else when the
+    kernel started), name, short_name, mangled_name, grid and block, and (`paths`) nvtx_path: the
+    push/pop ranges open on the launching thread when the launch was called, outermost first,
+    joined by NVTX_SEP (null: none, or no NVTX)."""
     t = int(trace_id)
-    kernels = con.sql(f"SELECT kernel_id, start_ns, name, short_name, mangled_name, {', '.join(_CONFIG)} "
-                      f"FROM kernels WHERE trace_id = {t} ORDER BY start_ns, kernel_id").pl()
+    kernels = con.sql(f"SELECT kernel_id, coalesce(launch_start_ns, start_ns) AS order_ns, name, short_name, "
+                      f"mangled_name, {', '.join(_CONFIG)} FROM kernel_rows WHERE trace_id = {t} "
+                      "ORDER BY order_ns, kernel_id").pl()
     if not paths or first_row(con, f"SELECT 1 FROM nvtx_events e JOIN nvtx_attributes a ON a.trace_id = e.trace_id "
                                    f"AND a.attributes_id = e.attributes_id WHERE e.trace_id = {t} "
                                    "AND a.kind = 'pushpop' LIMIT 1") is None:
@@ -94,7 +97,7 @@ def trace_kernels(con: duckdb.DuckDBPyConnection, trace_id: int, *, paths: bool)
         FROM k JOIN r ON r.tid = k.launch_tid AND (r.pid IS NULL OR k.pid IS NULL OR r.pid = k.pid)
                      AND r.start_ns <= k.launch_start_ns AND k.launch_start_ns < r.end_ns
         GROUP BY k.kernel_id""").pl()
-    return kernels.join(stacks, on="kernel_id", how="left").sort("start_ns", "kernel_id")
+    return kernels.join(stacks, on="kernel_id", how="left").sort("order_ns", "kernel_id")
 
 
 def match_launches(ncu: pl.DataFrame, kernels: pl.DataFrame) -> pl.DataFrame:
@@ -121,12 +124,12 @@ def match_launches(ncu: pl.DataFrame, kernels: pl.DataFrame) -> pl.DataFrame:
             left = _untaken(named.filter(pl.col("key").str.starts_with(kind)), pairs, "ncu_id")
             right = _untaken(kernels.with_columns(key=pl.lit(kind) + pl.col(column)), pairs, "kernel_id")
             if start is not None:
-                right = right.filter(pl.col("start_ns") >= start)
+                right = right.filter(pl.col("order_ns") >= start)
             keys = ["key", *_CONFIG, *(["nvtx_path"] if with_path else [])]
             if with_path:
                 left, right = left.filter(pl.col("nvtx_path").is_not_null()), right.filter(pl.col("nvtx_path").is_not_null())
             left = left.with_columns(nth=pl.int_range(pl.len()).over(keys))  # sorted by ncu_id
-            right = right.with_columns(nth=pl.int_range(pl.len()).over(keys))  # sorted by start_ns
+            right = right.with_columns(nth=pl.int_range(pl.len()).over(keys))  # in launch order
             found = left.join(right, on=[*keys, "nth"], how="inner").select(
                 "ncu_id", "kernel_id", with_nvtx=pl.lit(with_path))
             if found.height:
@@ -150,7 +153,7 @@ WINDOW_PROBE = 64
 
 def window_start(ncu: pl.DataFrame, kernels: pl.DataFrame) -> int | None:
     """Where in the trace the profiled launches begin, when ncu skipped some (`--launch-skip`, a
-    later iteration) and no NVTX stack tells: the start_ns of the trace's launch from which the
+    later iteration) and no NVTX stack tells: the order_ns of the trace's launch from which the
     sequence of profiled (name, grid, block) best repeats the trace's own sequence of those
     kinds of launches, the earliest of the best; None when that is the first (or none fits).
     `ncu` in ID order and `kernels` in launch order, both with `canon` and the grid and block."""
@@ -159,7 +162,7 @@ def window_start(ncu: pl.DataFrame, kernels: pl.DataFrame) -> int | None:
     key = pl.concat_str([pl.col("canon"), *[pl.col(c).cast(pl.String) for c in _CONFIG]], separator="|")
     q = ncu.select(key.alias("k"))["k"].to_list()
     codes = {k: i for i, k in enumerate(dict.fromkeys(q))}
-    trace = (kernels.select(key.alias("k"), "start_ns").filter(pl.col("k").is_in(list(codes)))
+    trace = (kernels.select(key.alias("k"), "order_ns").filter(pl.col("k").is_in(list(codes)))
              .with_columns(pl.col("k").replace_strict(codes, return_dtype=pl.Int64)))
     probe = [codes[k] for k in q[:WINDOW_PROBE]]
     score = pl.sum_horizontal([(pl.col("k").shift(-j) == code).fill_null(False).cast(pl.Int32)
@@ -170,7 +173,7 @@ def window_start(ncu: pl.DataFrame, kernels: pl.DataFrame) -> int | None:
         return None
     best = starts.sort("score", "at", descending=[True, False]).row(0, named=True)
     first = starts.row(0, named=True)
-    return None if best["at"] == first["at"] else int(best["start_ns"])
+    return None if best["at"] == first["at"] else int(best["order_ns"])
 
 
 _QUALIFIER = re.compile(r"(?:[A-Za-z_]\w*::)+")
