@@ -362,3 +362,16 @@ def test_names_as_ncu_prints_them_with_another_kernel_base(store: Path, base: st
     renamed = report.launches.with_columns(name=report.launches["ncu_id"].replace_strict(names))
     pairs = match_launches(renamed, kernels)
     assert list(zip(pairs["ncu_id"], pairs["kernel_id"])) == [(i, k) for i, k, _, _ in before]
+
+
+def test_a_store_made_before_the_ncu_tables_gets_them_at_its_first_ncu_load(tmp_path: Path) -> None:
+    db = tmp_path / "traceq.duckdb"
+    _load(db, str(NCU / "alexnet_b256_fp32.sqlite"))
+    con = duckdb.connect(str(db))
+    con.execute("DROP TABLE ncu_metrics")
+    con.execute("DROP TABLE ncu_reports")
+    con.close()
+    ru = runner.invoke(app, ["ru", "--db", str(db), "-f", "csv"])
+    assert ru.exit_code == 0 and "ncu_" not in ru.stdout
+    _load(db, "--ncu", str(NCU / "alexnet_b256_fp32_ncu.csv.gz"), "--into", "alexnet_b256_fp32")
+    assert _sql(db, "SELECT count(*) FROM ncu_metrics") == [(30,)]
