@@ -178,12 +178,14 @@ def write_run(dataset: Path, run: RunEntry,
 
 
 def _trace_tables(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
-    """The tables a dataset keeps per trace (every table of the store but traceq_meta), each with
-    its id columns that must be unique across the dataset's traces: trace_id, and run_id (each
-    trace of a dataset is a run of its own, with the trace's id)."""
+    """The tables a dataset keeps per trace (every table of the store but traceq_meta and the
+    ncu_* tables, which `traceq load --ncu` fills in a store only: a dataset's stay empty), each
+    with its id columns that must be unique across the dataset's traces: trace_id, and run_id
+    (each trace of a dataset is a run of its own, with the trace's id)."""
     rows = con.execute("SELECT table_name, list(column_name ORDER BY column_index) FILTER "
                        "(column_name IN ('trace_id', 'run_id')) FROM duckdb_columns() WHERE NOT internal "
                        "AND table_name IN (SELECT table_name FROM duckdb_tables()) AND table_name != 'traceq_meta' "
+                       "AND NOT starts_with(table_name, 'ncu_') "
                        "GROUP BY table_name ORDER BY table_name").fetchall()
     return {table: keys or [] for table, keys in rows}
 

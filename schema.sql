@@ -421,3 +421,34 @@ FROM kernels k
 JOIN kernel_attribution a ON a.trace_id = k.trace_id AND a.kernel_id = k.kernel_id
 JOIN kernel_contexts c ON c.trace_id = a.trace_id AND c.context_id = a.context_id
 LEFT JOIN kernel_classes s ON s.trace_id = k.trace_id AND s.name = k.name;
+
+-- table ncu_reports: the Nsight Compute report joined to each trace (`traceq load --ncu REPORT --into TRACE`; a later one replaces it). Stores made before it existed get it at their first --ncu load.
+CREATE TABLE ncu_reports (
+    trace_id INTEGER NOT NULL,
+    source_path VARCHAR NOT NULL,          -- absolute path of the report at load time (.csv, .csv.gz or .ncu-rep)
+    sha256 VARCHAR NOT NULL,
+    launches BIGINT NOT NULL,              -- profiled launches in the report
+    matched BIGINT NOT NULL,               -- of them, joined to a kernel of the trace
+    extended BIGINT NOT NULL,              -- kernels given a measured launch's values by --ncu-extend (0 without it)
+    metrics VARCHAR,                       -- the ncu_metrics columns the report had, comma-separated
+    loaded_at TIMESTAMP
+);
+
+-- table ncu_metrics: Nsight Compute's measured metrics of each kernel launch it profiled, joined to the trace's kernel by name (demangled, mangled or short, as ncu wrote it), grid and block, the NVTX push/pop stack where both recorded one, and launch order within those; with --ncu-extend also the unprofiled launches of a measured name and configuration. Units are ncu's converted by the report's unit row; a metric the report lacks is NULL.
+CREATE TABLE ncu_metrics (
+    trace_id INTEGER NOT NULL,
+    kernel_id BIGINT NOT NULL,             -- kernel_events.kernel_id
+    ncu_id BIGINT,                         -- the report's ID of the measured launch; NULL for an extended one
+    matched_by VARCHAR NOT NULL,           -- 'launch' (this launch was profiled) or 'extended' (the mean of the profiled launches of its name, grid, block and innermost NVTX range, else of its name, grid and block)
+    gpu_time_ns DOUBLE,                    -- gpu__time_duration.sum (under the profiler: caches flushed, clocks as ncu set them)
+    achieved_occupancy_pct DOUBLE,         -- sm__warps_active.avg.pct_of_peak_sustained_active
+    theoretical_occupancy_pct DOUBLE,      -- sm__maximum_warps_per_active_cycle_pct
+    sm_throughput_pct DOUBLE,              -- sm__throughput.avg.pct_of_peak_sustained_elapsed
+    tensor_pipe_pct DOUBLE,                -- sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed (or the hmma pipe's)
+    memory_throughput_pct DOUBLE,          -- gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed
+    dram_throughput_pct DOUBLE,            -- gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed
+    dram_read_bytes DOUBLE,                -- dram__bytes_read.sum
+    dram_write_bytes DOUBLE,               -- dram__bytes_write.sum
+    l2_bytes DOUBLE,                       -- lts__t_bytes.sum
+    l1_bytes DOUBLE                        -- l1tex__t_bytes.sum
+);

@@ -57,6 +57,23 @@ def schema_sql() -> str:
     return resources.files("traceq").joinpath("schema.sql").read_text(encoding="utf-8")
 
 
+def ensure_tables(con: duckdb.DuckDBPyConnection, *names: str) -> None:
+    """Create schema.sql's tables `names` where the store lacks them: tables added since a store
+    was made (the ncu_* ones) without a new schema version, as nothing else reads them unasked."""
+    sql = schema_sql()
+    for name in names:
+        found = re.search(rf"^CREATE TABLE {re.escape(name)} \(.*?^\);", sql, re.MULTILINE | re.DOTALL)
+        if found is None:
+            raise ValueError(f"schema.sql has no table {name}")
+        con.execute(found.group(0).replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
+
+
+def has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    """Whether the store (or dataset) has a table or view `name`."""
+    return first_row(con, "SELECT 1 FROM duckdb_tables() WHERE table_name = ? UNION ALL "
+                          "SELECT 1 FROM duckdb_views() WHERE view_name = ? LIMIT 1", [name, name]) is not None
+
+
 def open_store(
     path: Path,
     *,

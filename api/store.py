@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import duckdb
     import polars as pl
 
+    from traceq.analysis.efficiency.ncu import NcuJoin
     from traceq.api.datasets import DatasetLoad
 
 from traceq.api.options import _path, _regex, _remove_store, _run_traces
@@ -255,6 +256,33 @@ class Store:
             return trace_id, name
 
         return self._change(attribute)
+
+    def load_ncu(self, path: str | Path, into: str | int | None = None, *, extend: bool = False,
+                 ncu_bin: str | None = None) -> NcuJoin:
+        """`traceq load --ncu REPORT --into TRACE`: Nsight Compute's measured metrics of the
+        launches it profiled, joined to the kernels of trace `into` (default: the latest loaded)
+        and kept in `ncu_metrics` (one transaction; replaces the trace's earlier report).
+
+        `path`: ncu's `--csv --page raw` output (plain or gzipped), or an `.ncu-rep` report,
+        read through `ncu --import` (`ncu_bin`, $TRACEQ_NCU or `ncu` on PATH) into a cache
+        folder beside the store. `extend`: the launches ncu did not profile take the measured
+        values of their name and configuration (`analysis.efficiency.ncu`). The report is read
+        whole before the store is touched: a damaged one raises TraceFormatError, the store
+        unchanged; a trace that is not there raises NotFoundError."""
+        from traceq.analysis.efficiency.ncu import join_ncu
+        from traceq.ingest.ncu import read_ncu
+
+        self._writable()
+        if not self.path.exists():
+            raise NotFoundError(f"{self.path}: no such store: load the trace first (`traceq load TRACE_FILE`), "
+                                "then its Nsight Compute report with --ncu REPORT --into TRACE")
+        report = read_ncu(Path(path), ncu_bin=ncu_bin, cache=self.path.with_name(self.path.name + ".ncu-cache"))
+
+        def join(con: duckdb.DuckDBPyConnection) -> NcuJoin:
+            trace_id, _ = resolve_trace(con, None if into is None else str(into))
+            return join_ncu(con, trace_id, report, extend=extend)
+
+        return self._change(join)
 
     def _change(self, change: Callable[[duckdb.DuckDBPyConnection], Any]) -> Any:
         """What change(con) returns, run in one transaction on a connection that may write."""

@@ -246,7 +246,22 @@ class Trace:
         groups = self._launch_groups(iteration_regex) if by is GroupBy.layer else None
         frame = ru_table(self.con, self.id, by, cc=cc, sms=sms, iteration_regex=_regex(iteration_regex),
                          groups=groups)
+        frame = self._with_ncu_ru(frame, by, iteration_regex)
         return frame if k is None else frame.head(k)
+
+    def _with_ncu_ru(self, frame: pl.DataFrame, by: GroupBy, iteration_regex: str | None) -> pl.DataFrame:
+        """`ru`'s frame with Nsight Compute's achieved occupancy beside it, when the trace has a
+        report joined (`traceq load --ncu`)."""
+        from traceq.analysis.efficiency.ncu import has_ncu
+
+        if not has_ncu(self.con, self.id):
+            return frame
+        from traceq.analysis.efficiency.ncu_columns import ncu_ru_columns
+        from traceq.analysis.efficiency.ru import _KEYS
+
+        kernels = (self.con.sql(f"SELECT kernel_id, name FROM kernels WHERE trace_id = {int(self.id)}").pl()
+                   if by is GroupBy.kernel else self._attributed(iteration_regex))
+        return ncu_ru_columns(self.con, self.id, frame, _KEYS[by], kernels)
 
     def _kernel_ce(self, spec: str | Path | None, batch: int | None, precision: str | None,
                    iteration_regex: str | None) -> pl.DataFrame:
@@ -267,9 +282,22 @@ class Trace:
 
         per_kernel = self._kernel_ce(spec, batch, precision, iteration_regex)
         frame = ce_table(self.con, self.id, GroupBy(by), per_kernel=per_kernel)
+        frame = self._with_ncu_ce(frame, GroupBy(by), per_kernel)
         for note in ce_notes(per_kernel):
             _note(note)
         return frame if k is None else frame.head(k)
+
+    def _with_ncu_ce(self, frame: pl.DataFrame, by: GroupBy, per_kernel: pl.DataFrame) -> pl.DataFrame:
+        """`ce`'s frame with Nsight Compute's SM and tensor-pipe throughput beside it, when the
+        trace has a report joined (`traceq load --ncu`)."""
+        from traceq.analysis.efficiency.ncu import has_ncu
+
+        if not has_ncu(self.con, self.id):
+            return frame
+        from traceq.analysis.efficiency.ncu_columns import ncu_ce_columns
+        from traceq.analysis.efficiency.ru import _KEYS
+
+        return ncu_ce_columns(self.con, self.id, frame, _KEYS[by], per_kernel)
 
     def mfu(self, *, model_flops: float | None = None, params: float | None = None, tokens: float | None = None,
             inference: bool = False, layers: int | None = None, d_model: int | None = None, seq: int | None = None,

@@ -29,11 +29,12 @@ from traceq.errors import TraceqError
 from traceq.render import Format, format_for, render
 
 
-@app.command(epilog=example('traceq load sample_traces/*.sqlite', 'traceq load sample_traces/alexnet_b256_kineto.json --name alexnet_kineto'))
+@app.command(epilog=example('traceq load sample_traces/*.sqlite', 'traceq load sample_traces/alexnet_b256_kineto.json --name alexnet_kineto',
+                            'traceq load sample_traces/ncu/alexnet_b256_fp32.sqlite --ncu sample_traces/ncu/alexnet_b256_fp32_ncu.csv.gz'))
 def load(
-    paths: Annotated[list[Path], typer.Argument(help="Nsight Systems SQLite exports, nvprof databases or "
-                                               "PyTorch profiler (Kineto) JSON traces",
-                                               metavar="PATH...", show_default=False)],
+    paths: Annotated[list[Path] | None, typer.Argument(help="Nsight Systems SQLite exports, nvprof databases or "
+                                                      "PyTorch profiler (Kineto) JSON traces",
+                                                      metavar="PATH...", show_default=False)] = None,
     db: DbOpt = None,
     dataset: DatasetOpt = None,
     name: Annotated[str | None, typer.Option(help="Name in the store [default: the file's name "
@@ -55,11 +56,38 @@ def load(
     workers: Annotated[int | None, typer.Option(
         min=1, help="With --dataset and no --scheduler: local Dask workers [default: one per core]",
         show_default=False)] = None,
+    ncu: Annotated[Path | None, typer.Option(
+        help="Nsight Compute report (`--csv --page raw` output, or .ncu-rep with ncu at hand) to join to the "
+             "kernels of --into TRACE (or of the one PATH loaded)", show_default=False)] = None,
+    into: Annotated[str | None, typer.Option(help="With --ncu: the trace (name or id) the report measured",
+                                             metavar="TRACE", show_default=False)] = None,
+    ncu_extend: Annotated[bool, typer.Option(
+        "--ncu-extend", help="With --ncu: kernels ncu did not profile take the measured values of the same "
+                             "name and launch configuration (other iterations)")] = False,
+    ncu_bin: Annotated[str | None, typer.Option(
+        help="With --ncu REPORT.ncu-rep: the ncu to run [default: $TRACEQ_NCU, else ncu on PATH]",
+        metavar="PATH", show_default=False)] = None,
 ) -> None:
     """Load trace files into the store (one transaction each, or one for all with --run), or with
-    --dataset into a Parquet dataset, one Dask task per file."""
+    --dataset into a Parquet dataset, one Dask task per file; with --ncu, join an Nsight Compute
+    report's measured metrics to a loaded trace's kernels."""
 
     with user_errors():
+        paths = paths or []
+        if ncu is None and (into is not None or ncu_extend or ncu_bin is not None):
+            raise typer.BadParameter("--into, --ncu-extend and --ncu-bin go with --ncu REPORT", param_hint="--ncu")
+        if ncu is not None:
+            if dataset is not None or run is not None:
+                raise typer.BadParameter("--ncu joins a report to a trace in the store: not with --dataset or --run",
+                                         param_hint="--ncu")
+            if len(paths) > 1 or (paths and into is not None):
+                raise typer.BadParameter("--ncu joins one report to one trace: give --into TRACE, or one PATH "
+                                         "to load first", param_hint="--ncu")
+            if not paths and into is None:
+                raise typer.BadParameter("--ncu needs --into TRACE (the loaded trace it measured)", param_hint="--into")
+        elif not paths:
+            raise typer.BadParameter("give the trace files to load (or --ncu REPORT --into TRACE)",
+                                     param_hint="PATH...")
         if name is not None and len(paths) > 1:
             raise typer.BadParameter("--name needs exactly one file", param_hint="--name")
         if dataset is not None or scheduler is not None or workers is not None:
@@ -90,6 +118,37 @@ def load(
                 f"{rows.get('memops', 0):,} memcpy/memset, {rows.get('nvtx_events', 0):,} NVTX events "
                 f"in {result.seconds:.2f} s" + "".join(f"; {note}" for note in result.notes)
             )
+        if ncu is not None:
+            trace = into if into is not None else (name or _loaded_name(store, paths[0]))
+            _load_ncu(store, ncu, trace, ncu_extend, ncu_bin)
+
+
+def _loaded_name(store: Store, path: Path) -> str:
+    """The name in the store of the trace file just loaded from `path`."""
+    from traceq.ingest import sha256_of
+
+    frame = store.traces()
+    same = frame.filter(frame["sha256"] == sha256_of(path))
+    return str(same["name"][0]) if len(same) else path.stem
+
+
+def _load_ncu(store: Store, report: Path, into: str, extend: bool, ncu_bin: str | None) -> None:
+    """`traceq load --ncu`: join the report, then say how many launches matched and what it covers."""
+    done = store.load_ncu(report, into, extend=extend, ncu_bin=ncu_bin)
+    trace = store.trace(done.trace_id).name
+    nvtx = f" ({done.with_nvtx:,} within their NVTX range)" if done.with_nvtx else ""
+    unmatched = (f"; {done.unmatched:,} unmatched (no kernel of that name, grid and block left in the trace)"
+                 if done.unmatched else "")
+    covered = done.matched + done.extended
+    if extend:
+        rest = (f"; --ncu-extend: {done.extended:,} more kernels of the same name and launch configuration take "
+                f"the measured values (means), {covered:,} of the trace's {done.kernels:,} kernels in all")
+    else:
+        rest = (f"; {done.kernels - covered:,} of the trace's {done.kernels:,} kernels were not profiled "
+                "(--ncu-extend lets the measured launches stand for the same name and configuration)")
+    _say(f"{'replaced the Nsight Compute metrics of' if done.replaced else 'joined'} {trace!r} "
+         f"(trace {done.trace_id}) {'with' if done.replaced else 'to'} {report}: {done.matched:,} of "
+         f"{done.launches:,} profiled launches matched{nvtx}{unmatched}{rest}")
 
 
 def _exported(path: Path) -> Path:

@@ -28,6 +28,7 @@ import polars as pl
 from traceq.analysis.choices import TrafficBy
 from traceq.analysis.efficiency.gpu_products import GpuProduct, gpu_product, trace_gpu
 from traceq.analysis.efficiency.gpu_specs import GpuLimits, limits_for_cc
+from traceq.analysis.efficiency.ncu_columns import ncu_traffic_columns
 from traceq.analysis.efficiency.occupancy import launch_occupancy
 from traceq.analysis.efficiency.tiles import KernelTile, kernel_tile
 from traceq.analysis.efficiency.traffic_model import Prediction, Problem, padded_channels, predict
@@ -129,6 +130,7 @@ def traffic_table(con: duckdb.DuckDBPyConnection, trace_id: int, by: TrafficBy |
                       pl.col("note").drop_nulls().unique(maintain_order=True).str.join("; ").alias("note"))
                  .drop("shape"))
     frame = frame.with_columns(achieved_pct=100 * pl.col("here_ns") / pl.col("measured_ns"))
+    frame = ncu_traffic_columns(con, trace_id, frame, launches, by is TrafficBy.kernel)  # when measured
     if gpu is not None and not frame.is_empty() and frame["here_ns"].is_not_null().any():
         frame = frame.with_columns(expected_ns=pl.col("measured_ns") * pl.col("predicted_ns") / pl.col("here_ns"))
     keys = ["name"] if by is TrafficBy.kernel else []
