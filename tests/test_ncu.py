@@ -375,3 +375,19 @@ def test_a_store_made_before_the_ncu_tables_gets_them_at_its_first_ncu_load(tmp_
     assert ru.exit_code == 0 and "ncu_" not in ru.stdout
     _load(db, "--ncu", str(NCU / "alexnet_b256_fp32_ncu.csv.gz"), "--into", "alexnet_b256_fp32")
     assert _sql(db, "SELECT count(*) FROM ncu_metrics") == [(30,)]
+
+
+def test_a_report_exported_by_ncu_itself(tmp_path: Path) -> None:
+    """The CSV Nsight Compute 2025.3.1 wrote from a real `.ncu-rep` (`ncu --import REP --csv --page
+    raw`, on an H200: AlexNet batch 64, `--nvtx --set basic --launch-count 60`) joins an nsys trace
+    of another run of the same script: every profiled launch whose key the trace launched is
+    matched (counted from the raw files), most inside their NVTX range."""
+    csv_path, trace = NCU / "alexnet_b64_ncu_import.csv.gz", NCU / "alexnet_b64_for_import.sqlite"
+    _, _, rows = _csv_rows(csv_path)
+    profiled = Counter(_ncu_key(r) for r in rows)
+    launched = _sqlite_launches(trace)
+    expected = sum(min(n, launched[key]) for key, n in profiled.items())
+    assert len(rows) == 60 and expected == 60
+    db = tmp_path / "traceq.duckdb"
+    out = _load(db, str(trace), "--ncu", str(csv_path))
+    assert f"{expected} of {len(rows)} profiled launches matched" in out
