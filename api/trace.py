@@ -246,7 +246,22 @@ class Trace:
         groups = self._launch_groups(iteration_regex) if by is GroupBy.layer else None
         frame = ru_table(self.con, self.id, by, cc=cc, sms=sms, iteration_regex=_regex(iteration_regex),
                          groups=groups)
+        frame = self._with_measured(frame, by, lambda: self._attributed(iteration_regex))
         return frame if k is None else frame.head(k)
+
+    def _with_measured(self, frame: pl.DataFrame, by: GroupBy, kernels: Callable[[], pl.DataFrame]) -> pl.DataFrame:
+        """`frame` (one row per `by` group) with the GPU metrics measured over its kernels
+        (`analysis.efficiency.measured`: sm_active_pct, tensor_active_pct, dram_gbps, dram_pct)
+        where the trace has them; an nsys trace without them gets a note saying so."""
+        from traceq.analysis.efficiency.measured import NO_METRICS, has_metrics, kernel_integrals, with_measured
+        from traceq.analysis.efficiency.ru import _KEYS
+
+        if not has_metrics(self.con, self.id):
+            if self.info().get("format") == "nsys":
+                _note(f"{self.name}: {NO_METRICS}")
+            return frame
+        integrals = self._keep("measured", (), lambda: kernel_integrals(self.con, self.id))
+        return with_measured(frame, kernels(), integrals, _KEYS[GroupBy(by)])
 
     def _kernel_ce(self, spec: str | Path | None, batch: int | None, precision: str | None,
                    iteration_regex: str | None) -> pl.DataFrame:
@@ -267,6 +282,7 @@ class Trace:
 
         per_kernel = self._kernel_ce(spec, batch, precision, iteration_regex)
         frame = ce_table(self.con, self.id, GroupBy(by), per_kernel=per_kernel)
+        frame = self._with_measured(frame, GroupBy(by), lambda: per_kernel.filter(per_kernel["kernel_id"].is_not_null()))
         for note in ce_notes(per_kernel):
             _note(note)
         return frame if k is None else frame.head(k)

@@ -1,0 +1,136 @@
+"""GPU metrics of an nsys trace recorded with --gpu-metrics-devices (issue 36): the samples read
+at load, and the measured SM, tensor and DRAM activity `traceq ru` and `traceq ce` show per kernel
+name and layer, each checked against an integration over the raw export's samples written here
+(a sample holds until the next one of its metric)."""
+
+from __future__ import annotations
+
+import sqlite3
+import warnings
+from bisect import bisect_right
+from collections import defaultdict
+
+import pytest
+from conftest import sample
+
+from traceq.api.loading import load_trace
+from traceq.api.store import Store
+from traceq.store import open_store
+
+METRICS = "conventions/cnn_nsys_gpu_metrics.sqlite"
+PLAIN = "alexnet_b256_cudnn.sqlite"
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory):
+    path = tmp_path_factory.mktemp("metrics") / "s.duckdb"
+    con = open_store(path, create=True)
+    for name in (METRICS, PLAIN):
+        load_trace(con, sample(name))
+    con.close()
+    return path
+
+
+def _raw():
+    return sqlite3.connect(f"file:{sample(METRICS)}?mode=ro", uri=True)
+
+
+def _series(raw: sqlite3.Connection, name: str) -> tuple[list[int], list[float]]:
+    rows = raw.execute("""SELECT g.timestamp, g.value FROM GPU_METRICS g JOIN TARGET_INFO_GPU_METRICS n
+                          ON n.typeId = g.typeId AND n.metricId = g.metricId WHERE n.metricName = ?
+                          ORDER BY g.timestamp""", [name]).fetchall()
+    return [r[0] for r in rows], [float(r[1]) for r in rows]
+
+
+def _integral(times: list[int], values: list[float], start: int, end: int) -> tuple[float, float]:
+    """(value x ns, covered ns) over [start, end): sample i holds over [t_i, t_i+1)."""
+    total = covered = 0.0
+    i = max(bisect_right(times, start) - 1, 0)
+    while i + 1 < len(times) and times[i] < end:
+        lo, hi = max(start, times[i]), min(end, times[i + 1])
+        if hi > lo:
+            total += values[i] * (hi - lo)
+            covered += hi - lo
+        i += 1
+    return total, covered
+
+
+def _reference_by_name(name: str) -> dict[str, float]:
+    """Per kernel (demangled) name: the time-weighted mean of metric `name` over its kernels."""
+    raw = _raw()
+    times, values = _series(raw, name)
+    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for kname, start, end in raw.execute("""SELECT s.value, k.start, k."end" FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                                            JOIN StringIds s ON s.id = k.demangledName"""):
+        total, covered = _integral(times, values, start, end)
+        sums[kname][0] += total
+        sums[kname][1] += covered
+    return {k: t / c for k, (t, c) in sums.items() if c > 0}
+
+
+def test_samples_read_at_load(db) -> None:
+    raw = _raw()
+    expected = raw.execute("""SELECT n.metricName, count(*), sum(g.value) FROM GPU_METRICS g
+                              JOIN TARGET_INFO_GPU_METRICS n ON n.typeId = g.typeId AND n.metricId = g.metricId
+                              WHERE n.metricName LIKE '%[Throughput \\%]' ESCAPE '\\' GROUP BY 1""").fetchall()
+    assert len(expected) == 12
+    store = Store(db)
+    t = store.trace("cnn_nsys_gpu_metrics")
+    got = t.con.execute("SELECT metric, count(*), sum(value) FROM gpu_metrics WHERE trace_id = ? GROUP BY 1",
+                        [t.id]).fetchall()
+    assert sorted((m, n, pytest.approx(v)) for m, n, v in expected) == sorted(got)
+    assert t.con.execute("SELECT DISTINCT device_id FROM gpu_metrics WHERE trace_id = ?", [t.id]).fetchall() == [(0,)]
+
+
+@pytest.mark.parametrize(("column", "metric"), [("sm_active_pct", "SMs Active [Throughput %]"),
+                                                ("tensor_active_pct", "Tensor Active [Throughput %]")])
+def test_ru_by_kernel_measures_each_kernel_name(db, column: str, metric: str) -> None:
+    expected = _reference_by_name(metric)
+    frame = Store(db).trace("cnn_nsys_gpu_metrics").ru("kernel")
+    got = dict(zip(frame["name"], frame[column]))
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(value, rel=1e-9, abs=1e-9), name
+    assert max(expected.values()) > 50  # the GEMM kernels kept the GPU busy: the numbers say something
+
+
+def test_dram_bandwidth_is_the_share_of_the_gpus_peak(db) -> None:
+    read, write = (_reference_by_name(f"DRAM {d} Bandwidth [Throughput %]") for d in ("Read", "Write"))
+    peak = _raw().execute("SELECT memoryBandwidth FROM TARGET_INFO_GPU").fetchone()[0]  # bytes/s
+    frame = Store(db).trace("cnn_nsys_gpu_metrics").ru("kernel")
+    for name, pct, gbps in zip(frame["name"], frame["dram_pct"], frame["dram_gbps"]):
+        assert pct == pytest.approx(read[name] + write[name], rel=1e-9, abs=1e-9)
+        assert gbps == pytest.approx(pct / 100 * peak / 1e9, rel=1e-9, abs=1e-9)
+
+
+def test_layers_weight_their_kernels_by_time(db) -> None:
+    """By layer: each layer's kernels' integrals over their time; the kernels of a pass are found
+    here by the NVTX range (forward, backward, weight_update) their launching call sits in."""
+    raw = _raw()
+    times, values = _series(raw, "SMs Active [Throughput %]")
+    ranges = raw.execute("""SELECT n.start, n."end", coalesce(n.text, s.value) FROM NVTX_EVENTS n
+                            LEFT JOIN StringIds s ON s.id = n.textId WHERE n.eventType = 59""").fetchall()
+    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for at, start, end in raw.execute("""SELECT a.start, k.start, k."end" FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                                         JOIN CUPTI_ACTIVITY_KIND_RUNTIME a ON a.correlationId = k.correlationId"""):
+        names = {r[2] for r in ranges if r[0] <= at < r[1]}
+        part = next((p for p in ("forward", "backward") if p in names), None)
+        if part:
+            total, covered = _integral(times, values, start, end)
+            sums[part][0] += total
+            sums[part][1] += covered
+    frame = Store(db).trace("cnn_nsys_gpu_metrics").ru("layer")
+    got = {p: (frame.filter(frame["pass"] == p)["sm_active_pct"] * frame.filter(frame["pass"] == p)["total_ns"]).sum()
+           / frame.filter(frame["pass"] == p)["total_ns"].sum() for p in ("forward", "backward")}
+    for part, (total, covered) in sums.items():
+        assert got[part] == pytest.approx(total / covered, rel=0.02), part
+
+
+def test_a_trace_without_metrics_says_so_once(db) -> None:
+    t = Store(db).trace(PLAIN.removesuffix(".sqlite"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        frame = t.ru("kernel")
+    assert "sm_active_pct" not in frame.columns
+    notes = [str(w.message) for w in caught if "GPU metrics" in str(w.message)]
+    assert len(notes) == 1 and "--gpu-metrics-devices" in notes[0]
