@@ -153,6 +153,36 @@ def ce(
     _show_trace_table(trace, db, dataset, fmt, out, build)
 
 
+@app.command(epilog=example('traceq roofline -t gpt_kineto_plain'))
+def roofline(
+    by: Annotated[GroupBy, typer.Option(
+        help="One row per layer, pass and operation, kernel name, or library")] = GroupBy.layer,
+    spec: SpecOpt = None,
+    batch: BatchOpt = None,
+    precision: Annotated[Optional[Precision], typer.Option(
+        "--precision", show_default=False,
+        help="Measure every kernel against this precision's peak [default: each kernel's]")] = None,
+    k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k longest rows")] = None,
+    trace: TraceOpt = None,
+    db: DbOpt = None,
+    dataset: DatasetOpt = None,
+    iteration_regex: IterOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Roofline: FLOPs, bytes, FLOP per byte, achieved TFLOP/s and TB/s, and their share of the roof at that intensity."""
+    def build(t: Trace):
+        from traceq.analysis.efficiency.gpu_products import trace_gpu
+
+        frame = t.roofline(by, spec=spec, batch=batch, precision=precision, k=k, iteration_regex=iteration_regex)
+        gpu = trace_gpu(t.con, t.id)
+        title = (f"{t.name}: roofline per {by.value} on {gpu.name} (DRAM {gpu.dram_bytes_per_s / 1e12:,.2f} TB/s; "
+                 "bytes: what each op must move at least, DeLTA's model for convolutions)")
+        return frame, title
+
+    _show_trace_table(trace, db, dataset, fmt, out, build)
+
+
 @app.command(epilog=example('traceq traffic --spec sample_traces/alexnet.model.toml -t alexnet_b256_cudnn'))
 def traffic(
     by: Annotated[TrafficBy, typer.Option(help="One row per layer and pass (and GEMM shape), or per kernel name")]

@@ -120,6 +120,11 @@ COLUMNS: dict[str, Column] = {
     "tensor_active_pct": Column("Tensor active %", "percent", 3),
     "dram_gbps": Column("DRAM GB/s", "number", 4),
     "dram_pct": Column("DRAM %", "percent", 4),
+    # roofline (traceq roofline)
+    "intensity": Column("FLOP/B", "number", 2),
+    "tbps": Column("TB/s", "number", 2),
+    "bound_tflops": Column("Roof TFLOP/s", "number", 3),
+    "roof": Column("Roof", "label", 2),
     # model and hardware FLOPs utilization (traceq mfu)
     "model_flops": Column("Model FLOP", "count", 2),
     "counted_flops": Column("Counted FLOP", "count", 3),
