@@ -134,3 +134,25 @@ def test_a_trace_without_metrics_says_so_once(db) -> None:
     assert "sm_active_pct" not in frame.columns
     notes = [str(w.message) for w in caught if "GPU metrics" in str(w.message)]
     assert len(notes) == 1 and "--gpu-metrics-devices" in notes[0]
+
+
+def test_advise_is_silent_where_tensor_pipes_were_busy(db) -> None:
+    frame = Store(db).trace("cnn_nsys_gpu_metrics").advise()
+    assert "idle_tensor_cores" not in frame["rule"].to_list()  # cuDNN's kernels: tensor pipes 64-82 % busy
+
+
+def test_advise_reports_idle_tensor_cores(tmp_path) -> None:
+    """The same trace with every Tensor Active sample set to 10 %: each layer's tensor-core
+    kernels had their tensor pipes idle 90 % of their time."""
+    path = tmp_path / "s.duckdb"
+    con = open_store(path, create=True)
+    load_trace(con, sample(METRICS))
+    con.execute("UPDATE gpu_metrics SET value = 10 WHERE metric = 'Tensor Active [Throughput %]'")
+    xmma = con.execute("SELECT sum(dur_ns) FROM kernels WHERE name LIKE '%xmma%'").fetchall()[0][0]
+    con.close()
+    frame = Store(path).trace("cnn_nsys_gpu_metrics").advise()
+    found = frame.filter(frame["rule"] == "idle_tensor_cores")
+    assert found.height == 1
+    assert "tensor cores idle 90 %" in found["evidence"][0]
+    # at stake: 90 % of the tensor-core kernels' time, cuDNN's xmma convolutions among them
+    assert found["time_ns"][0] >= 0.9 * xmma * 0.99
