@@ -7,7 +7,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from traceq.analysis.choices import CompareBy, GroupBy, IdleBy, MemoryBy, NameBy, StatsReport, TrafficBy
+from traceq.analysis.choices import (
+    CompareBy,
+    GroupBy,
+    IdleBy,
+    MeasuredBy,
+    MemoryBy,
+    NameBy,
+    StatsReport,
+    TrafficBy,
+)
 from traceq.errors import MissingDataError, TraceqError
 from traceq.store import first_row, side_by_side
 
@@ -247,6 +256,16 @@ class Trace:
         frame = ru_table(self.con, self.id, by, cc=cc, sms=sms, iteration_regex=_regex(iteration_regex),
                          groups=groups)
         frame = self._with_measured(frame, by, lambda: self._attributed(iteration_regex))
+        return frame if k is None else frame.head(k)
+
+    def gpu_metrics(self, by: MeasuredBy | str = MeasuredBy.iteration, *, k: int | None = None,
+                    iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq gpumetrics`: SM active, SM issue, tensor active and DRAM bandwidth measured by
+        nsys's GPU metrics over each iteration's, layer's, kernel name's or library's kernels
+        (`analysis.efficiency.measured.measured_table`)."""
+        from traceq.analysis.efficiency.measured import measured_table
+
+        frame = measured_table(self.con, self.id, self._attributed(iteration_regex), MeasuredBy(by).value)
         return frame if k is None else frame.head(k)
 
     def _with_measured(self, frame: pl.DataFrame, by: GroupBy, kernels: Callable[[], pl.DataFrame]) -> pl.DataFrame:

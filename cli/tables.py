@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from traceq.analysis.choices import GroupBy, MemoryBy, NameBy, Precision, TrafficBy
+from traceq.analysis.choices import GroupBy, MeasuredBy, MemoryBy, NameBy, Precision, TrafficBy
 from traceq.api import Trace
 from traceq.cli.base import (
     BatchOpt,
@@ -151,6 +151,24 @@ def ce(
         return frame, title
 
     _show_trace_table(trace, db, dataset, fmt, out, build)
+
+
+@app.command(epilog=example('traceq gpumetrics --by layer -t cnn_nsys_gpu_metrics'))
+def gpumetrics(
+    by: Annotated[MeasuredBy, typer.Option(
+        help="One row per iteration, layer and pass, kernel name, or library")] = MeasuredBy.iteration,
+    k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k longest rows")] = None,
+    trace: TraceOpt = None,
+    db: DbOpt = None,
+    dataset: DatasetOpt = None,
+    iteration_regex: IterOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Measured GPU activity (nsys --gpu-metrics-devices): SM active, tensor active, DRAM bandwidth over each group's kernels."""
+    _show_trace_table(trace, db, dataset, fmt, out, lambda t: (
+        t.gpu_metrics(by, k=k, iteration_regex=iteration_regex),
+        f"{t.name}: GPU metrics measured over each {by.value}'s kernels (time-weighted; DRAM % of the peak)"))
 
 
 @app.command(epilog=example('traceq roofline -t gpt_kineto_plain'))

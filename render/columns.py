@@ -120,6 +120,7 @@ COLUMNS: dict[str, Column] = {
     "tensor_active_pct": Column("Tensor active %", "percent", 3),
     "dram_gbps": Column("DRAM GB/s", "number", 4),
     "dram_pct": Column("DRAM %", "percent", 4),
+    "sampled_pct": Column("Sampled %", "percent", 4),
     # roofline (traceq roofline)
     "intensity": Column("FLOP/B", "number", 2),
     "tbps": Column("TB/s", "number", 2),

@@ -156,3 +156,28 @@ def test_advise_reports_idle_tensor_cores(tmp_path) -> None:
     assert "tensor cores idle 90 %" in found["evidence"][0]
     # at stake: 90 % of the tensor-core kernels' time, cuDNN's xmma convolutions among them
     assert found["time_ns"][0] >= 0.9 * xmma * 0.99
+
+
+def test_iterations_weight_their_kernels_by_time(db) -> None:
+    """Per iteration: the samples integrated over the kernels launched inside each NVTX
+    `iteration N` range of the raw export, SM active and DRAM read alike."""
+    raw = _raw()
+    ranges = [r for r in raw.execute("""SELECT n.start, n."end", coalesce(n.text, s.value) FROM NVTX_EVENTS n
+                                        LEFT JOIN StringIds s ON s.id = n.textId WHERE n.eventType = 59""")
+              if r[2].startswith("iteration ")]
+    assert len(ranges) == 8
+    kernels = raw.execute("""SELECT a.start, k.start, k."end" FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                             JOIN CUPTI_ACTIVITY_KIND_RUNTIME a ON a.correlationId = k.correlationId""").fetchall()
+    frame = Store(db).trace("cnn_nsys_gpu_metrics").gpu_metrics("iteration")
+    assert frame["iteration"].to_list() == [f"iteration {i}" for i in range(8)]
+    for column, metric in (("sm_active_pct", "SMs Active [Throughput %]"),
+                           ("tensor_active_pct", "Tensor Active [Throughput %]")):
+        times, values = _series(raw, metric)
+        for name, lo, hi in ((r[2], r[0], r[1]) for r in ranges):
+            total = covered = 0.0
+            for at, start, end in kernels:
+                if lo <= at < hi:
+                    t, c = _integral(times, values, start, end)
+                    total, covered = total + t, covered + c
+            got = frame.filter(frame["iteration"] == name)[column][0]
+            assert got == pytest.approx(total / covered, rel=1e-9), (column, name)

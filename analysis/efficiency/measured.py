@@ -152,3 +152,34 @@ def with_measured(frame: pl.DataFrame, kernels: pl.DataFrame, integrals: pl.Data
     """`frame` (one row per `keys`) with the SHOWN measured columns of its groups appended."""
     measured = grouped(kernels, integrals, keys).drop("sm_issue_pct")
     return frame.join(measured, on=keys, how="left", nulls_equal=True)
+
+
+MEASURED_KEYS = {"iteration": ["iteration"], "layer": ["layer", "pass"], "kernel": ["name"], "library": ["library"]}
+
+
+def measured_table(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl.DataFrame,
+                   by: str = "iteration") -> pl.DataFrame:
+    """The GPU metrics measured over each iteration's, layer's, kernel name's or library's
+    kernels (`kernels`: the trace's `layers.attributed_kernels`), most time first.
+
+    Columns: the keys (iteration | layer, pass | name | library), kernels, total_ns,
+    sampled_pct (share of total_ns the samples cover), sm_active_pct, sm_issue_pct,
+    tensor_active_pct, dram_gbps, dram_pct; iterations in time order, other groups most time
+    first. Raises MissingDataError without samples.
+    """
+    from traceq.errors import MissingDataError
+
+    if not has_metrics(con, trace_id):
+        raise MissingDataError(NO_METRICS)
+    keys = MEASURED_KEYS[str(getattr(by, "value", by))]
+    integrals = kernel_integrals(con, trace_id)
+    sizes = kernels.join(integrals.select("kernel_id", "covered_ns"), on="kernel_id", how="left").group_by(keys).agg(
+        pl.len().cast(pl.Int64).alias("kernels"), pl.col("dur_ns").sum().cast(pl.Int64).alias("total_ns"),
+        pl.col("covered_ns").sum().alias("covered_ns"), pl.col("start_ns").min().alias("first_ns"))
+    frame = sizes.join(grouped(kernels, integrals, keys), on=keys, how="left", nulls_equal=True)
+    return (frame.with_columns(sampled_pct=pl.when(pl.col("total_ns") > 0)
+                               .then(100 * pl.col("covered_ns") / pl.col("total_ns")))
+            .sort(["first_ns"] if keys == ["iteration"] else ["total_ns", *keys],
+                  descending=[False] if keys == ["iteration"] else [True] + [False] * len(keys), nulls_last=True)
+            .select(*keys, "kernels", "total_ns", "sampled_pct", "sm_active_pct", "sm_issue_pct",
+                    "tensor_active_pct", "dram_gbps", "dram_pct"))
