@@ -153,7 +153,9 @@ def ce(
     _show_trace_table(trace, db, dataset, fmt, out, build)
 
 
-@app.command(epilog=example('traceq gpumetrics --by layer -t cnn_nsys_gpu_metrics'))
+@app.command(epilog=("Example, on the sample recorded with GPU metrics in sample_traces/ of a source checkout, loaded "
+                      "with `traceq load sample_traces/conventions/cnn_nsys_gpu_metrics.sqlite`:\n\n"
+                      "traceq gpumetrics --by layer -t cnn_nsys_gpu_metrics"))
 def gpumetrics(
     by: Annotated[MeasuredBy, typer.Option(
         help="One row per iteration, layer and pass, kernel name, or library")] = MeasuredBy.iteration,
@@ -171,7 +173,7 @@ def gpumetrics(
         f"{t.name}: GPU metrics measured over each {by.value}'s kernels (time-weighted; DRAM % of the peak)"))
 
 
-@app.command(epilog=example('traceq roofline -t gpt_kineto_plain'))
+@app.command(epilog=example('traceq roofline --spec sample_traces/alexnet.model.toml -t alexnet_b256_cudnn -k 5'))
 def roofline(
     by: Annotated[GroupBy, typer.Option(
         help="One row per layer, pass and operation, kernel name, or library")] = GroupBy.layer,

@@ -4,7 +4,8 @@ FLOPs are `ce.kernel_ce`'s (recorded shapes or a model spec). Bytes (DRAM traffi
 roofline's denominator) come from
 
 - **the DeLTA traffic model** (`traffic.launch_traffic`) for convolution kernels where it has
-  their shapes (NVTX shapes or a model spec);
+  their shapes (NVTX shapes or a model spec), and for GEMM kernels the recorded Kineto shapes
+  below do not cover;
 - **the recorded shapes** of the PyTorch operator that launched the kernel (Kineto
   `record_shapes=True`: Input Dims and Input type) for everything else: each tensor input
   read once plus the output written once, the output being the matrix product's (rows x
@@ -160,15 +161,18 @@ def kernel_bytes(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
 def kernel_roofline(per_kernel: pl.DataFrame, model_bytes: pl.DataFrame, shape_bytes: pl.DataFrame) -> pl.DataFrame:
     """`per_kernel` (`kernel_ce`'s frame) with bytes: the DeLTA model's DRAM bytes for
     convolution kernels (`model_bytes`: kernel_id, dram_bytes), else the recorded shapes'
-    (`shape_bytes`: kernel_id, bytes); bytes_from says which ('traffic model', 'shapes')."""
+    (`shape_bytes`: kernel_id, bytes), else the model's (a GEMM of a spec layer);
+    bytes_from says which ('traffic model', 'shapes')."""
     k = per_kernel.filter(pl.col("kernel_id").is_not_null())
     model = model_bytes.select("kernel_id", model_bytes=pl.col("dram_bytes").cast(pl.Float64))
     k = k.join(model, on="kernel_id", how="left").join(shape_bytes, on="kernel_id", how="left")
     conv = (pl.col("operation") == "convolution") & pl.col("model_bytes").is_not_null()
+    shapes = pl.col("bytes").is_not_null()
     return k.with_columns(
-        bytes=pl.when(conv).then(pl.col("model_bytes")).otherwise(pl.col("bytes")),
-        bytes_from=pl.when(conv).then(pl.lit("traffic model"))
-        .when(pl.col("bytes").is_not_null()).then(pl.lit("shapes"))).drop("model_bytes")
+        bytes=pl.when(conv).then(pl.col("model_bytes")).when(shapes).then(pl.col("bytes"))
+        .otherwise(pl.col("model_bytes")),
+        bytes_from=pl.when(conv).then(pl.lit("traffic model")).when(shapes).then(pl.lit("shapes"))
+        .when(pl.col("model_bytes").is_not_null()).then(pl.lit("traffic model"))).drop("model_bytes")
 
 
 def roofline_table(kernels: pl.DataFrame, dram_bytes_per_s: float, by: GroupBy | str = GroupBy.layer) -> pl.DataFrame:
