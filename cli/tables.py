@@ -200,7 +200,9 @@ def roofline(
                  "bytes: what each op must move at least, DeLTA's model for convolutions)")
         return frame, title
 
-    _show_trace_table(trace, db, dataset, fmt, out, build)
+    _show_trace_table(trace, db, dataset, fmt, out, build,
+                      priorities={"achieved_pct": 1, "roof": 1, "intensity": 2, "tflops": 2, "total_ns": 3,
+                                  "tbps": 3, "bytes": 4, "operation": 2})
 
 
 @app.command(epilog=example('traceq traffic --spec sample_traces/alexnet.model.toml -t alexnet_b256_cudnn'))
