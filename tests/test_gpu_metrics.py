@@ -181,3 +181,45 @@ def test_iterations_weight_their_kernels_by_time(db) -> None:
                     total, covered = total + t, covered + c
             got = frame.filter(frame["iteration"] == name)[column][0]
             assert got == pytest.approx(total / covered, rel=1e-9), (column, name)
+
+
+def test_two_gpus_each_get_their_own_samples(tmp_path) -> None:
+    """The recording made into a two-GPU trace: every other kernel moved to device 1, whose
+    samples (typeId with low byte 1, metric ids of its own) hold SMs Active at 50 %. Each
+    kernel sees its own GPU's samples: device 1's exactly 50 %, device 0's the recorded ones."""
+    from traceq.analysis.efficiency.measured import kernel_integrals
+
+    path = tmp_path / "two.sqlite"
+    path.write_bytes(sample(METRICS).read_bytes())
+    raw = sqlite3.connect(path)
+    raw.executescript("""
+        INSERT INTO TARGET_INFO_GPU (vmId, id, name, memoryBandwidth) SELECT vmId, 1, name, memoryBandwidth
+            FROM TARGET_INFO_GPU WHERE id = 0;
+        UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = 1 WHERE rowid % 2 = 0;
+        INSERT INTO TARGET_INFO_GPU_METRICS SELECT typeId + 1, sourceId, typeName, metricId + 100, metricName
+            FROM TARGET_INFO_GPU_METRICS;
+        INSERT INTO GPU_METRICS SELECT rawTimestamp, timestamp, typeId + 1, metricId + 100,
+            CASE WHEN metricId = 3 THEN 50 ELSE value END FROM GPU_METRICS;
+    """)
+    raw.commit()
+    assert raw.execute("SELECT metricName FROM TARGET_INFO_GPU_METRICS WHERE metricId = 3").fetchone()[0] \
+        == "SMs Active [Throughput %]"
+    rows = raw.execute("""SELECT g.timestamp, g.value FROM GPU_METRICS g JOIN TARGET_INFO_GPU_METRICS n
+                          ON n.typeId = g.typeId AND n.metricId = g.metricId
+                          WHERE n.metricName = 'SMs Active [Throughput %]' AND g.typeId % 256 = 0
+                          ORDER BY g.timestamp""").fetchall()  # device 0's samples
+    times, values = [r[0] for r in rows], [float(r[1]) for r in rows]
+    kernels = raw.execute('SELECT deviceId, start, "end" FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY rowid').fetchall()
+    raw.close()
+    con = open_store(tmp_path / "s.duckdb", create=True)
+    trace = load_trace(con, path).trace_id
+    got = kernel_integrals(con, trace).sort("kernel_id")
+    con.close()
+    checked = {0: 0, 1: 0}
+    for (device, start, end), (total, covered) in zip(kernels, got.select("sm_active_pct_ns", "covered_ns").rows()):
+        if not covered:
+            continue
+        expected = 50.0 if device == 1 else _integral(times, values, start, end)[0] / covered
+        assert total / covered == pytest.approx(expected, rel=1e-9)
+        checked[device] += 1
+    assert checked[0] > 300 and checked[1] > 300
