@@ -197,7 +197,7 @@ def roofline(
         frame = t.roofline(by, spec=spec, batch=batch, precision=precision, k=k, iteration_regex=iteration_regex)
         gpu = trace_gpu(t.con, t.id)
         title = (f"{t.name}: roofline per {by.value} on {gpu.name} (DRAM {gpu.dram_bytes_per_s / 1e12:,.2f} TB/s; "
-                 "bytes: what each op must move at least, DeLTA's model for convolutions)")
+                 "bytes: each op's inputs read and output written once, DeLTA's model for convolutions)")
         return frame, title
 
     _show_trace_table(trace, db, dataset, fmt, out, build,
