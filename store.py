@@ -25,7 +25,7 @@ from traceq.errors import NotFoundError, StoreError
 A = TypeVar("A")
 B = TypeVar("B")
 
-SCHEMA_VERSION = "11"
+SCHEMA_VERSION = "10"
 DEFAULT_STORE = "traceq.duckdb"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 

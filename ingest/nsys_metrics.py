@@ -12,6 +12,7 @@ or, on a trace of several, the typeId's low byte (the CUDA device index nsys put
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator
 
@@ -21,6 +22,7 @@ import pyarrow.compute as pc
 from traceq.ingest.base import Sink
 from traceq.ingest.sqlite_source import column_names, fetch_batches
 from traceq.ingest.validate import valid_times
+from traceq.store import schema_sql
 
 SAMPLES = "GPU_METRICS"
 NAMES = "TARGET_INFO_GPU_METRICS"
@@ -39,7 +41,18 @@ def read_gpu_metrics(src: sqlite3.Connection, tables: set[str], sink: Sink) -> N
     if not {"timestamp", "metricId", "value"} <= have or not {"metricId", "metricName"} <= named:
         return
     by_type = "typeId" in have and "typeId" in named
+    _ensure_table(sink)
     sink.append_all("gpu_metrics", _samples(src, tables, sink, by_type))
+
+
+def _ensure_table(sink: Sink) -> None:
+    """Create `gpu_metrics` (schema.sql's) in a store made before it existed: nothing reads it
+    unasked, so such a store keeps its schema version and gets the table at its first load of a
+    trace with metrics (inside the load's transaction)."""
+    found = re.search(r"^CREATE TABLE gpu_metrics \(.*?^\);", schema_sql(), re.MULTILINE | re.DOTALL)
+    if found is None:  # schema.sql always has it
+        raise ValueError("schema.sql has no table gpu_metrics")
+    sink.con.execute(found.group(0).replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
 
 
 def _samples(src: sqlite3.Connection, tables: set[str], sink: Sink, by_type: bool) -> Iterator[pa.Table]:

@@ -223,3 +223,22 @@ def test_two_gpus_each_get_their_own_samples(tmp_path) -> None:
         assert total / covered == pytest.approx(expected, rel=1e-9)
         checked[device] += 1
     assert checked[0] > 300 and checked[1] > 300
+
+
+def test_a_store_made_before_the_table_gets_it_at_load(tmp_path) -> None:
+    """A store without `gpu_metrics` (made before it existed) reads as before, and its first load
+    of a trace with metrics creates the table, in the load's transaction."""
+    path = tmp_path / "old.duckdb"
+    con = open_store(path, create=True)
+    con.execute("DROP TABLE gpu_metrics")
+    load_trace(con, sample(PLAIN))
+    con.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert "sm_active_pct" not in Store(path).trace(PLAIN.removesuffix(".sqlite")).ru("kernel").columns
+    con = open_store(path)
+    load_trace(con, sample(METRICS))
+    count = con.execute("SELECT count(*) FROM gpu_metrics").fetchone()[0]
+    con.close()
+    assert count == 12 * 1703
+    assert "sm_active_pct" in Store(path).trace("cnn_nsys_gpu_metrics").ru("kernel").columns
