@@ -258,6 +258,15 @@ CREATE TABLE memory_events (
     tid BIGINT                             -- the allocating thread where the trace records it (Kineto); nsys's calls are found by correlation_id
 );
 
+-- table gpu_metrics: GPU metrics sampled by Nsight Systems (`nsys profile --gpu-metrics-devices=...`: its GPU_METRICS and TARGET_INFO_GPU_METRICS tables), the percentage ('[Throughput %]') metrics only; a sample's value holds from its time until the device's next sample of that metric (docs/gpu-metrics.md). A store made before it existed gets it at its first load of such a trace.
+CREATE TABLE gpu_metrics (
+    trace_id INTEGER NOT NULL,
+    device_id INTEGER,                     -- the GPU sampled (kernels.device_id): the trace's one GPU, else the low byte of nsys's typeId
+    ts_ns BIGINT NOT NULL,                 -- sample time
+    metric VARCHAR NOT NULL,               -- the metric's name as nsys gives it: 'SMs Active [Throughput %]', 'Tensor Active [Throughput %]', 'DRAM Read Bandwidth [Throughput %]', ...
+    value DOUBLE                           -- percent, 0 to 100
+);
+
 -- table operators: PyTorch operators with recorded shapes (Kineto cpu_op events under record_shapes=True or with_flops=True); their ranges are in nvtx too.
 CREATE TABLE operators (
     trace_id INTEGER NOT NULL,

@@ -23,6 +23,7 @@ from traceq.analysis.advice import Finding
 from traceq.analysis.advice.catalogue import (
     allocator_churn,
     exposed_comm,
+    idle_tensor_cores,
     is_communication,
     layout_transforms,
     recompilation,
@@ -513,6 +514,7 @@ RULES: dict[str, Callable[[_Facts], list[Finding]]] = {
     "exposed_comm": exposed_comm,
     "straggler": straggler,
     "layout_transforms": layout_transforms,
+    "idle_tensor_cores": idle_tensor_cores,
     "allocator_churn": allocator_churn,
     "recompilation": recompilation,
 }

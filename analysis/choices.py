@@ -83,6 +83,15 @@ class TrafficBy(Choice):
     kernel = "kernel"
 
 
+class MeasuredBy(Choice):
+    """What a row of `traceq gpumetrics` is."""
+
+    iteration = "iteration"
+    layer = "layer"
+    kernel = "kernel"
+    library = "library"
+
+
 class IdleBy(Choice):
     """What `traceq idle` splits the GPU's idle time by, beside its cause."""
 

@@ -7,7 +7,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from traceq.analysis.choices import CompareBy, GroupBy, IdleBy, MemoryBy, NameBy, StatsReport, TrafficBy
+from traceq.analysis.choices import (
+    CompareBy,
+    GroupBy,
+    IdleBy,
+    MeasuredBy,
+    MemoryBy,
+    NameBy,
+    StatsReport,
+    TrafficBy,
+)
 from traceq.errors import MissingDataError, TraceqError
 from traceq.store import first_row, side_by_side
 
@@ -247,6 +256,7 @@ class Trace:
         frame = ru_table(self.con, self.id, by, cc=cc, sms=sms, iteration_regex=_regex(iteration_regex),
                          groups=groups)
         frame = self._with_ncu_ru(frame, by, iteration_regex)
+        frame = self._with_measured(frame, by, lambda: self._attributed(iteration_regex))
         return frame if k is None else frame.head(k)
 
     def _with_ncu_ru(self, frame: pl.DataFrame, by: GroupBy, iteration_regex: str | None) -> pl.DataFrame:
@@ -262,6 +272,30 @@ class Trace:
         kernels = (self.con.sql(f"SELECT kernel_id, name FROM kernels WHERE trace_id = {int(self.id)}").pl()
                    if by is GroupBy.kernel else self._attributed(iteration_regex))
         return ncu_ru_columns(self.con, self.id, frame, _KEYS[by], kernels)
+
+    def gpu_metrics(self, by: MeasuredBy | str = MeasuredBy.iteration, *, k: int | None = None,
+                    iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq gpumetrics`: SM active, SM issue, tensor active and DRAM bandwidth measured by
+        nsys's GPU metrics over each iteration's, layer's, kernel name's or library's kernels
+        (`analysis.efficiency.measured.measured_table`)."""
+        from traceq.analysis.efficiency.measured import measured_table
+
+        frame = measured_table(self.con, self.id, self._attributed(iteration_regex), MeasuredBy(by).value)
+        return frame if k is None else frame.head(k)
+
+    def _with_measured(self, frame: pl.DataFrame, by: GroupBy, kernels: Callable[[], pl.DataFrame]) -> pl.DataFrame:
+        """`frame` (one row per `by` group) with the GPU metrics measured over its kernels
+        (`analysis.efficiency.measured`: sm_active_pct, tensor_active_pct, dram_gbps, dram_pct)
+        where the trace has them; an nsys trace without them gets a note saying so."""
+        from traceq.analysis.efficiency.measured import NO_METRICS, has_metrics, kernel_integrals, with_measured
+        from traceq.analysis.efficiency.ru import _KEYS
+
+        if not has_metrics(self.con, self.id):
+            if self.info().get("format") == "nsys":
+                _note(f"{self.name}: {NO_METRICS}")
+            return frame
+        integrals = self._keep("measured", (), lambda: kernel_integrals(self.con, self.id))
+        return with_measured(frame, kernels(), integrals, _KEYS[GroupBy(by)])
 
     def _kernel_ce(self, spec: str | Path | None, batch: int | None, precision: str | None,
                    iteration_regex: str | None) -> pl.DataFrame:
@@ -283,6 +317,7 @@ class Trace:
         per_kernel = self._kernel_ce(spec, batch, precision, iteration_regex)
         frame = ce_table(self.con, self.id, GroupBy(by), per_kernel=per_kernel)
         frame = self._with_ncu_ce(frame, GroupBy(by), per_kernel)
+        frame = self._with_measured(frame, GroupBy(by), lambda: per_kernel.filter(per_kernel["kernel_id"].is_not_null()))
         for note in ce_notes(per_kernel):
             _note(note)
         return frame if k is None else frame.head(k)
@@ -298,6 +333,29 @@ class Trace:
         from traceq.analysis.efficiency.ru import _KEYS
 
         return ncu_ce_columns(self.con, self.id, frame, _KEYS[by], per_kernel)
+
+    def roofline(self, by: GroupBy | str = GroupBy.layer, *, spec: str | Path | None = None, batch: int | None = None,
+                 precision: str | None = None, k: int | None = None, iteration_regex: str | None = None) -> pl.DataFrame:
+        """`traceq roofline`: FLOPs, bytes, arithmetic intensity, achieved FLOP/s and bytes/s and
+        the share of the roofline bound at that intensity, per layer, pass and operation, kernel
+        name or library (`analysis.efficiency.roofline`; bytes from the DeLTA traffic model for
+        convolutions, from the recorded shapes otherwise)."""
+        import polars as pl
+
+        from traceq.analysis.efficiency.gpu_products import trace_gpu
+        from traceq.analysis.efficiency.roofline import kernel_bytes, kernel_roofline, roofline_table
+        from traceq.analysis.efficiency.traffic import launch_traffic
+
+        per_kernel = self._kernel_ce(spec, batch, precision, iteration_regex)
+        try:
+            model = launch_traffic(self.con, self.id, spec=_path(spec), batch=batch,
+                                   iteration_regex=_regex(iteration_regex),
+                                   kernels=self._attributed(iteration_regex)).select("kernel_id", "dram_bytes")
+        except MissingDataError:
+            model = pl.DataFrame(schema={"kernel_id": pl.Int64, "dram_bytes": pl.Float64})
+        kernels = kernel_roofline(per_kernel, model, kernel_bytes(self.con, self.id))
+        frame = roofline_table(kernels, trace_gpu(self.con, self.id).dram_bytes_per_s, GroupBy(by))
+        return frame if k is None else frame.head(k)
 
     def mfu(self, *, model_flops: float | None = None, params: float | None = None, tokens: float | None = None,
             inference: bool = False, layers: int | None = None, d_model: int | None = None, seq: int | None = None,

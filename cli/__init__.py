@@ -16,7 +16,7 @@ from traceq.cli import agents, comparing, critical, loading, mfu, multigpu, outp
 from traceq.cli.base import app
 
 _ORDER = ("load", "traces", "top", "layers", "libs", "stages", "idle", "launches", "critical", "whatif", "stats",
-          "advise", "rm", "sql", "attribute", "occupancy", "ru", "ce", "mfu", "traffic", "compare", "comm", "overlap", "ranks",
+          "advise", "rm", "sql", "attribute", "occupancy", "ru", "ce", "gpumetrics", "mfu", "roofline", "traffic", "compare", "comm", "overlap", "ranks",
           "memory", "report", "export", "mcp")
 """The commands in the order `traceq --help` lists them."""
 

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from traceq.analysis.choices import GroupBy, MemoryBy, NameBy, Precision, TrafficBy
+from traceq.analysis.choices import GroupBy, MeasuredBy, MemoryBy, NameBy, Precision, TrafficBy
 from traceq.api import Trace
 from traceq.cli.base import (
     BatchOpt,
@@ -160,6 +160,58 @@ def ce(
         return frame, title
 
     _show_trace_table(trace, db, dataset, fmt, out, build)
+
+
+@app.command(epilog=("Example, on the sample recorded with GPU metrics in sample_traces/ of a source checkout, loaded "
+                      "with `traceq load sample_traces/conventions/cnn_nsys_gpu_metrics.sqlite`:\n\n"
+                      "traceq gpumetrics --by layer -t cnn_nsys_gpu_metrics"))
+def gpumetrics(
+    by: Annotated[MeasuredBy, typer.Option(
+        help="One row per iteration, layer and pass, kernel name, or library")] = MeasuredBy.iteration,
+    k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k longest rows")] = None,
+    trace: TraceOpt = None,
+    db: DbOpt = None,
+    dataset: DatasetOpt = None,
+    iteration_regex: IterOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Measured GPU activity (nsys --gpu-metrics-devices): SM active, tensor active, DRAM bandwidth over each group's kernels."""
+    _show_trace_table(trace, db, dataset, fmt, out, lambda t: (
+        t.gpu_metrics(by, k=k, iteration_regex=iteration_regex),
+        f"{t.name}: GPU metrics measured over each {by.value}'s kernels (time-weighted; DRAM % of the peak)"))
+
+
+@app.command(epilog=example('traceq roofline --spec sample_traces/alexnet.model.toml -t alexnet_b256_cudnn -k 5'))
+def roofline(
+    by: Annotated[GroupBy, typer.Option(
+        help="One row per layer, pass and operation, kernel name, or library")] = GroupBy.layer,
+    spec: SpecOpt = None,
+    batch: BatchOpt = None,
+    precision: Annotated[Optional[Precision], typer.Option(
+        "--precision", show_default=False,
+        help="Measure every kernel against this precision's peak [default: each kernel's]")] = None,
+    k: Annotated[Optional[int], typer.Option("--k", "-k", min=1, help="Show only the k longest rows")] = None,
+    trace: TraceOpt = None,
+    db: DbOpt = None,
+    dataset: DatasetOpt = None,
+    iteration_regex: IterOpt = None,
+    fmt: FormatOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Roofline: FLOPs, bytes, FLOP per byte, achieved TFLOP/s and TB/s, and their share of the roof at that intensity."""
+    def build(t: Trace):
+        from traceq.analysis.efficiency.gpu_products import trace_gpu
+
+        frame = t.roofline(by, spec=spec, batch=batch, precision=precision, k=k, iteration_regex=iteration_regex)
+        gpu = trace_gpu(t.con, t.id)
+        title = (f"{t.name}: roofline per {by.value} on {gpu.name} (DRAM {gpu.dram_bytes_per_s / 1e12:,.2f} TB/s; "
+                 "bytes: each op's inputs read and output written once, DeLTA's model for convolutions)")
+        return frame, title
+
+    _show_trace_table(trace, db, dataset, fmt, out, build,
+                      priorities={"achieved_pct": 1, "roof": 1, "intensity": 2, "tflops": 2, "total_ns": 3,
+                                  "tbps": 3, "bytes": 4, "operation": 2})
 
 
 @app.command(epilog=example('traceq traffic --spec sample_traces/alexnet.model.toml -t alexnet_b256_cudnn'))

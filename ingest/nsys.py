@@ -40,6 +40,7 @@ from traceq.ingest.base import (
     nvtx_batch,
 )
 from traceq.ingest.launches import LAUNCHING, CallIndex, call_keys
+from traceq.ingest.nsys_metrics import read_gpu_metrics
 from traceq.ingest.sqlite_source import (
     column_names,
     fetch_batches,
@@ -139,6 +140,7 @@ class NsysReader(SqliteReader):
             sink.append_all("memory_events", _memory_events(src, sink))
         if GRAPH_NODES in tables:
             sink.append_all("graph_nodes", _graph_nodes(src))
+        read_gpu_metrics(src, tables, sink)
         return _source_info(src, tables)
 
 

@@ -42,6 +42,7 @@ TOTAL_LIMIT_NS = 2**62
 EVENT_NOUNS = {
     "kernel_events": "kernel", "api_events": "API call", "memops": "memcpy/memset",
     "nvtx_events": "NVTX event", "memory_events": "memory event",
+    "gpu_metrics": "GPU metric sample",
 }
 """What one row of each store event table is called in the load's summary."""
 

@@ -114,6 +114,18 @@ COLUMNS: dict[str, Column] = {
     "peak_tflops": Column("Peak TFLOP/s", "number", 3),
     "ce": Column("CE %", "fraction", 2),
     "tensor_core_pct": Column("Tensor core %", "percent", 3),
+    # measured by nsys GPU metrics (analysis.efficiency.measured)
+    "sm_active_pct": Column("SM active %", "percent", 3),
+    "sm_issue_pct": Column("SM issue %", "percent", 4),
+    "tensor_active_pct": Column("Tensor active %", "percent", 3),
+    "dram_gbps": Column("DRAM GB/s", "number", 4),
+    "dram_pct": Column("DRAM %", "percent", 4),
+    "sampled_pct": Column("Sampled %", "percent", 4),
+    # roofline (traceq roofline)
+    "intensity": Column("FLOP/B", "number", 2),
+    "tbps": Column("TB/s", "number", 2),
+    "bound_tflops": Column("Roof TFLOP/s", "number", 3),
+    "roof": Column("Roof", "label", 2),
     # model and hardware FLOPs utilization (traceq mfu)
     "model_flops": Column("Model FLOP", "count", 2),
     "counted_flops": Column("Counted FLOP", "count", 3),

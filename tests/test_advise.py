@@ -31,6 +31,8 @@ CASES = {
     "layout_transforms": ("alexnet_b256_amp", "badloop_mlp"),  # cuDNN converts NCHW activations for fp16 convs
     "allocator_churn": (None, "alexnet_b256_amp"),
     "recompilation": (None, "alexnet_b256_cudnn"),  # fires: tests/test_advice_catalogue.py (a crafted recompile)
+    # needs nsys GPU metrics: fires on crafted samples, silent on the recorded ones (tests/test_gpu_metrics.py)
+    "idle_tensor_cores": (None, "alexnet_b256_amp"),
 }
 
 

@@ -86,8 +86,23 @@ def command_buffer_truth(source: Path, target: Path) -> None:
     target.write_text(json.dumps({op: sorted(v) for op, v in sorted(ops.items())}, indent=1) + "\n")
 
 
+def gpu_metrics_nsys(source: Path, target: Path) -> None:
+    """base_metrics.sqlite (a CNN+MLP training run on one H200 under `nsys profile
+    --gpu-metrics-devices=0`) without nsys's diagnostics, system environment and profiler
+    overhead rows; every kernel, call, range and GPU metric sample stays."""
+    shutil.copyfile(source, target)
+    con = sqlite3.connect(target)
+    con.executescript("""
+        DELETE FROM DIAGNOSTIC_EVENT; DELETE FROM PROFILER_OVERHEAD; DELETE FROM TARGET_INFO_SYSTEM_ENV;
+    """)
+    con.commit()
+    con.execute("VACUUM")
+    con.close()
+
+
 if __name__ == "__main__":
     recorded, out = Path(sys.argv[1]), Path(sys.argv[2])
     jax_nsys(recorded / "r15/jax/nsys_jax_mlp_node.sqlite", out / "jax_nsys_train_step.sqlite")
     kineto_compile_cold(recorded / "kineto_gpt_compile_cold.json.gz", out / "gpt_kineto_compile_cold.json.gz")
     command_buffer_truth(recorded / "r15/jax/nsys_jax_mlp_nocb.sqlite", out / "jax_nsys_nocb_ops.json")
+    gpu_metrics_nsys(recorded / "r16/gpumetrics/base_metrics.sqlite", out / "cnn_nsys_gpu_metrics.sqlite")

@@ -241,3 +241,46 @@ def straggler(facts: object) -> list[Finding]:
                 f"later; " + said)
     return [Finding("straggler", f"Waiting for a slower rank (rank {top['rank']})", float(me_row["wait"]),
                     evidence, fix)]
+
+
+IDLE_TENSOR_PCT = 50.0
+"""Idle tensor cores: a layer's tensor-core kernels kept the tensor pipes busy less than this % of their time."""
+
+
+def idle_tensor_cores(facts: object) -> list[Finding]:
+    """Layers whose tensor-core kernels (convolutions, GEMMs, attention whose names show tensor
+    cores) left the tensor pipes idle most of their time, measured by nsys's GPU metrics
+    (`efficiency.measured`: Tensor Active over those kernels' time). At stake: their time x the
+    idle share (what full pipes would save at most)."""
+    from traceq.analysis.efficiency.measured import grouped, has_metrics, kernel_integrals
+    from traceq.analysis.structure.layers import attributed_kernels
+
+    if not has_metrics(facts.con, facts.trace_id):
+        return []
+    integrals = kernel_integrals(facts.con, facts.trace_id)
+    if "tensor_active_pct_ns" not in integrals.columns:
+        return []
+    on_tensor = facts.classified.filter(pl.col("tensor_cores").fill_null(False) & ~is_communication(facts))
+    keys = ["layer", "pass"]
+    k = attributed_kernels(facts.con, facts.trace_id, facts.iteration_regex).join(
+        on_tensor.select("name"), on="name", how="semi")
+    if k.is_empty():
+        return []
+    time = k.group_by(keys).agg(total_ns=pl.col("dur_ns").sum())
+    idle = (grouped(k, integrals, keys).join(time, on=keys, how="left", nulls_equal=True)
+            .filter(pl.col("tensor_active_pct") < IDLE_TENSOR_PCT)
+            .with_columns(stake=pl.col("total_ns") * (1 - pl.col("tensor_active_pct") / 100))
+            .sort("stake", "layer", descending=[True, False], nulls_last=True))
+    if idle.is_empty():
+        return []
+    lines = []
+    for r in idle.head(3).iter_rows(named=True):
+        dram = f", DRAM {r['dram_pct']:.0f} % of peak" if r["dram_pct"] is not None else ""
+        lines.append(f"{r['layer'] or '(none)'} ({r['pass'] or 'no pass'}): tensor cores idle "
+                     f"{100 - r['tensor_active_pct']:.0f} % of its tensor-core kernels' {_ms(r['total_ns'])} "
+                     f"(SM active {r['sm_active_pct']:.0f} %{dram})")
+    fix = ("Give the tensor cores more work per launch: larger GEMM/convolution shapes (batch, fused "
+           "projections), dimensions in multiples of 8 (16 for FP8), channels_last for convolutions; where DRAM "
+           "is near its peak the kernels are memory-bound (`traceq roofline`): fuse the ops around them")
+    return [Finding("idle_tensor_cores", "Tensor cores idle in tensor-core kernels (measured)",
+                    float(idle["stake"].sum()), "; ".join(lines), fix)]
