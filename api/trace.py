@@ -7,16 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from traceq.analysis.choices import (
-    CompareBy,
-    GroupBy,
-    IdleBy,
-    MeasuredBy,
-    MemoryBy,
-    NameBy,
-    StatsReport,
-    TrafficBy,
-)
+from traceq.analysis.choices import CompareBy, GroupBy, IdleBy, MeasuredBy, MemoryBy, NameBy, StatsReport, TrafficBy
 from traceq.errors import MissingDataError, TraceqError
 from traceq.store import first_row, side_by_side
 
@@ -30,6 +21,7 @@ if TYPE_CHECKING:
     from traceq.api.store import Store
     from traceq.ingest import LoadResult
 
+from traceq.api.measured_columns import with_measured, with_ncu_ce, with_ncu_ru
 from traceq.api.options import _note, _path, _positive, _regex, _rules_key
 
 AUTO_CONTEXT_MAX_KERNELS = 1_000_000
@@ -255,23 +247,9 @@ class Trace:
         groups = self._launch_groups(iteration_regex) if by is GroupBy.layer else None
         frame = ru_table(self.con, self.id, by, cc=cc, sms=sms, iteration_regex=_regex(iteration_regex),
                          groups=groups)
-        frame = self._with_ncu_ru(frame, by, iteration_regex)
-        frame = self._with_measured(frame, by, lambda: self._attributed(iteration_regex))
+        frame = with_ncu_ru(self, frame, by, iteration_regex)
+        frame = with_measured(self, frame, by, lambda: self._attributed(iteration_regex))
         return frame if k is None else frame.head(k)
-
-    def _with_ncu_ru(self, frame: pl.DataFrame, by: GroupBy, iteration_regex: str | None) -> pl.DataFrame:
-        """`ru`'s frame with Nsight Compute's achieved occupancy beside it, when the trace has a
-        report joined (`traceq load --ncu`)."""
-        from traceq.analysis.efficiency.ncu import has_ncu
-
-        if not has_ncu(self.con, self.id):
-            return frame
-        from traceq.analysis.efficiency.ncu_columns import ncu_ru_columns
-        from traceq.analysis.efficiency.ru import _KEYS
-
-        kernels = (self.con.sql(f"SELECT kernel_id, name FROM kernels WHERE trace_id = {int(self.id)}").pl()
-                   if by is GroupBy.kernel else self._attributed(iteration_regex))
-        return ncu_ru_columns(self.con, self.id, frame, _KEYS[by], kernels)
 
     def gpu_metrics(self, by: MeasuredBy | str = MeasuredBy.iteration, *, k: int | None = None,
                     iteration_regex: str | None = None) -> pl.DataFrame:
@@ -282,20 +260,6 @@ class Trace:
 
         frame = measured_table(self.con, self.id, self._attributed(iteration_regex), MeasuredBy(by).value)
         return frame if k is None else frame.head(k)
-
-    def _with_measured(self, frame: pl.DataFrame, by: GroupBy, kernels: Callable[[], pl.DataFrame]) -> pl.DataFrame:
-        """`frame` (one row per `by` group) with the GPU metrics measured over its kernels
-        (`analysis.efficiency.measured`: sm_active_pct, tensor_active_pct, dram_gbps, dram_pct)
-        where the trace has them; an nsys trace without them gets a note saying so."""
-        from traceq.analysis.efficiency.measured import NO_METRICS, has_metrics, kernel_integrals, with_measured
-        from traceq.analysis.efficiency.ru import _KEYS
-
-        if not has_metrics(self.con, self.id):
-            if self.info().get("format") == "nsys":
-                _note(f"{self.name}: {NO_METRICS}")
-            return frame
-        integrals = self._keep("measured", (), lambda: kernel_integrals(self.con, self.id))
-        return with_measured(frame, kernels(), integrals, _KEYS[GroupBy(by)])
 
     def _kernel_ce(self, spec: str | Path | None, batch: int | None, precision: str | None,
                    iteration_regex: str | None) -> pl.DataFrame:
@@ -316,23 +280,11 @@ class Trace:
 
         per_kernel = self._kernel_ce(spec, batch, precision, iteration_regex)
         frame = ce_table(self.con, self.id, GroupBy(by), per_kernel=per_kernel)
-        frame = self._with_ncu_ce(frame, GroupBy(by), per_kernel)
-        frame = self._with_measured(frame, GroupBy(by), lambda: per_kernel.filter(per_kernel["kernel_id"].is_not_null()))
+        frame = with_ncu_ce(self, frame, GroupBy(by), per_kernel)
+        frame = with_measured(self, frame, GroupBy(by), lambda: per_kernel.filter(per_kernel["kernel_id"].is_not_null()))
         for note in ce_notes(per_kernel):
             _note(note)
         return frame if k is None else frame.head(k)
-
-    def _with_ncu_ce(self, frame: pl.DataFrame, by: GroupBy, per_kernel: pl.DataFrame) -> pl.DataFrame:
-        """`ce`'s frame with Nsight Compute's SM and tensor-pipe throughput beside it, when the
-        trace has a report joined (`traceq load --ncu`)."""
-        from traceq.analysis.efficiency.ncu import has_ncu
-
-        if not has_ncu(self.con, self.id):
-            return frame
-        from traceq.analysis.efficiency.ncu_columns import ncu_ce_columns
-        from traceq.analysis.efficiency.ru import _KEYS
-
-        return ncu_ce_columns(self.con, self.id, frame, _KEYS[by], per_kernel)
 
     def roofline(self, by: GroupBy | str = GroupBy.layer, *, spec: str | Path | None = None, batch: int | None = None,
                  precision: str | None = None, k: int | None = None, iteration_regex: str | None = None) -> pl.DataFrame:

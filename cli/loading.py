@@ -34,7 +34,7 @@ from traceq.render import Format, format_for, render
 def load(
     paths: Annotated[list[Path] | None, typer.Argument(help="Nsight Systems SQLite exports, nvprof databases or "
                                                       "PyTorch profiler (Kineto) JSON traces",
-                                                      metavar="PATH...", show_default=False)] = None,
+                                                      metavar="[PATH]...", show_default=False)] = None,
     db: DbOpt = None,
     dataset: DatasetOpt = None,
     name: Annotated[str | None, typer.Option(help="Name in the store [default: the file's name "
