@@ -54,7 +54,8 @@ WAYS = ("duckdb", "duckdb-ndjson", "duckdb-batch256", "pyarrow", "pyarrow-insert
 
 def parse(path: Path, way: str, folder: Path) -> str:
     """Runs one way over the file, its scratch files in `folder`; returns its figures as one line."""
-    scratch = connect(folder / "stage.duckdb", **kineto.SCRATCH_SETTINGS)
+    scratch = connect(":memory:", **kineto.SCRATCH_SETTINGS)  # as the reader's
+    scratch.execute(f"SET temp_directory = '{folder / 'spill'}'")
     scratch.execute("SET enable_progress_bar = false")
     if way == "duckdb-batch256":
         json_events.BATCH_BYTES = 256 << 20
