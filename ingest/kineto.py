@@ -6,9 +6,9 @@ Two passes, neither holding the trace in Python objects:
 1. **Stage.** `json_events.TraceEvents` cuts the traceEvents array into batches of chunks of
    whole events; each chunk goes to a scratch file as a JSON array, and DuckDB's JSON reader
    (C++) parses a batch's files in one query (`_stage_sql`) into the staging table `ev` of a
-   scratch database in memory (uncompressed, spilled to the scratch folder past its memory
-   limit), the rows traceq uses only, each with its position (`seq`). Two batches are parsed
-   at once, on two connections and threads (`json_stage`).
+   scratch database (in memory for a trace of up to `MEMORY_STAGING_BYTES` of JSON, else on
+   disk, compressed), the rows traceq uses only, each with its position (`seq`). Two batches
+   are parsed at once, on two connections and threads (`json_stage`).
 2. **Store.** SQL over `ev` numbers names, launch configurations, queues, threads and range
    attributes once (`_PREPARE`), then builds each store table (`_TABLES`) and streams it to
    the sink.
@@ -63,6 +63,10 @@ from traceq.store import connect
 
 SCRATCH_SETTINGS = {"memory_limit": "300MB", "threads": "2", "preserve_insertion_order": "true"}
 """The scratch database's settings: a bounded memory (it spills to the temporary folder)."""
+
+MEMORY_STAGING_BYTES = 256 << 20
+"""JSON text up to which the staging database is in memory: its uncompressed rows (about one byte
+per byte of JSON) stay within SCRATCH_SETTINGS' memory_limit."""
 
 KNOWN_CLOCKS_HZ = {
     "NVIDIA H200": 1_980_000_000,
@@ -218,8 +222,10 @@ class KinetoReader:
         return uncompressed_size(src.path)
 
     def read(self, src: KinetoSource, sink: Sink) -> SourceInfo:
-        # in memory, uncompressed: past memory_limit DuckDB spills its blocks to the scratch folder
-        scratch = connect(":memory:", **SCRATCH_SETTINGS)  # offline, as every traceq connection
+        # a small trace's staging in memory (uncompressed: cheaper to write), a large one's on disk
+        # (compressed: spilling 1.6 GB of uncompressed staging at 1M kernels tripled pass 2)
+        small = uncompressed_size(src.path) <= MEMORY_STAGING_BYTES
+        scratch = connect(":memory:" if small else src.scratch / "stage.duckdb", **SCRATCH_SETTINGS)  # offline
         scratch.execute(f"SET temp_directory = '{src.scratch / 'spill'}'")
         scratch.execute("SET enable_progress_bar = false")
         try:

@@ -245,8 +245,8 @@ def test_collectives_equal_the_json(tmp_path: Path, name: str) -> None:
 def test_batches_parsed_in_parallel_equal_the_json(tmp_path: Path, monkeypatch) -> None:
     """Our AlexNet trace cut into a dozen batches, parsed two at a time (`json_stage`): the kernels,
     API calls and operators, in the file's order, equal a reading of the JSON with Python's json;
-    and every table equals a load one batch after the other."""
-    from traceq.ingest import json_events, json_stage
+    and every table equals a load one batch after the other, staged on disk."""
+    from traceq.ingest import json_events, json_stage, kineto
 
     monkeypatch.setattr(json_events, "BLOCK_BYTES", 32 << 10)
     monkeypatch.setattr(json_events, "BATCH_BYTES", 96 << 10)
@@ -275,6 +275,7 @@ def test_batches_parsed_in_parallel_equal_the_json(tmp_path: Path, monkeypatch) 
                        "ORDER BY start_ns, end_ns DESC, name").fetchall() == sorted(ops, key=lambda o: (o[1], -o[2], o[0]))
 
     monkeypatch.setattr(json_stage, "STAGE_THREADS", 1)
+    monkeypatch.setattr(kineto, "MEMORY_STAGING_BYTES", 0)  # and staged on disk, as a large trace is
     one = open_store(tmp_path / "serial.duckdb", create=True)
     load_trace(one, path)
     assert len(serial_passes) == 1
