@@ -33,13 +33,14 @@ _UNREADABLE = (duckdb.InvalidInputException, duckdb.ConversionException)
 
 
 def stage(scratch: duckdb.DuckDBPyConnection, table: str, events: TraceEvents, folder: Path, insert: InsertSql,
-          progress: Callable[[int], None] | None) -> None:
+          progress: Callable[[int], None] | None, parallel: bool = True) -> None:
     """Every batch of `events` through `insert`'s SQL on `scratch` into `table` (empty at the
-    start), its chunk files in `folder`; `progress` is given the bytes read since its last call.
+    start), its chunk files in `folder`, `STAGE_THREADS` batches at a time where `parallel`, else
+    one after the other; `progress` is given the bytes read since its last call.
     Raises TraceFormatError for a batch DuckDB cannot read even one event at a time; the table
     may then hold some batches' rows (the caller's scratch database is thrown away)."""
     report = _Progress(progress)
-    if STAGE_THREADS > 1:
+    if parallel and STAGE_THREADS > 1:
         try:
             _parallel(scratch, events, folder, insert, report)
             return
