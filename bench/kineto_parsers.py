@@ -8,7 +8,8 @@ the CPU seconds (both cores) and wall seconds of its parse alone (the file cut i
 are printed. On a shared machine compare CPU seconds. The ways:
 
 - `duckdb`: the reader's pass 1 as it is (`kineto._stage`: each 16 MiB chunk a JSON array
-  file, `read_json(format = 'array', columns = ...)` into the staging table, 4 chunks a call).
+  file, `read_json(format = 'array', columns = ...)` into the staging table, 4 chunks a call;
+  in memory and two calls at once up to 256 MiB of JSON, else on disk and one at a time).
 - `duckdb-ndjson`: the same query with `format = 'newline_delimited'`, on chunks made one event
   per line (two `bytes.replace`: newlines to spaces, as Kineto writes an event over several
   lines, then the event separator to `}\\n{`).
@@ -54,7 +55,9 @@ WAYS = ("duckdb", "duckdb-ndjson", "duckdb-batch256", "pyarrow", "pyarrow-insert
 
 def parse(path: Path, way: str, folder: Path) -> str:
     """Runs one way over the file, its scratch files in `folder`; returns its figures as one line."""
-    scratch = connect(folder / "stage.duckdb", **kineto.SCRATCH_SETTINGS)
+    small = json_events.uncompressed_size(path) <= kineto.MEMORY_STAGING_BYTES  # staged as the reader stages it
+    scratch = connect(":memory:" if small else folder / "stage.duckdb", **kineto.SCRATCH_SETTINGS)
+    scratch.execute(f"SET temp_directory = '{folder / 'spill'}'")
     scratch.execute("SET enable_progress_bar = false")
     if way == "duckdb-batch256":
         json_events.BATCH_BYTES = 256 << 20
@@ -73,7 +76,7 @@ def parse(path: Path, way: str, folder: Path) -> str:
 
     wall, cpu = time.perf_counter(), time.process_time()
     if way in ("duckdb", "duckdb-batch256"):
-        kineto._stage(scratch, events, folder, LoadOptions(), _NoSink())
+        kineto._stage(scratch, events, folder, LoadOptions(), _NoSink(), parallel=small)
     elif way == "duckdb-ndjson":
         (folder / "empty.json").write_bytes(b"[]")
         scratch.execute(f"CREATE TABLE ev AS {kineto._stage_sql([folder / 'empty.json'], 0, True)}")

@@ -11,7 +11,8 @@ text substitution of ts and ids per event, so memory stays flat.
     python bench/kineto_scale.py --measure FILE --hta /tmp/hta-venv/bin/python --before OLD/.venv/bin/python
 
 Measuring, each in its own process, interleaved, `--reps` times: `traceq load` into a new store,
-the same with another checkout's Python (`--before`), Python's `json.load` of the file, and
+the same with another checkout's Python (`--before`), Python's `json.load` of the file, the
+floor of issue 38 where msgspec is installed (`_MSGSPEC`: a typed parse, args kept raw), and
 HolisticTraceAnalysis' loader (`TraceAnalysis(trace_dir=...)`, its default parser, with
 `--hta`: a Python of a scratch virtualenv where it is installed, never a traceq dependency).
 Each run's wall time, CPU seconds (user + system) and peak RSS come from `wait4`; the medians
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import importlib.util
 import json
 import os
 import statistics
@@ -104,19 +106,40 @@ finally:
 """
 
 
+_MSGSPEC = """
+import sys
+from pathlib import Path
+import msgspec
+from traceq.ingest.json_events import TraceEvents
+class Event(msgspec.Struct):
+    ph: msgspec.Raw = msgspec.Raw(); cat: msgspec.Raw = msgspec.Raw(); name: msgspec.Raw = msgspec.Raw()
+    pid: msgspec.Raw = msgspec.Raw(); tid: msgspec.Raw = msgspec.Raw(); ts: msgspec.Raw = msgspec.Raw()
+    dur: msgspec.Raw = msgspec.Raw(); args: msgspec.Raw = msgspec.Raw()
+decode = msgspec.json.Decoder(list[Event]).decode
+for batch in TraceEvents(Path(sys.argv[1])):
+    for chunk in batch.chunks:
+        decode(b"[" + b"".join(chunk) + b"]")
+"""
+"""The reference floor of issue 38: a typed streaming parse of the same bytes, each event's keys
+as raw JSON text (`msgspec.Raw`, `args` too), the file cut into chunks as the reader cuts it.
+Runs where msgspec is installed (bench only, not a traceq dependency)."""
+
+
 def measure(path: Path, reps: int, before: str | None, hta: str | None, plain: bool) -> None:
     """Each loader `reps` times, interleaved, each in its own process; the medians."""
     store = Path(tempfile.mkdtemp(prefix="traceq-bench-")) / "store.duckdb"
-    load = ("import sys; from pathlib import Path; from traceq.ingest import load_trace; "
+    load = ("import sys; from pathlib import Path; from traceq.api.loading import load_trace; "
             "from traceq.store import open_store; Path(sys.argv[2]).unlink(missing_ok=True); "
             "load_trace(open_store(Path(sys.argv[2]), create=True), Path(sys.argv[1]))")
     runs = {"traceq load": [sys.executable, "-c", load, str(path), str(store)]}
     if before:
         runs["traceq load (before)"] = [before, "-c", load, str(path), str(store)]
     if plain:
-        runs["json.load"] = [sys.executable, "-c", "import gzip, json, sys; "
+        runs["json.load"] = [sys.executable, "-c", ("import gzip, json, sys; "
                              "op = gzip.open if open(sys.argv[1], 'rb').read(2) == b'\\x1f\\x8b' else open; "
-                             "json.load(op(sys.argv[1], 'rb'))", str(path)]
+                             "json.load(op(sys.argv[1], 'rb'))"), str(path)]
+    if importlib.util.find_spec("msgspec") is not None:
+        runs["msgspec parse (floor)"] = [sys.executable, "-c", _MSGSPEC, str(path)]
     if hta:
         runs["HTA TraceAnalysis"] = [hta, "-c", _HTA, str(path)]
     results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in runs}

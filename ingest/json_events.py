@@ -105,6 +105,9 @@ class TraceEvents:
         self._starts: list[int] = []  # where each batch's first event begins in the JSON text
 
     def __iter__(self) -> Iterator[Batch]:
+        """The batches from the file's start (again, after an iteration left before its end)."""
+        self.metadata.clear()
+        self.bytes_read, self._separator, self._bare, self._rest, self._starts = 0, None, False, b"", []
         try:
             with open_text(self.path) as f:
                 yield from self._batches(f)

@@ -240,3 +240,52 @@ def test_collectives_equal_the_json(tmp_path: Path, name: str) -> None:
     assert sum(want.values()) >= 15 and got == want
     assert annotations == Counter((ns(e["ts"]), e["name"][len("nccl:"):]) for e in read_json(path)["traceEvents"]
                                   if e.get("cat") == "user_annotation" and e["name"].startswith("nccl:"))
+
+
+def test_batches_parsed_in_parallel_equal_the_json(tmp_path: Path, monkeypatch) -> None:
+    """Our AlexNet trace cut into a dozen batches, parsed two at a time (`json_stage`): the kernels,
+    API calls and operators, in the file's order, equal a reading of the JSON with Python's json;
+    and every table equals a load one batch after the other, staged on disk."""
+    from traceq.ingest import json_events, json_stage, kineto
+
+    monkeypatch.setattr(json_events, "BLOCK_BYTES", 32 << 10)
+    monkeypatch.setattr(json_events, "BATCH_BYTES", 96 << 10)
+    path = sample("alexnet_b256_kineto.json")
+    serial_passes = []
+    monkeypatch.setattr(json_stage, "_serial", lambda *a: serial_passes.append(a) or _SERIAL(*a))
+    batches = []
+    monkeypatch.setattr(json_stage, "_insert", lambda con, folder, batch, insert: batches.append(batch.number)
+                        or _INSERT(con, folder, batch, insert))
+    con = open_store(tmp_path / "parallel.duckdb", create=True)
+    load_trace(con, path)
+    assert serial_passes == [] and len(batches) >= 10
+
+    events = read_json(path)["traceEvents"]
+    x = [e for e in events if e.get("ph") == "X"]
+    kernels = [(e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), e["args"]["correlation"], e["args"]["grid"][0],
+                e["args"]["stream"]) for e in x if e.get("cat") == "kernel"]
+    calls = [(e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), e["args"]["correlation"], e["tid"])
+             for e in x if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    ops = [(e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), e["tid"]) for e in x if e.get("cat") == "cpu_op"]
+    assert con.execute("SELECT name, start_ns, end_ns, correlation_id, grid_x, stream_id FROM kernels "
+                       "ORDER BY kernel_id").fetchall() == kernels
+    assert con.execute("SELECT name, start_ns, end_ns, correlation_id, tid FROM api_calls "
+                       "ORDER BY start_ns, correlation_id").fetchall() == sorted(calls, key=lambda c: (c[1], c[3]))
+    assert con.execute("SELECT name, start_ns, end_ns, tid FROM nvtx WHERE domain = 'cpu_op' "
+                       "ORDER BY start_ns, end_ns DESC, name").fetchall() == sorted(ops, key=lambda o: (o[1], -o[2], o[0]))
+
+    monkeypatch.setattr(json_stage, "STAGE_THREADS", 1)
+    monkeypatch.setattr(kineto, "MEMORY_STAGING_BYTES", 0)  # and staged on disk, as a large trace is
+    one = open_store(tmp_path / "serial.duckdb", create=True)
+    load_trace(one, path)
+    assert len(serial_passes) == 1
+    skip = "('traces', 'traceq_meta', 'attributions')"  # their times: the load's, in seconds
+    for (table,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' "
+                                f"AND table_name NOT IN {skip}").fetchall():
+        def rows(c, table=table):
+            return sorted(c.execute(f"SELECT * FROM {table}").fetchall(), key=repr)
+        assert rows(con) == rows(one), table
+
+
+_SERIAL = __import__("traceq.ingest.json_stage", fromlist=["_serial"])._serial
+_INSERT = __import__("traceq.ingest.json_stage", fromlist=["_insert"])._insert
