@@ -31,8 +31,9 @@ DEFAULT_LOCK_TIMEOUT_S = 60.0
 
 OFFLINE = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 """DuckDB settings of every connection traceq opens: never download or load an extension on
-demand. Users are offline, and DuckDB would otherwise fetch its SQLite extension, for seconds
-and then a network error, when handed an SQLite file as a database."""
+demand: users are offline, and DuckDB would otherwise fetch its SQLite extension, for seconds
+and then a network error, when handed an SQLite file as a database. (`connect` also switches
+off DuckDB's progress bar, a setting of each connection.)"""
 
 _DUCKDB_MAGIC = b"DUCK"  # bytes 8 to 12 of a DuckDB database file
 
@@ -48,8 +49,11 @@ def default_store_path() -> Path:
 def connect(database: str | Path = ":memory:", *, read_only: bool = False,
             **settings: str) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with traceq's settings (`OFFLINE`) and `settings`; every connection
-    traceq opens is opened here."""
-    return duckdb.connect(str(database), read_only=read_only, config={**settings, **OFFLINE})
+    traceq opens is opened here. DuckDB's own progress bar is off: it would draw into traceq's
+    output (traceq says its progress itself)."""
+    con = duckdb.connect(str(database), read_only=read_only, config={**settings, **OFFLINE})
+    con.execute("SET enable_progress_bar = false")
+    return con
 
 
 def schema_sql() -> str:
