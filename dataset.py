@@ -149,7 +149,7 @@ def write_trace(con: duckdb.DuckDBPyConnection, trace_id: int, dataset: Path) ->
     staging, final = partial_dir(dataset, trace_id), trace_dir(dataset, trace_id)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    for table, keys in _trace_tables(con).items():
+    for table, keys in _table_keys().items():
         ids = ", ".join(f"{int(trace_id)}::INTEGER AS {key}" for key in keys)
         con.execute(f"COPY (SELECT * {f'REPLACE ({ids})' if ids else ''} FROM {table}) "
                     f"TO {_literal(staging / f'{table}.parquet')} (FORMAT parquet)")
@@ -237,12 +237,18 @@ def _point(con: duckdb.DuckDBPyConnection, dataset: Path, trace_ids: list[int] |
             con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet([{listed}])")
 
 
-@lru_cache(maxsize=1)
 def _store_tables() -> tuple[str, ...]:
-    """The tables a dataset keeps per trace (`_trace_tables` of an empty store)."""
+    """The tables a dataset keeps per trace."""
+    return tuple(_table_keys())
+
+
+@lru_cache(maxsize=1)
+def _table_keys() -> dict[str, list[str]]:
+    """`_trace_tables` of an empty store: every store of this schema version has these (asked
+    once per process, not of each store written from)."""
     con = connect()
     con.execute(schema_sql())
-    return tuple(_trace_tables(con))
+    return _trace_tables(con)
 
 
 def trace_reader(con: duckdb.DuckDBPyConnection) -> Callable[[int], duckdb.DuckDBPyConnection]:
