@@ -195,17 +195,18 @@ def _publish(staging: Path, final: Path) -> None:
 
 
 def open_dataset(dataset: Path, trace_ids: list[int] | None = None,
-                 tables: list[str] | None = None) -> duckdb.DuckDBPyConnection:
+                 tables: list[str] | None = None, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection whose tables are views over the dataset's loaded traces
     (the store's table names and views), for the analyses to read as they read a store; over
     those of `trace_ids` only when given (a query then opens none of the other traces' files);
     only `tables` made views when given (the others stay empty tables: finding a trace needs
-    `traces` alone). The connection knows its dataset (`trace_reader`).
+    `traces` alone). `threads`: DuckDB's (default: one per core). The connection knows its
+    dataset (`trace_reader`).
 
     Raises:
         StoreError: no dataset at `dataset`, or one of another store schema.
     """
-    con = connect()
+    con = connect(**({"threads": str(int(threads))} if threads else {}))
     con.execute(schema_sql())  # every table, empty, and the schema's views over them
     con.execute("INSERT INTO traceq_meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
     con.execute(f"SET VARIABLE {DATASET_VARIABLE} = ?", [str(dataset)])
@@ -261,7 +262,7 @@ def trace_reader(con: duckdb.DuckDBPyConnection) -> Callable[[int], duckdb.DuckD
     dataset = first_row(con, f"SELECT getvariable('{DATASET_VARIABLE}')")[0]
     if dataset is None:
         return lambda _: con
-    own = open_dataset(Path(dataset), [])
+    own = open_dataset(Path(dataset), [], threads=first_row(con, "SELECT current_setting('threads')")[0])
 
     def over(trace_id: int) -> duckdb.DuckDBPyConnection:
         _point(own, Path(dataset), [trace_id])
