@@ -63,8 +63,7 @@ WORKER_ENV = {"POLARS_MAX_THREADS": "1"}
 """A Dask worker's environment for its tasks: one thread, as a task is one core's work. Polars
 otherwise starts a thread per core in each worker process, and on a machine of many cores the
 workers' threads compete for them: a rank file's hundreds of small Polars operations then cost
-more CPU time (on our 2-core machine, 0.76 CPU s a rank file with 32 threads against 0.63 with
-1). Set in a local cluster's workers, and by `load_rank` before it first imports Polars in a
+more CPU time (docs/scale-out.md, "Per-file cost"). Set in a local cluster's workers, and by `load_rank` before it first imports Polars in a
 worker process of a cluster started elsewhere (where the worker's own setting wins)."""
 
 CATALOG_EVERY_S = 1.0
