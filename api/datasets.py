@@ -63,8 +63,9 @@ WORKER_ENV = {"POLARS_MAX_THREADS": "1"}
 """A Dask worker's environment for its tasks: one thread, as a task is one core's work. Polars
 otherwise starts a thread per core in each worker process, and on a machine of many cores the
 workers' threads compete for them: a rank file's hundreds of small Polars operations then cost
-more CPU time (docs/scale-out.md, "Per-file cost"). Set in a local cluster's workers, and by `load_rank` before it first imports Polars in a
-worker process of a cluster started elsewhere (where the worker's own setting wins)."""
+more CPU time (docs/scale-out.md, "Per-file cost"). Set in a local cluster's workers, and by
+`load_rank` before it first imports Polars in a worker process of a cluster started elsewhere
+(where the worker's own setting wins)."""
 
 CATALOG_EVERY_S = 1.0
 """The catalog is rewritten as tasks end, at most this often (and once at the end)."""
@@ -159,7 +160,8 @@ def dask_client(scheduler: str | None = None, workers: int | None = None) -> Ite
         import logging
 
         with LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
-                          dashboard_address=None, silence_logs=logging.CRITICAL, env=WORKER_ENV) as cluster, Client(cluster) as client:
+                          dashboard_address=None, silence_logs=logging.CRITICAL,
+                          env=WORKER_ENV) as cluster, Client(cluster) as client:
             yield client
         return
     where = {"scheduler_file": scheduler} if Path(scheduler).is_file() else {"address": scheduler}
