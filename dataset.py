@@ -149,7 +149,7 @@ def write_trace(con: duckdb.DuckDBPyConnection, trace_id: int, dataset: Path) ->
     staging, final = partial_dir(dataset, trace_id), trace_dir(dataset, trace_id)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    for table, keys in _trace_tables(con).items():
+    for table, keys in _table_keys().items():
         ids = ", ".join(f"{int(trace_id)}::INTEGER AS {key}" for key in keys)
         con.execute(f"COPY (SELECT * {f'REPLACE ({ids})' if ids else ''} FROM {table}) "
                     f"TO {_literal(staging / f'{table}.parquet')} (FORMAT parquet)")
@@ -197,17 +197,18 @@ def _publish(staging: Path, final: Path) -> None:
 
 
 def open_dataset(dataset: Path, trace_ids: list[int] | None = None,
-                 tables: list[str] | None = None) -> duckdb.DuckDBPyConnection:
+                 tables: list[str] | None = None, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection whose tables are views over the dataset's loaded traces
     (the store's table names and views), for the analyses to read as they read a store; over
     those of `trace_ids` only when given (a query then opens none of the other traces' files);
     only `tables` made views when given (the others stay empty tables: finding a trace needs
-    `traces` alone). The connection knows its dataset (`trace_reader`).
+    `traces` alone). `threads`: DuckDB's (default: one per core). The connection knows its
+    dataset (`trace_reader`).
 
     Raises:
         StoreError: no dataset at `dataset`, or one of another store schema.
     """
-    con = connect()
+    con = connect(**({"threads": str(int(threads))} if threads else {}))
     con.execute(schema_sql())  # every table, empty, and the schema's views over them
     con.execute("INSERT INTO traceq_meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
     con.execute(f"SET VARIABLE {DATASET_VARIABLE} = ?", [str(dataset)])
@@ -239,12 +240,18 @@ def _point(con: duckdb.DuckDBPyConnection, dataset: Path, trace_ids: list[int] |
             con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet([{listed}])")
 
 
-@lru_cache(maxsize=1)
 def _store_tables() -> tuple[str, ...]:
-    """The tables a dataset keeps per trace (`_trace_tables` of an empty store)."""
+    """The tables a dataset keeps per trace."""
+    return tuple(_table_keys())
+
+
+@lru_cache(maxsize=1)
+def _table_keys() -> dict[str, list[str]]:
+    """`_trace_tables` of an empty store: every store of this schema version has these (asked
+    once per process, not of each store written from)."""
     con = connect()
     con.execute(schema_sql())
-    return tuple(_trace_tables(con))
+    return _trace_tables(con)
 
 
 def trace_reader(con: duckdb.DuckDBPyConnection) -> Callable[[int], duckdb.DuckDBPyConnection]:
@@ -257,7 +264,7 @@ def trace_reader(con: duckdb.DuckDBPyConnection) -> Callable[[int], duckdb.DuckD
     dataset = first_row(con, f"SELECT getvariable('{DATASET_VARIABLE}')")[0]
     if dataset is None:
         return lambda _: con
-    own = open_dataset(Path(dataset), [])
+    own = open_dataset(Path(dataset), [], threads=first_row(con, "SELECT current_setting('threads')")[0])
 
     def over(trace_id: int) -> duckdb.DuckDBPyConnection:
         _point(own, Path(dataset), [trace_id])

@@ -18,18 +18,23 @@ instead of each rank's tables; a trace without them (loaded by an older traceq) 
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import shutil
+import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from traceq.analysis.multigpu.runs import RankSummary, rank_summary, register_run, register_summaries
+import duckdb
+
 from traceq.dataset import (
     CatalogEntry,
     RunEntry,
@@ -41,14 +46,26 @@ from traceq.dataset import (
     write_trace,
 )
 from traceq.errors import StoreError, TraceqError
-from traceq.store import first_row, open_store
+from traceq.store import SCHEMA_VERSION, connect, first_row, schema_sql
+
+if TYPE_CHECKING:
+    from traceq.analysis.multigpu.runs import RankSummary
 
 RANK_SETTINGS = {"threads": "1", "memory_limit": "500MB"}
-"""DuckDB settings of a task's private store: one Dask worker is one core's work (the load itself
-runs under ingest.LOAD_SETTINGS), and its memory stays well under a worker's share."""
+"""DuckDB settings of a worker's private store (`worker_store`): one Dask worker is one core's work
+(the load itself runs under ingest.LOAD_SETTINGS), and its memory stays well under a worker's
+share. Given when the database is made, so that DuckDB starts no threads of its own."""
 
 SUMMARY_FILES = ("run_summary.json", "run_comm.parquet")
 """A loaded rank's RankSummary, beside its tables (no store table has these names)."""
+
+WORKER_ENV = {"POLARS_MAX_THREADS": "1"}
+"""A Dask worker's environment for its tasks: one thread, as a task is one core's work. Polars
+otherwise starts a thread per core in each worker process, and on a machine of many cores the
+workers' threads compete for them: a rank file's hundreds of small Polars operations then cost
+more CPU time (docs/scale-out.md, "Per-file cost"). Set in a local cluster's workers, and by
+`load_rank` before it first imports Polars in a worker process of a cluster started elsewhere
+(where the worker's own setting wins)."""
 
 CATALOG_EVERY_S = 1.0
 """The catalog is rewritten as tasks end, at most this often (and once at the end)."""
@@ -72,23 +89,57 @@ class DatasetLoad:
 def load_rank(path: str, trace_id: int, name: str, dataset: str, python_functions: bool = False,
               attribute: bool | None = None) -> CatalogEntry:
     """Load one trace file as trace `trace_id` of `dataset` (run as a Dask task); `python_functions`
-    and `attribute` as `load_trace`'s."""
+    and `attribute` as `load_trace`'s. The file is read into this worker's private store
+    (`worker_store`), emptied again when its Parquet files are written."""
+    if "polars" not in sys.modules:  # a worker's first task: one thread, as DuckDB's (WORKER_ENV)
+        for key, value in WORKER_ENV.items():
+            os.environ.setdefault(key, value)
+    from traceq.analysis.multigpu.runs import rank_summary
     from traceq.api.loading import load_trace
 
-    with tempfile.TemporaryDirectory(prefix="traceq-rank-") as tmp:
-        con = open_store(Path(tmp) / "rank.duckdb", create=True)
-        try:
-            for key, value in RANK_SETTINGS.items():
-                con.execute(f"SET {key} = '{value}'")
-            result = load_trace(con, Path(path), name=name, python_functions=python_functions, attribute=attribute)
-            summary = rank_summary(con, result.trace_id, as_trace_id=trace_id)
-            write_trace(con, trace_id, Path(dataset))
-            _write_summary(summary, trace_dir(Path(dataset), trace_id))
-            sha, size = first_row(con, "SELECT sha256, source_bytes FROM traces")
-        finally:
-            con.close()
+    con = worker_store()
+    try:
+        result = load_trace(con, Path(path), name=name, python_functions=python_functions, attribute=attribute)
+        summary = rank_summary(con, result.trace_id, as_trace_id=trace_id)
+        write_trace(con, trace_id, Path(dataset))
+        _write_summary(summary, trace_dir(Path(dataset), trace_id))
+        sha, size = first_row(con, "SELECT sha256, source_bytes FROM traces")
+    finally:
+        _empty(con)
     return CatalogEntry(trace_id, name, path, int(size), "loaded", sha, result.kernel_count,
                         round(result.seconds, 3), notes=result.notes or None)
+
+
+_worker = threading.local()
+
+
+def worker_store() -> duckdb.DuckDBPyConnection:
+    """This thread's private store for `load_rank`: an in-memory DuckDB database (RANK_SETTINGS,
+    spilling to a temporary folder beyond its memory limit) with the store's schema, made at
+    the thread's first task and kept for the next ones, which find it empty, its ids starting
+    at 1 again (`_empty`): a worker pays for a connection and a schema once, not per file."""
+    con = getattr(_worker, "con", None)
+    if con is None:
+        spill = tempfile.mkdtemp(prefix="traceq-rank-")
+        atexit.register(shutil.rmtree, spill, ignore_errors=True)
+        con = connect(**RANK_SETTINGS, temp_directory=spill)
+        con.execute(schema_sql())
+        con.execute("INSERT INTO traceq_meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
+        tables = [t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT internal "
+                                            "AND table_name != 'traceq_meta' ORDER BY 1").fetchall()]
+        _worker.con, _worker.emptying = con, "BEGIN; " + "".join(f"DELETE FROM {t}; " for t in tables) + "".join(
+            f"DROP SEQUENCE {q}; CREATE SEQUENCE {q} START 1; " for q in ("trace_ids", "run_ids")) + "COMMIT"
+    return con
+
+
+def _empty(con: duckdb.DuckDBPyConnection) -> None:
+    """Delete every row `load_rank` left in the worker's store; a store that cannot be emptied
+    (a transaction left open by a failure) is closed, and the next task makes a new one."""
+    try:
+        con.execute(_worker.emptying)
+    except duckdb.Error:
+        con.close()
+        _worker.con = None
 
 
 @contextmanager
@@ -109,7 +160,8 @@ def dask_client(scheduler: str | None = None, workers: int | None = None) -> Ite
         import logging
 
         with LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
-                          dashboard_address=None, silence_logs=logging.CRITICAL) as cluster, Client(cluster) as client:
+                          dashboard_address=None, silence_logs=logging.CRITICAL,
+                          env=WORKER_ENV) as cluster, Client(cluster) as client:
             yield client
         return
     where = {"scheduler_file": scheduler} if Path(scheduler).is_file() else {"address": scheduler}
@@ -287,6 +339,8 @@ def _registrar(dataset: Path, trace_ids: list[int]) -> Callable[..., int]:
     import json
 
     import polars as pl
+
+    from traceq.analysis.multigpu.runs import RankSummary, register_run, register_summaries
 
     json_name, comm_name = SUMMARY_FILES
     folders = [trace_dir(dataset, t) for t in trace_ids]

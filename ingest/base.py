@@ -156,7 +156,8 @@ class Sink:
     def _check(self, table: str, schema: pa.Schema) -> None:
         known = self._columns.get(table)
         if known is None:
-            known = self._columns[table] = _StoreColumns(self.con, table)
+            known = self._columns[table] = _STORE_COLUMNS.get(table) or _StoreColumns(self.con, table)
+            _STORE_COLUMNS[table] = known
         extra = set(schema.names) - known.names
         if extra:
             raise AssertionError(f"reader sent columns {sorted(extra)} that {table} lacks")
@@ -213,6 +214,11 @@ class _StoreColumns:
         self.names = {r[0] for r in rows}
         self.not_null = {r[0] for r in rows if not r[2] and r[0] != "trace_id"}
         self.int32 = {r[0] for r in rows if r[1] == "INTEGER"}
+
+
+_STORE_COLUMNS: dict[str, _StoreColumns] = {}
+"""Each store table's _StoreColumns, asked of the first store a process loads into: every store
+of this schema version has the same (a Dask worker loads hundreds of files, one store each)."""
 
 
 def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -31,7 +31,7 @@ import os
 import re
 import tomllib
 from collections.abc import Iterable, Iterator
-from dataclasses import astuple, dataclass, fields
+from dataclasses import astuple, dataclass, field, fields
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -102,12 +102,19 @@ class LauncherRule:
     where: str
 
 
+MEMO_NAMES = 50_000
+"""Distinct names a RuleSet remembers the classification of (then it starts over)."""
+
+
 @dataclass(frozen=True)
 class RuleSet:
-    """Ordered rule lists, one per question, ready to classify names."""
+    """Ordered rule lists, one per question, ready to classify names. It remembers the names it
+    classified (up to MEMO_NAMES): one process classifies the same few hundred names in each
+    analysis of a trace, and in each rank file of a job that a dataset's worker loads."""
 
     rules: dict[str, tuple[Rule, ...]]
     launchers: tuple[LauncherRule, ...] = ()
+    _memo: dict[tuple[str, str | None], Classification] = field(default_factory=dict, compare=False, repr=False)
 
     def launcher_library(self, launcher: str | None, library: str) -> str:
         """The library of a kernel that `classify` puts in `library`, launched inside the range
@@ -125,8 +132,14 @@ class RuleSet:
 
     def classify(self, name: str, mangled: str | None = None) -> Classification:
         """Answer every question with the first matching rule of its list."""
-        answers = {question: answer for question, (answer, _) in self._decide(name, mangled)}
-        return Classification(name, **answers)  # type: ignore[arg-type]
+        known = self._memo.get((name, mangled))
+        if known is None:
+            answers = {question: answer for question, (answer, _) in self._decide(name, mangled)}
+            known = Classification(name, **answers)  # type: ignore[arg-type]
+            if len(self._memo) >= MEMO_NAMES:
+                self._memo.clear()
+            self._memo[name, mangled] = known
+        return known
 
     def explain(self, name: str, mangled: str | None = None) -> dict[str, str]:
         """Which rule answered each question, e.g. {"library": "...: [[library]] rule 7"};

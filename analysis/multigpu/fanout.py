@@ -11,7 +11,8 @@ a run needs MIN_TRACES traces before a pool pays."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def map_traces(con: duckdb.DuckDBPyConnection, ranks: list[Rank], fn: PerTrace, 
 
     items = list(traces.items())
     out: list[pl.DataFrame | None] = [None] * len(items)
-    with ProcessPoolExecutor(pool, mp_context=multiprocessing.get_context("spawn")) as executor:
+    with _one_thread_each(), ProcessPoolExecutor(pool, mp_context=multiprocessing.get_context("spawn")) as executor:
         futures = {executor.submit(_one, str(dataset), trace_id, in_trace, fn, args): i
                    for i, (trace_id, in_trace) in enumerate(items)}
         from concurrent.futures import as_completed
@@ -60,6 +61,21 @@ def map_traces(con: duckdb.DuckDBPyConnection, ranks: list[Rank], fn: PerTrace, 
             if progress is not None:
                 progress(done, len(items))
     return [frame for frame in out if frame is not None]
+
+
+@contextmanager
+def _one_thread_each() -> Iterator[None]:
+    """The environment the worker processes are spawned with: Polars on one thread each (unless
+    POLARS_MAX_THREADS says otherwise), as each is one core's work; by default each would start
+    a thread per core, a process per core."""
+    if "POLARS_MAX_THREADS" in os.environ:
+        yield
+        return
+    os.environ["POLARS_MAX_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("POLARS_MAX_THREADS", None)
 
 
 def _dataset_of(con: duckdb.DuckDBPyConnection, first_row: Callable[..., Any]) -> Path | None:
@@ -82,6 +98,6 @@ def _one(dataset: str, trace_id: int, in_trace: list[Rank], fn: PerTrace, args: 
     from traceq.dataset import open_dataset, trace_reader
 
     read = _READERS.get(dataset)
-    if read is None:
-        read = _READERS[dataset] = trace_reader(open_dataset(Path(dataset), []))
+    if read is None:  # DuckDB on one thread too (`_one_thread_each`)
+        read = _READERS[dataset] = trace_reader(open_dataset(Path(dataset), [], threads=1))
     return fn(read(trace_id), trace_id, in_trace, *args)

@@ -154,10 +154,13 @@ def _register(con: duckdb.DuckDBPyConnection, name: str, traces: list[_Trace], u
     clock = "one trace" if len(traces) == 1 else "collective ends"
     con.execute("INSERT INTO runs VALUES (?, ?, ?, ?)", [run_id, name, len(ranked), clock])
     shifts = _shifts(comm_of, ranked, at_once=at_once) if len(traces) > 1 else {}
-    for rank, u in sorted(ranked.items()):
-        shift = shifts.get(u.trace_id, (0, 0.0, 0, None, None))
-        con.execute("INSERT INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [run_id, rank, u.trace_id, u.pid, u.device_id, u.rank_from, *shift])
+    unshifted = (0, 0.0, 0, None, None)
+    rows = [[run_id, rank, u.trace_id, u.pid, u.device_id, u.rank_from, *shifts.get(u.trace_id, unshifted)]
+            for rank, u in sorted(ranked.items())]
+    for first in range(0, len(rows), 256):  # a statement per 256 ranks: one per rank took 0.7 ms each
+        part = rows[first:first + 256]
+        con.execute("INSERT INTO ranks VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(part)),
+                    [v for row in part for v in row])
     return run_id
 
 
