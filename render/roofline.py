@@ -6,12 +6,18 @@ lines. Like every figure it takes frames, never the store.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import NamedTuple
 
 import polars as pl
 
 from traceq.render.figures import PASS_COLOURS, Chart, Frames, finish, panel_note, panels
+from traceq.render.table import cut_middle
+
+LABELLED = 5
+"""Points named on the figure (the layers that took the longest); hover names every point."""
+POSITIONS = ("top center", "bottom center", "middle right", "middle left")
 
 
 class Ceilings(NamedTuple):
@@ -54,6 +60,11 @@ def roofline_chart(traffic: Frames, ceilings: Mapping[str, Ceilings | None],
                     hovertemplate=(f"%{{customdata[0]}}: %{{x:.1f}} FLOP/{level} byte, %{{y:.1f}} TFLOP/s"
                                    "<br>model: %{customdata[1]}-bound<extra></extra>"))
                 legend.add(key)
+        top = frame.filter(pl.col("dram_bytes") > 0).sort("measured_ns", descending=True).head(LABELLED)
+        fig.add_scatter(x=(top["flops"] / top["dram_bytes"]).to_list(), y=top["achieved"].to_list(), mode="text",
+                        text=[cut_middle(str(t), 18) for t in top["layer"]], showlegend=False, hoverinfo="skip",
+                        textposition=[POSITIONS[i % len(POSITIONS)] for i in range(top.height)],
+                        textfont=dict(size=11, color="#333"), row=1, col=col)
         intensity = [min(1.0, float((frame["flops"] / frame["l2_bytes"]).min() or 1.0)) / 2,
                      2 * float((frame["flops"] / frame["dram_bytes"].clip(1)).max() or 1e3)]
         peak = roof.peak_flops / 1e12
@@ -67,12 +78,15 @@ def roofline_chart(traffic: Frames, ceilings: Mapping[str, Ceilings | None],
             legend.add(f"roof {level}")
         fig.add_annotation(text=roof.label, xref=f"x{'' if col == 1 else col} domain", yref="paper", x=0.02,
                            y=1.0, showarrow=False, font=dict(size=11, color="#555"), xanchor="left")
-        fig.update_xaxes(type="log", row=1, col=col)
-        fig.update_yaxes(type="log", row=1, col=col)
+        decades = math.log10(intensity[1] / intensity[0]) if intensity[0] > 0 else 0.0
+        fig.update_xaxes(type="log", dtick=1 if decades >= 2 else "D2", row=1, col=col)  # 7, 8, 9 would crowd
+        low = float(frame["achieved"].min() or peak)
+        fig.update_yaxes(type="log", dtick=1 if peak / max(low, 1e-9) >= 100 else "D2", row=1, col=col)
     finish(fig, "Roofline per layer (DeLTA traffic model)", "arithmetic intensity (FLOP per byte)",
             "achieved TFLOP/s", len(traffic))
     caption = ("Each layer's convolution and GEMM kernels at the FLOP/s they achieved, placed by FLOPs per DRAM "
-               "byte (filled) and per L2 byte (open) as the traffic model predicts them; a point near a roof is "
+               "byte (filled) and per L2 byte (open) as the traffic model predicts them, the five longest named "
+               "(hover names every point); a point near a roof is "
                "bound by that resource, one far below every roof is held back by something the model does not "
                "see (latency, launch gaps, poor tiling).")
     return Chart("roofline", fig, caption)

@@ -11,21 +11,12 @@
 (function () {
   var TOLERANCE = 1.5;  // px a text may cross a border by (antialiasing, rounding)
 
-  function corners(el) {
+  function corners(el, inset) {  // inset: px off each side, in the text's own (unrotated) frame
     var box = el.getBBox(), m = el.getScreenCTM();
     if (!m || box.width === 0 || box.height === 0) return null;
-    var pts = [[box.x, box.y], [box.x + box.width, box.y], [box.x + box.width, box.y + box.height],
-               [box.x, box.y + box.height]];
+    var x0 = box.x + inset, y0 = box.y + inset, x1 = box.x + box.width - inset, y1 = box.y + box.height - inset;
+    var pts = [[x0, y0], [x1, y0], [x1, y1], [x0, y1]];
     return pts.map(function (p) { return [m.a * p[0] + m.c * p[1] + m.e, m.b * p[0] + m.d * p[1] + m.f]; });
-  }
-
-  function shrink(poly, px) {  // towards the centre, so that texts which only touch do not count
-    var cx = 0, cy = 0;
-    poly.forEach(function (p) { cx += p[0] / 4; cy += p[1] / 4; });
-    return poly.map(function (p) {
-      var dx = p[0] - cx, dy = p[1] - cy, d = Math.sqrt(dx * dx + dy * dy) || 1;
-      return [p[0] - dx / d * px, p[1] - dy / d * px];
-    });
   }
 
   function separated(a, b) {  // separating axis test for two convex polygons
@@ -105,7 +96,7 @@
     var texts = [];
     gd.querySelectorAll('svg.main-svg text').forEach(function (el) {
       if (!el.textContent.trim() || el.closest('.hoverlayer') || !shown(el)) return;
-      var poly = corners(el);
+      var poly = corners(el, 0), inner = corners(el, 1);  // texts that only touch do not overlap
       if (!poly) return;
       var bounds = box, clip = el.closest('.barlayer, .scatterlayer'), sub = el.closest('.subplot');
       if (clip && sub) {  // data labels: clipped to their plot area unless cliponaxis is off
@@ -117,7 +108,7 @@
       }
       var text = el.textContent.trim();
       if (outside(poly, bounds)) result.clipped.push(text);
-      texts.push({text: text, poly: shrink(poly, 1)});
+      texts.push({text: text, poly: inner});
       if (el.closest('.annotation')) {  // a note written inside a subplot
         result.subplots.forEach(function (s) {
           var r = areas[s.id], c = [(poly[0][0] + poly[2][0]) / 2, (poly[0][1] + poly[2][1]) / 2];
