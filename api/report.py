@@ -224,8 +224,16 @@ def _memory(con: duckdb.DuckDBPyConnection, trace: ReportTrace, iteration_regex:
         except MissingDataError:
             trace.frames[key] = None
             trace.notes[key] = f"no memory events: {CAPTURE_HINT}"
+    timeline = trace.frames["memory-timeline"]
+    if timeline is not None and not int(timeline["bytes_in_use"].max() or 0):  # type: ignore[arg-type]
+        # events that never held a byte: a chart of them is a flat line on an axis of nothing
+        trace.frames["memory-timeline"] = None
+        trace.notes["memory-timeline"] = "the memory events never hold a byte of device memory"
     layers = trace.frames["memory-layers"]
-    if layers is not None:
+    if layers is not None and not int(layers["alloc_bytes"].sum() or 0):
+        trace.frames["memory-layers"] = None
+        trace.notes["memory-layers"] = "the memory events allocate no device memory"
+    elif layers is not None:
         trace.frames["memory-layers"] = _with_order(layers, order)
 
 

@@ -69,11 +69,14 @@ def panels(frames: Frames, *, shared_y: bool = True, height: int = 460) -> go.Fi
 
 
 def finish(fig: go.Figure, title: str, x_title: str, y_title: str, columns: int, **layout: object) -> go.Figure:
+    """Axis titles, the figure's title, template and margins (a bottom margin that
+    `label_every_category` widened for its labels is kept)."""
     for col in range(1, columns + 1):
         fig.update_xaxes(title_text=x_title, row=1, col=col)
     fig.update_yaxes(title_text=y_title, row=1, col=1)
+    bottom = max(80, int(fig.layout.margin.b or 0))
     fig.update_layout(title=dict(text=title, x=0.0, xanchor="left"), template="plotly_white",
-                      margin=dict(l=80, r=30, t=90, b=80), font=dict(size=12), **layout)
+                      margin=dict(l=80, r=30, t=90, b=bottom), font=dict(size=12), **layout)
     return fig
 
 
@@ -98,13 +101,30 @@ def panel_note(fig: go.Figure, panel: int, text: str, *, middle: bool = True) ->
                        font=dict(size=12, color="#555"), bgcolor="rgba(255, 255, 255, 0.85)")
 
 
+NARROW_PLOT_PX = 940
+"""About how wide the plot areas of a figure with a legend are, all panels together, on the
+narrowest page a report is read on (a 1280 px window)."""
+PLOT_PX = 300
+"""How high a figure's plot area is meant to be, whatever its labels take below it."""
+TICK_CHARACTERS = 28
+"""Category labels longer than this are shortened in the middle (in full on hover)."""
+
+
 def label_every_category(fig: go.Figure, categories: list[str], col: int, columns: int) -> None:
     """Write every category under panel `col`'s x axis (plotly skips some when they crowd, and a
-    bar without its name means nothing), the font as large as the panel's width allows."""
-    room = REPORT_WIDTH_PX / max(columns, 1) / max(len(categories), 1)  # pixels per category
-    size = max(7, min(12, int(room * 0.75)))
-    fig.update_xaxes(tickmode="array", tickvals=categories, ticktext=categories, tickfont=dict(size=size),
-                     tickangle=-60 if room >= 22 else -90, row=1, col=col)
+    bar without its name means nothing), the font as large as the panel's width allows, names
+    longer than TICK_CHARACTERS shortened in the middle. The figure grows by the depth of its
+    labels, so that its plot area keeps PLOT_PX however long they are."""
+    room = NARROW_PLOT_PX * (1 - 0.05 * (columns - 1)) / max(columns, 1) / max(len(categories), 1)  # px each
+    size = max(7, min(12, int(room * 0.7)))
+    angle = -60 if room >= 22 else -90
+    text = [cut_middle(c, TICK_CHARACTERS) for c in categories]
+    fig.update_xaxes(tickmode="array", tickvals=categories, ticktext=text, tickfont=dict(size=size),
+                     tickangle=angle, row=1, col=col)
+    longest = max((len(t) for t in text), default=0)
+    depth = int(longest * size * 0.62 * (0.87 if angle == -60 else 1.0)) + 60  # the labels and the axis title
+    bottom = max(depth, int(fig.layout.margin.b or 0))
+    fig.update_layout(margin=dict(b=bottom), height=max(int(fig.layout.height or 0), PLOT_PX + 90 + bottom))
 
 
 def share_y_if_comparable(fig: go.Figure, maxima: list[float]) -> None:
@@ -287,8 +307,20 @@ def ce_chart(ce: Frames, notes: Mapping[str, str] | None = None) -> Chart:
     chart = _efficiency_chart(frames, "ce", "Compute efficiency per layer (paper figures 7 and 8)",
                               "CE (% of the precision's peak)", "ce", None, "", caption,
                               "no FLOPs: the trace has no shapes", notes, detail="precision")
-    chart.figure.update_yaxes(range=[0, 100])
+    highest = max((100 * float(f["ce"].max() or 0) for f in frames.values() if f is not None and f.height),
+                  default=0.0)
+    if highest >= CE_ZOOM_BELOW:
+        chart.figure.update_yaxes(range=[0, 100])
+    else:  # on 0-100 % the bars would be a pixel high: an empty-looking chart
+        top = max(1.0, 1.25 * highest)
+        chart.figure.update_yaxes(range=[0, top])
+        chart.figure.update_yaxes(title_text=f"CE (% of the precision's peak; axis to {top:.2g} %)", row=1, col=1)
     return chart
+
+
+CE_ZOOM_BELOW = 20.0
+"""A CE figure whose every layer is under this many % of its peak gets an axis to its highest
+bar (with a quarter more room), said in the axis title, instead of 0-100 %."""
 
 
 def hover_name(name: str | None) -> str:
@@ -501,6 +533,7 @@ def library_chart(libraries: Frames, iterations: Mapping[str, int]) -> Chart:
     """
     fig = go.Figure()
     order: list[str] = []
+    longest = 0.0
     for frame in libraries.values():
         if frame is not None:
             order += [lib or "other" for lib in frame["library"] if (lib or "other") not in order]
@@ -510,15 +543,22 @@ def library_chart(libraries: Frames, iterations: Mapping[str, int]) -> Chart:
         per = max(iterations.get(name, 1), 1)
         values = {(lib or "other"): ns for lib, ns in frame.select("library", "total_ns").iter_rows()}
         pct = {(lib or "other"): p for lib, p in frame.select("library", "pct").iter_rows()}
-        fig.add_bar(y=order, x=[values.get(lib, 0) / per / MS for lib in order], orientation="h", name=name,
+        x = [values.get(lib, 0) / per / MS for lib in order]
+        longest = max([longest, *x])
+        fig.add_bar(y=order, x=x, orientation="h", name=html.escape(name),
                     marker_color=qualitative.Plotly[i % len(qualitative.Plotly)],
                     text=[f"{pct[lib]:.1f} %" if lib in pct else "" for lib in order], textposition="outside",
-                    hovertemplate="%{y}: %{x:.3f} ms per iteration (%{text} of kernel time)<extra>" + name + "</extra>")
+                    cliponaxis=False,
+                    hovertemplate="%{y}: %{x:.3f} ms per iteration (%{text} of kernel time)<extra>"
+                                  + html.escape(name) + "</extra>")
+    bars = len(order) * max(sum(f is not None for f in libraries.values()), 1)
     fig.update_layout(title=dict(text="GPU time per library", x=0.0, xanchor="left"), barmode="group",
-                      height=max(260, 110 + 38 * len(order) * max(len(libraries), 1) // 2 + 40 * len(order) // 2),
+                      height=130 + max(PLOT_PX - 60, 22 * bars + 8 * len(order)),
                       template="plotly_white", margin=dict(l=120, r=60, t=70, b=60),
                       xaxis_title="kernel time per iteration (ms)", yaxis_title="library",
-                      yaxis=dict(autorange="reversed"), showlegend=True)
+                      yaxis=dict(autorange="reversed"), showlegend=len(libraries) > 1,
+                      legend=dict(orientation="h", x=0, y=1.0, xanchor="left", yanchor="bottom"))
+    fig.update_xaxes(range=[0, 1.15 * longest if longest else 1])  # room for the share beside the longest bar
     caption = ("Kernel time of each library per iteration, with its share of all kernel time; look for the library "
                "that dominates and, between traces, for work moving from one library to another (cuDNN "
                "convolutions becoming cuBLAS GEMMs plus ATen im2col when cuDNN is off).")

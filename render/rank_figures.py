@@ -3,6 +3,7 @@ iteration, collective bus bandwidth against the link's peak, and start skew acro
 
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping
 
 import polars as pl
@@ -58,6 +59,14 @@ def overlap_chart(overlaps: Frames) -> Chart:
         if frame is None or frame.is_empty():
             panel_note(fig, col, ONE_RANK if frame is None else "no communication in iterations")
             continue
+        if frame["iteration"].n_unique() == 1:  # one iteration: a bar per rank, not a column of dots
+            fig.add_bar(x=[f"rank {r}" for r in frame["rank"]], y=frame["hidden_pct"].to_list(),
+                        name="hidden", marker_color="#9467bd", showlegend=False, row=1, col=col,
+                        customdata=(frame["exposed_ns"] / MS).to_list(),
+                        hovertemplate="%{x}: %{y:.1f} % hidden, %{customdata:.3f} ms exposed<extra>"
+                                      + html.escape(str(frame["iteration"][0])) + "</extra>")
+            fig.update_xaxes(title_text=f"rank ({frame['iteration'][0]}, the only iteration)", row=1, col=col)
+            continue
         for rank, ranked in frame.partition_by("rank", as_dict=True, maintain_order=True).items():
             fig.add_scatter(x=ranked["iteration"].to_list(), y=ranked["hidden_pct"].to_list(), mode="lines+markers",
                             name=f"rank {rank[0]}", legendgroup=f"rank {rank[0]}", showlegend=col == 1,
@@ -65,8 +74,12 @@ def overlap_chart(overlaps: Frames) -> Chart:
                             customdata=(ranked["exposed_ns"] / MS).to_list(),
                             hovertemplate=f"rank {rank[0]}: %{{y:.1f}} % hidden, %{{customdata:.3f}} ms exposed"
                                           "<extra>%{x}</extra>")
+    titles = [fig.layout[f"xaxis{'' if c == 1 else c}"].title.text for c in range(1, len(overlaps) + 1)]
     finish(fig, "Communication hidden under computation per iteration", "iteration", "hidden (% of communication)",
             len(overlaps))
+    for col, text in enumerate(titles, start=1):
+        if text:  # a one-iteration panel's own axis title
+            fig.update_xaxes(title_text=text, row=1, col=col)
     fig.update_yaxes(range=[0, 105])
     caption = ("The share of each rank's communication time during which computation also ran (HTA's "
                "computation-communication overlap). Near 100 % the network costs no step time; low shares with "
@@ -131,8 +144,8 @@ def skew_chart(kernels: Frames) -> Chart:
                         hovertemplate="%{y} started %{x} %{z:.1f} us after the first rank<extra></extra>")
         fig.update_yaxes(autorange="reversed", row=1, col=col)
     finish(fig, "Start skew: how late each rank started each collective", "collective, in start order", "rank",
-            len(kernels), height=max(360, 120 + 22 * max((f["rank"].n_unique() for f in kernels.values()
-                                                          if f is not None), default=1)))
+            len(kernels), height=170 + max(240, 24 * max((f["rank"].n_unique() for f in kernels.values()
+                                                           if f is not None), default=1)))
     caption = ("Each cell is the time between the first rank starting a collective and this rank starting it: the "
                "others waited that long. A row dark across many collectives is a straggler (`traceq ranks --by "
                "collective` names what it was doing); a dark column is a collective every rank but one reached "

@@ -6,12 +6,17 @@ lines. Like every figure it takes frames, never the store.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import NamedTuple
 
 import polars as pl
 
 from traceq.render.figures import PASS_COLOURS, Chart, Frames, finish, panel_note, panels
+from traceq.render.table import cut_middle
+
+LABELLED = 5
+"""Points named on the figure (the layers that took the longest); hover names every point."""
 
 
 class Ceilings(NamedTuple):
@@ -21,6 +26,45 @@ class Ceilings(NamedTuple):
     dram_bytes_per_s: float
     l2_bytes_per_s: float
     label: str  # 'NVIDIA H200, TF32 tensor cores'
+
+
+def _label_places(xs: list[float], ys: list[float], x_range: tuple[float, float],
+                  y_range: tuple[float, float]) -> list[tuple[int, str]]:
+    """(point, text position) for the names of points (longest first) on log axes: above the
+    point, else below, to its right (first to its left in the right quarter of the axis, so that
+    it stays inside), else on the other side; a name that would cover one already placed there
+    is left out (hover still names the point)."""
+    def spot(value: float, low: float, high: float) -> float:
+        return math.log10(max(value, 1e-12) / low) / max(math.log10(high / low), 1e-9) if low > 0 else 0.0
+
+    taken: list[tuple[float, float]] = []  # each placed name's middle, in axis fractions
+    placed = []
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        nx, ny = spot(x, *x_range), spot(y, *y_range)
+        sides = ["left", "right"] if nx > 0.75 else ["right", "left"] if nx > LABEL_WIDTH else ["right"]
+        for side, (vertical, dy) in ((s, v) for s in sides for v in (("top", LABEL_OFFSET), ("bottom", -LABEL_OFFSET))):
+            mid_x = nx - LABEL_WIDTH / 2 if side == "left" else nx + LABEL_WIDTH / 2
+            if all(abs(mid_x - tx) > LABEL_WIDTH or abs(ny + dy - ty) > LABEL_HEIGHT for tx, ty in taken):
+                taken.append((mid_x, ny + dy))
+                placed.append((i, f"{vertical} {side}"))
+                break
+    return placed
+
+
+LABEL_WIDTH = 0.2
+"""About how much of a narrow panel's width a point's name takes (12 characters of 11 px text)."""
+LABEL_HEIGHT = 0.09
+"""About how much of its height (and a gap)."""
+LABEL_OFFSET = 0.025
+"""How far above or below its point a name's middle is."""
+
+
+def _point_names(top: pl.DataFrame) -> list[str]:
+    """Each point's layer, with its direction ('bconv2 wgrad') where the layer has two points."""
+    layers = top["layer"].cast(pl.String).fill_null("no layer").to_list()
+    directions = top["direction"].to_list() if "direction" in top.columns else [None] * top.height
+    return [cut_middle(layer, 18) + (f" {direction}" if direction and layers.count(layer) > 1 else "")
+            for layer, direction in zip(layers, directions)]
 
 
 def roofline_chart(traffic: Frames, ceilings: Mapping[str, Ceilings | None],
@@ -56,6 +100,16 @@ def roofline_chart(traffic: Frames, ceilings: Mapping[str, Ceilings | None],
                 legend.add(key)
         intensity = [min(1.0, float((frame["flops"] / frame["l2_bytes"]).min() or 1.0)) / 2,
                      2 * float((frame["flops"] / frame["dram_bytes"].clip(1)).max() or 1e3)]
+        top = frame.filter(pl.col("dram_bytes") > 0).sort("measured_ns", descending=True).head(LABELLED)
+        xs, ys = (top["flops"] / top["dram_bytes"]).to_list(), top["achieved"].to_list()
+        lowest = min(min(ys), intensity[0] * min(roof.dram_bytes_per_s, roof.l2_bytes_per_s) / 1e12)
+        placed = _label_places(xs, ys, (intensity[0], intensity[1]), (lowest, max(roof.peak_flops / 1e12, *ys)))
+        names = _point_names(top)
+        if placed:
+            fig.add_scatter(x=[xs[i] for i, _ in placed], y=[ys[i] for i, _ in placed], mode="text",
+                            text=[names[i] for i, _ in placed], textposition=[p for _, p in placed],
+                            showlegend=False, hoverinfo="skip", cliponaxis=False,
+                            textfont=dict(size=11, color="#333"), row=1, col=col)
         peak = roof.peak_flops / 1e12
         for level, bandwidth, dash in (("DRAM", roof.dram_bytes_per_s, "dash"), ("L2", roof.l2_bytes_per_s, "dot")):
             knee = peak * 1e12 / bandwidth
@@ -67,12 +121,15 @@ def roofline_chart(traffic: Frames, ceilings: Mapping[str, Ceilings | None],
             legend.add(f"roof {level}")
         fig.add_annotation(text=roof.label, xref=f"x{'' if col == 1 else col} domain", yref="paper", x=0.02,
                            y=1.0, showarrow=False, font=dict(size=11, color="#555"), xanchor="left")
-        fig.update_xaxes(type="log", row=1, col=col)
-        fig.update_yaxes(type="log", row=1, col=col)
+        decades = math.log10(intensity[1] / intensity[0]) if intensity[0] > 0 else 0.0
+        fig.update_xaxes(type="log", dtick=1 if decades >= 2 else "D2", row=1, col=col)  # 7, 8, 9 would crowd
+        low = float(frame["achieved"].min() or peak)
+        fig.update_yaxes(type="log", dtick=1 if peak / max(low, 1e-9) >= 100 else "D2", row=1, col=col)
     finish(fig, "Roofline per layer (DeLTA traffic model)", "arithmetic intensity (FLOP per byte)",
             "achieved TFLOP/s", len(traffic))
     caption = ("Each layer's convolution and GEMM kernels at the FLOP/s they achieved, placed by FLOPs per DRAM "
-               "byte (filled) and per L2 byte (open) as the traffic model predicts them; a point near a roof is "
+               "byte (filled) and per L2 byte (open) as the traffic model predicts them, the five longest named "
+               "(hover names every point); a point near a roof is "
                "bound by that resource, one far below every roof is held back by something the model does not "
                "see (latency, launch gaps, poor tiling).")
     return Chart("roofline", fig, caption)

@@ -96,6 +96,25 @@ def _bar_text(r: dict[str, object]) -> str:
             f"{span_ms:.3f} ms; the first:<br>{hover_name(r['name'])}")  # type: ignore[arg-type]
 
 
+MIN_BAR = 600
+"""The narrowest bar drawn is the window's span over this (about two pixels on a 1280 px page)."""
+PLOT_PX = 220
+"""The least height of one trace's panel."""
+LEGEND_ROW_PX = 1000
+
+
+def _legend_px(names: list[str]) -> int:
+    """About how high a horizontal legend of `names` is on the narrowest page, in rows of at
+    most LEGEND_ROW_PX (an entry: its 40 px swatch and gaps, and 7 px a character)."""
+    rows, used = 1, 0
+    for name in names:
+        width = 50 + 7 * len(name)
+        if used and used + width > LEGEND_ROW_PX:
+            rows, used = rows + 1, 0
+        used += width
+    return 24 * rows + 30
+
+
 def timeline_chart(kernels: Frames, nvtx: Frames, notes: Mapping[str, str]) -> Chart:
     """A GPU timeline: kernels per device and stream coloured by layer, NVTX ranges above.
 
@@ -129,10 +148,12 @@ def timeline_chart(kernels: Frames, nvtx: Frames, notes: Mapping[str, str]) -> C
         frame = frame.with_columns(row=pl.format("GPU {} · stream {}", "device_id", "stream_id")
                                    .replace_strict(row_of, return_dtype=pl.Int64))
         bars = _merge_runs(frame, (t1 - t0) / 2500)
+        # a bar under about two pixels wide would not show (a stream of short kernels looked empty)
+        bars = bars.with_columns(end_ns=pl.max_horizontal("end_ns", pl.col("start_ns") + (t1 - t0) // MIN_BAR))
         panels.append((name, t0, t1, forward, nvtx_rows, [lb for lb, _ in nvtx_rows] + gpu_rows, bars))
 
-    row_px = [28 * len(p[5]) + 30 for p in panels] or [60]
-    gap_px, top_px, bottom_px = 110, 100, 60
+    row_px = [max(PLOT_PX, 28 * len(p[5]) + 30) for p in panels] or [60]
+    gap_px, top_px = 110, 100
     plot_px = sum(row_px) + gap_px * (len(row_px) - 1)
     fig = make_subplots(rows=max(len(panels), 1), cols=1, row_heights=row_px,
                         vertical_spacing=gap_px / plot_px if len(panels) > 1 else 0.0,
@@ -169,13 +190,17 @@ def timeline_chart(kernels: Frames, nvtx: Frames, notes: Mapping[str, str]) -> C
                          row=i, col=1, showgrid=False)
         fig.update_xaxes(title_text="time since the window began (ms)", range=[0, width / MS * 1.01],
                          row=i, col=1)
+    # the layers' legend in rows under the plot, which keeps the rows of bars together however many
+    # layers there are (beside it, a tall legend stretched the figure: mostly empty space)
+    legend_px = _legend_px(list(shown))
+    bottom_px = 70 + legend_px
     fig.update_layout(title=dict(text="GPU timeline: kernels per device and stream, NVTX ranges above", x=0.0,
                                  xanchor="left"),
-                      # tall enough for every legend entry (a 14-px line and its gap: 30 px) and its title: a
-                      # taller legend would be clipped to a scrolling box
-                      height=top_px + max(plot_px, 30 * (len(shown) + 1)) + bottom_px, template="plotly_white",
+                      height=top_px + plot_px + bottom_px, template="plotly_white",
                       margin=dict(l=min(340, 30 + 7 * max((len(lb) for p in panels for lb in p[5]), default=20)),
-                                  r=30, t=top_px, b=bottom_px), hovermode="closest", legend=dict(title="layer"))
+                                  r=30, t=top_px, b=bottom_px), hovermode="closest",
+                      legend=dict(title="layer", orientation="h", x=0.0, xanchor="left", y=-70 / plot_px,
+                                  yanchor="top"))
     caption = ("Kernels as bars on their device and stream, coloured by layer (backward ranges share their "
                "forward layer's colour), under the NVTX ranges of each CPU thread (CPU time, so launches lead "
                "the GPU); look for gaps between kernels and for layers whose kernels crowd one stream. Only one "

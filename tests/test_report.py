@@ -301,3 +301,21 @@ def test_findings_come_first(pair_html: str) -> None:
     assert pair_html.index('id="sec-advise"') < pair_html.index('id="sec-stages"')
     assert all(f"<h3>{name}</h3>" in section for name in PAIR)
     assert "FP32 matrix math where tensor cores were available" in section  # AlexNet's FP32 FC GEMMs
+
+
+def test_memory_events_of_no_bytes_are_not_charted(tmp_path: Path) -> None:
+    """Memory events that never hold a byte (seen in a Kineto run) drew a flat line on a -1..4 MiB
+    axis and empty bars: both memory figures say instead why they are not drawn."""
+    from traceq.api.loading import load_trace
+    from traceq.store import open_store
+
+    con = open_store(tmp_path / "zero.duckdb", create=True)
+    load_trace(con, sample("lenet_b256_cudnn.sqlite"))
+    assert con.execute("SELECT count(*) FROM memory_events WHERE bytes > 0").fetchone()[0] > 0
+    con.execute("UPDATE memory_events SET bytes = 0")
+    page = build_report(con, [trace_id(con, "lenet_b256_cudnn")])
+    con.close()
+    assert "fig-memory" not in page
+    assert "<h2>GPU memory in use over time</h2><p>Not drawn: the memory events never hold a byte" in page
+    assert "<h2>GPU memory allocated per layer (paper figures 13 to 16)</h2><p>Not drawn: the memory events " \
+           "allocate no device memory" in page
