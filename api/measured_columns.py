@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from traceq.analysis.choices import GroupBy
-from traceq.api.options import _note
 
 if TYPE_CHECKING:
     import polars as pl
@@ -48,14 +47,13 @@ def with_measured(trace: Trace, frame: pl.DataFrame, by: GroupBy, kernels: Calla
                   ) -> pl.DataFrame:
     """`frame` (one row per `by` group) with the GPU metrics measured over its kernels
     (`analysis.efficiency.measured`: sm_active_pct, tensor_active_pct, dram_gbps, dram_pct)
-    where the trace has them; an nsys trace without them gets a note saying so."""
-    from traceq.analysis.efficiency.measured import NO_METRICS, has_metrics, kernel_integrals
+    where the trace has them (without them the frame is as it was: `traceq gpumetrics` says in one
+    line how to record them; a note on every `ru` and `ce` of every other trace would be noise)."""
+    from traceq.analysis.efficiency.measured import has_metrics, kernel_integrals
     from traceq.analysis.efficiency.measured import with_measured as joined
     from traceq.analysis.efficiency.ru import _KEYS
 
     if not has_metrics(trace.con, trace.id):
-        if trace.info().get("format") == "nsys":
-            _note(f"{trace.name}: {NO_METRICS}")
         return frame
     integrals = trace._keep("measured", (), lambda: kernel_integrals(trace.con, trace.id))
     return joined(frame, kernels(), integrals, _KEYS[GroupBy(by)])

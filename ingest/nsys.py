@@ -115,16 +115,20 @@ class NsysReader(SqliteReader):
             sink.append("api_threads", api_threads(_pid(global_tids).to_pylist(), _tid(global_tids).to_pylist(),
                                                    global_tids.to_pylist()), source_rows=0)
         if KERNEL in tables or GRAPH_TRACE in tables:
-            names, configs, queues = Names(), Names(), Names()
+            names, graphs, configs, queues = Names(), Names(), Names(), Names()
             first_id = [0]
-            for table in (KERNEL, GRAPH_TRACE):
-                if table in tables:
-                    sink.append_all("kernel_events", _kernels(src, names, configs, queues, sink, calls, table,
-                                                              first_id))
+            if KERNEL in tables:
+                sink.append_all("kernel_events", _kernels(src, names, configs, queues, sink, calls, KERNEL, first_id))
+            if GRAPH_TRACE in tables:  # their names numbered after the kernels' (a graph's key is its id)
+                sink.append_all("kernel_events", _kernels(src, graphs, configs, queues, sink, calls, GRAPH_TRACE,
+                                                          first_id, name_offset=len(names.keys)))
             calls.close()
-            demangled, short, mangled = list(zip(*names.keys)) or [(), (), ()]
-            sink.append("kernel_names", kernel_names(_texts(strings, demangled), _texts(strings, short),
-                                                     _texts(strings, mangled)), source_rows=0)
+            demangled, short, mangled = (list(c) for c in (zip(*names.keys) if names.keys else ((), (), ())))
+            graph_names = [f"[CUDA graph {key[0]}]" for key in graphs.keys]
+            sink.append("kernel_names", kernel_names(_texts(strings, demangled) + graph_names,
+                                                     _texts(strings, short) + graph_names,
+                                                     _texts(strings, mangled) + [None] * len(graph_names)),
+                        source_rows=0)
             sink.append("kernel_configs", kernel_configs(configs.keys, optin_code=cupti.SHMEM_LIMIT_OPTIN,
                                                          launch_types=cupti.LAUNCH_TYPE), source_rows=0)
             sink.append("kernel_queues", kernel_queues(queues.keys), source_rows=0)
@@ -145,19 +149,19 @@ class NsysReader(SqliteReader):
 
 
 def _texts(strings: Strings, ids: Sequence[int | None]) -> list[str | None]:
-    """The strings that StringIds ids stand for (None for a NULL or unknown id); a negative id
-    -(N + 1) is the name of CUDA graph N's replays (`GRAPH_TRACE`)."""
-    texts = strings.lookup(pa.array([i if i is None or i >= 0 else None for i in ids], I64)).to_pylist()
-    return [f"[CUDA graph {-i - 1}]" if i is not None and i < 0 else t for i, t in zip(ids, texts, strict=True)]
+    """The strings that StringIds ids stand for (None for a NULL or unknown id)."""
+    return strings.lookup(pa.array(ids, I64)).to_pylist()
 
 
 def _kernels(src: sqlite3.Connection, names: Names, configs: Names, queues: Names, sink: Sink,
-             calls: CallIndex, table: str = KERNEL, first_id: list[int] | None = None) -> Iterator[pa.Table]:
-    """kernel_events rows of `table` (KERNEL, or GRAPH_TRACE: graph replays as kernels named by
-    the id -(graphId + 1)); `names` numbers the (demangled, short, mangled) StringIds ids of
-    each, `configs` its launch configuration (KERNEL_CONFIG_COLUMNS), `queues` its
-    KERNEL_QUEUE_COLUMNS, `calls` gives its launching call; rows with unusable times are dropped
-    (into `sink.damage`). Kernel ids continue from first_id[0], which is advanced."""
+             calls: CallIndex, table: str = KERNEL, first_id: list[int] | None = None,
+             name_offset: int = 0) -> Iterator[pa.Table]:
+    """kernel_events rows of `table` (KERNEL, or GRAPH_TRACE: graph replays as kernels whose
+    name key is the graph's id alone); `names` numbers the (demangled, short, mangled)
+    StringIds ids of each (its name ids start at `name_offset`), `configs` its launch
+    configuration (KERNEL_CONFIG_COLUMNS), `queues` its KERNEL_QUEUE_COLUMNS, `calls` gives its
+    launching call; rows with unusable times are dropped (into `sink.damage`). Kernel ids
+    continue from first_id[0], which is advanced."""
     first_id = [0] if first_id is None else first_id
     have = column_names(src, table)
     wanted = [
@@ -185,8 +189,7 @@ def _kernels(src: sqlite3.Connection, names: Names, configs: Names, queues: Name
         ("graph_node_id", "graphNodeId", ["graphNodeId"]),  # 0: not from a graph
     ]
     if table == GRAPH_TRACE:
-        graph_name = ("-(graphId + 1)", ["graphId"])
-        override = {"demangled_id": graph_name, "short_id": graph_name, "mangled_id": ("NULL", [])}
+        override = {"demangled_id": ("graphId", ["graphId"]), "short_id": ("NULL", []), "mangled_id": ("NULL", [])}
         wanted = [(alias, *override.get(alias, (expr, needs))) for alias, expr, needs in wanted]
     schema = _schema(*[(w[0], I64) for w in wanted])
 
@@ -205,7 +208,10 @@ def _kernels(src: sqlite3.Connection, names: Names, configs: Names, queues: Name
                 .append_column("queue_key", key_rows(*[batch[c] for c in KERNEL_QUEUE_COLUMNS])))
 
     for batch in scan_table(src, table, select_columns(have, wanted), schema, transform=columns):
-        yield numbered(kernel_batch(batch, name_id=names.number_keys(batch["name_key"]),
+        name_id = names.number_keys(batch["name_key"])
+        if name_offset:
+            name_id = pc.add(name_id, pa.scalar(name_offset, pa.int32()))
+        yield numbered(kernel_batch(batch, name_id=name_id,
                                     config_id=configs.number_keys(batch["config_key"]),
                                     queue_id=queues.number_keys(batch["queue_key"])), first_id[0])
         first_id[0] += batch.num_rows

@@ -15,6 +15,7 @@ from conftest import sample
 
 from traceq.api.loading import load_trace
 from traceq.api.store import Store
+from traceq.errors import TraceqError
 from traceq.store import open_store
 
 METRICS = "conventions/cnn_nsys_gpu_metrics.sqlite"
@@ -127,13 +128,16 @@ def test_layers_weight_their_kernels_by_time(db) -> None:
 
 
 def test_a_trace_without_metrics_says_so_once(db) -> None:
+    """`ru` and `ce` of a trace without metrics are as they were, without a note each time;
+    `gpumetrics` refuses it, saying how to record them."""
     t = Store(db).trace(PLAIN.removesuffix(".sqlite"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         frame = t.ru("kernel")
     assert "sm_active_pct" not in frame.columns
-    notes = [str(w.message) for w in caught if "GPU metrics" in str(w.message)]
-    assert len(notes) == 1 and "--gpu-metrics-devices" in notes[0]
+    assert not [w for w in caught if "GPU metrics" in str(w.message)]
+    with pytest.raises(TraceqError, match="--gpu-metrics-devices"):
+        t.gpu_metrics()
 
 
 def test_advise_is_silent_where_tensor_pipes_were_busy(db) -> None:
