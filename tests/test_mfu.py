@@ -172,3 +172,38 @@ def test_run_mfu_per_rank_and_together(tmp_path) -> None:
     total = together.row(3, named=True)
     slowest = sum(max(spans[0][n], spans[1][n]) for n in spans[0])
     assert total["mfu_pct"] == pytest.approx(100 * 6 * flops / (slowest / 1e9 * 2 * H200_BF16), rel=1e-4)
+
+
+def test_mfu_of_an_nsys_trace_without_shapes_by_hand(tmp_path) -> None:
+    """The GPT under nsys (no shapes recorded: traceq counts no FLOPs) with the model described:
+    each step's MFU equals (6 P T + 12 L S d T / 2) over the step's GPU span times the H200's
+    bf16 peak, all computed here from the raw export: the span from the kernels, copies and
+    sets whose launching call starts inside `train_step N`."""
+    import sqlite3
+
+    import traceq
+
+    path = sample("conventions/gpt_nsys_train_step.sqlite")
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    text = "coalesce(text, (SELECT value FROM StringIds WHERE id = textId))"
+    steps = con.execute(f"SELECT {text}, start, \"end\" FROM NVTX_EVENTS WHERE {text} LIKE 'train_step %'").fetchall()
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    work = []
+    for table in sorted(tables & {"CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
+                                  "CUPTI_ACTIVITY_KIND_MEMSET"}):
+        work += con.execute(f'SELECT w.start, w."end", r.start FROM {table} w JOIN CUPTI_ACTIVITY_KIND_RUNTIME r '
+                            "ON r.correlationId = w.correlationId AND r.globalTid >> 24 = w.globalPid >> 24").fetchall()
+    con.close()
+    params, tokens, layers, d, seq = 16_777_216, 2_048, 4, 512, 256
+    model = 6 * params * tokens + 12 * layers * seq * d * tokens // 2
+    peak = 132 * 1.98e9 * 4096  # H200: SMs x boost clock x dense bf16 FLOP per SM per clock
+    want = {}
+    for name, lo, hi in steps:
+        inside = [(s, e) for s, e, call in work if lo <= call < hi]
+        want[name] = 100 * model / ((max(e for _, e in inside) - min(s for s, _ in inside)) * 1e-9 * peak)
+    frame = traceq.load(path, tmp_path / "s.duckdb").mfu(params=params, tokens=tokens, layers=layers, d_model=d,
+                                                         seq=seq, precision="bf16")
+    got = {r["iteration"]: r["mfu_pct"] for r in frame.iter_rows(named=True) if r["iteration"] in want}
+    assert got.keys() == want.keys() and len(want) == 3
+    assert all(abs(got[k] - want[k]) <= 0.02 * want[k] for k in want), (got, want)
+    assert frame["counted_flops"].sum() == 0
