@@ -207,3 +207,33 @@ def test_mfu_of_an_nsys_trace_without_shapes_by_hand(tmp_path) -> None:
     assert got.keys() == want.keys() and len(want) == 3
     assert all(abs(got[k] - want[k]) <= 0.02 * want[k] for k in want), (got, want)
     assert frame["counted_flops"].sum() == 0
+
+
+def test_mfu_of_a_compiled_run_by_hand(tmp_path) -> None:
+    """The GPT under torch.compile (Kineto, its compiled forward and backward graphs, Triton
+    kernels): each step's MFU from the description equals the model's FLOPs over the step's GPU
+    span times the bf16 peak, the span read from the raw JSON (the GPU work whose launching
+    runtime or driver call begins inside `ProfilerStep#N`), within 2 %."""
+    import traceq
+
+    path = sample("conventions/gpt_kineto_compile.json.gz")
+    with gzip.open(path) as raw:
+        events = json.load(raw)["traceEvents"]
+    steps = {e["name"]: (e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")}
+    calls = {e["args"]["correlation"]: e["ts"] for e in events
+             if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    work = [(e["ts"], e["ts"] + e["dur"], calls.get(e["args"].get("correlation"))) for e in events
+            if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    params, tokens, layers, d, seq = 16_777_216, 2_048, 4, 512, 256
+    model = 6 * params * tokens + 12 * layers * seq * d * tokens // 2
+    peak = 132 * 1.98e9 * 4096
+    want = {}
+    for name, (lo, hi) in steps.items():
+        inside = [(s, e) for s, e, call in work if call is not None and lo <= call < hi]
+        want[name] = 100 * model / ((max(e for _, e in inside) - min(s for s, _ in inside)) * 1e-6 * peak)
+    frame = traceq.load(path, tmp_path / "s.duckdb").mfu(params=params, tokens=tokens, layers=layers, d_model=d,
+                                                         seq=seq)
+    got = {r["iteration"]: r["mfu_pct"] for r in frame.iter_rows(named=True) if r["iteration"] in want}
+    assert got.keys() == want.keys() and len(want) == 3
+    assert all(abs(got[k] - want[k]) <= 0.02 * want[k] for k in want), (got, want)
