@@ -191,6 +191,19 @@ _RUN_RANKS: dict[tuple, pl.DataFrame] = {}
 and its traces (a load or removal makes a new key)."""
 
 
+def _imbalance(ranks: pl.DataFrame) -> str:
+    """The spread of the ranks' work per iteration (their GPU span less their waits inside
+    collectives, `rank_iterations`' work_ns): how uneven the load is, beside who was late."""
+    work = ranks.group_by("rank").agg(pl.col("work_ns").mean()).sort("work_ns", "rank")
+    if work.height < 2 or not work["work_ns"].max():
+        return ""
+    low, high = work.row(0, named=True), work.row(-1, named=True)
+    spread = 100 * (high["work_ns"] / low["work_ns"] - 1) if low["work_ns"] else 0.0
+    return (f"; work per iteration (span less waits in collectives) {_ms(low['work_ns'])} on rank {low['rank']} "
+            f"to {_ms(high['work_ns'])} on rank {high['rank']} (+{spread:.0f} %), median "
+            f"{_ms(float(work['work_ns'].median()))}")
+
+
 def straggler(facts: object) -> list[Finding]:
     """On a rank of a run (`load --run`): the straggler, as `traceq ranks` names it (the rank the
     others waited for longest: the start skews of the collectives it started last). On the
@@ -228,7 +241,8 @@ def straggler(facts: object) -> list[Finding]:
     iterations = ranks["iteration"].n_unique()
     said = (f"rank {top['rank']} was the last to start {top['last']:,} collectives, the other ranks waiting "
             f"{_ms(top['held'])} for it (start skews summed); the straggler in {top['slowest']:,} of {iterations:,} "
-            f"iteration(s) (`traceq ranks`; what delayed it: `traceq ranks RUN --by collective`)")
+            f"iteration(s) (`traceq ranks`; what delayed it: `traceq ranks RUN --by collective`)"
+            + _imbalance(ranks))
     fix = ("Even the load across ranks (shard embedding tables and data by cost, not count; the same batch "
            "shape on every rank), and remove what delays the slow rank before its collectives: its host "
            "(data loading, Python), other jobs on its node, a slower GPU or link")
