@@ -468,6 +468,11 @@ def _several_configurations(r: dict[str, object], configs: pl.DataFrame) -> tupl
     return line, str(top["limiter"] or "")
 
 
+_launch_bound = _idle_rule("launch_bound", "Launch-bound: the host issues work slower than the GPU runs it",
+                           "Launch fewer, larger kernels: CUDA graphs (torch.cuda.graphs, "
+                           "torch.compile(mode='reduce-overhead')), fused or foreach optimizers, larger batches")
+
+
 def _graph_candidate(facts: _Facts, found: list[Finding]) -> list[Finding]:
     """A launch-bound finding says whether the step is a CUDA-graph candidate: every iteration
     range after the first launches the same kernels in the same order (by the launching calls'
@@ -503,10 +508,7 @@ RULES: dict[str, Callable[[_Facts], list[Finding]]] = {
     "iteration_start": _idle_rule("iteration_start", "GPU idle between iterations",
                                   "Prepare the next batch while the GPU runs: DataLoader(num_workers>0, "
                                   "prefetch_factor), preprocessing off the training thread"),
-    "launch_bound": lambda facts: _graph_candidate(facts, _idle_rule(
-        "launch_bound", "Launch-bound: the host issues work slower than the GPU runs it",
-        "Launch fewer, larger kernels: CUDA graphs (torch.cuda.graphs, "
-        "torch.compile(mode='reduce-overhead')), fused or foreach optimizers, larger batches")(facts)),
+    "launch_bound": lambda facts: _graph_candidate(facts, _launch_bound(facts)),
     "tiny_kernels": _tiny_kernels,
     "fp32_math": _fp32_math,
     "transposed_gemm": _transposed_gemms,

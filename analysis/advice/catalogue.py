@@ -100,7 +100,7 @@ def allocator_churn(facts: object) -> list[Finding]:
     allocator reuses its blocks, so these calls in steady state mean it keeps freeing and
     allocating (fragmentation, empty_cache(), changing shapes). At stake: the calls' host time and
     the GPU idle that the frees' waits for the whole device caused (`traceq idle`'s sync gaps
-    whose call is a free)."""
+    whose call is a free: `_freed_idle`)."""
     t = int(facts.trace_id)
     ranges = facts.con.execute(
         "SELECT min(start_ns), count(*) FROM nvtx WHERE trace_id = ? AND end_ns IS NOT NULL "
@@ -132,19 +132,16 @@ def allocator_churn(facts: object) -> list[Finding]:
 
 
 def _freed_idle(facts: object) -> float:
-    """The GPU idle time of `traceq idle`'s sync gaps whose call was an allocator call (a free),
-    from the sync row's call shares."""
-    from traceq.analysis.timeline.gaps import CAUSE_LABELS
+    """The GPU idle time of `traceq idle`'s sync gaps (their echoes included) whose call was an
+    allocator call (a free), summed from the gaps themselves (`gaps.gap_frame`; read only when
+    the trace has allocator calls in steady state)."""
+    from traceq.analysis.timeline.gaps import CAUSES, gap_frame
 
-    row = facts.idle.filter(pl.col("cause") == CAUSE_LABELS["sync"])
-    if not row.height or not row["call_shares"][0]:
-        return 0.0
-    share = 0.0
-    for item in row["call_shares"][0].split(", "):
-        call, _, pct = item.rpartition(" ")
-        if call in ALLOC_CALLS and pct.endswith("%"):
-            share += float(pct[:-1]) / 100
-    return share * float(row["total_ns"][0])
+    gaps, names = gap_frame(facts.con, facts.trace_id, facts.iteration_regex)
+    frees = [i for i, name in enumerate(names["api"].to_list()) if name in ALLOC_CALLS]
+    total = (gaps.filter((pl.col("cause") == CAUSES.index("sync")) & pl.col("call").is_in(frees))
+             .select(pl.col("dur_ns").sum()).collect().item())
+    return float(total or 0)
 
 
 def recompilation(facts: object) -> list[Finding]:
