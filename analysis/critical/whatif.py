@@ -39,13 +39,13 @@ VALIDATION = {
 assumption; a change whose validation missed its bound, or that has none, is labelled so."""
 
 COMPUTE_BOUND = ("gemm", "convolution")
+"""Kernel operations the GPU and precision models take as compute-bound."""
 
 LAUNCH_HELPERS = (r"^(cuKernelGet|cuFuncGet|cudaFuncGetAttributes|cudaGetDevice|cuCtxGetCurrent|cuCtxGetDevice|"
                   r"cudaGetLastError|cudaPeekAtLastError|cuGetProcAddress|cudaStreamIsCapturing|cuModuleGetFunction|"
                   r"cudaDeviceGetAttribute|cuDeviceGetAttribute)")
 """Host calls made around launches that launch nothing themselves (PyTorch's and the runtime's
 name and attribute queries, error checks): replayed from a CUDA graph they are not made."""
-"""Kernel operations the GPU and precision models take as compute-bound."""
 
 
 @dataclass(frozen=True)

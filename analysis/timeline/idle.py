@@ -65,18 +65,15 @@ def idle_causes(
     totals = idle_totals(con, trace_id, gaps=(gaps, names))
     grand = max(totals.idle_ns, 1)
     # the gaps grouped by their codes first (millions of gaps, a few thousand groups), named after
-    groups = _code_groups(con, gaps)
+    groups = _code_groups(con, gaps, _steady(names))
     by_call = groups.group_by("cause", "call").agg(pl.col("dur_ns").sum())
     by_work = groups.group_by("cause", "next_kind", "next_item").agg(pl.col("dur_ns").sum())
     detail_calls = by_call.with_columns(call=names["api"].gather(by_call["call"]))
     detail_work = by_work.select("cause", "dur_ns", waiting=work_names(by_work, names, "kernel_short"))
-    per_cause = (groups.group_by("cause").agg(gaps=pl.col("gaps").sum().cast(pl.Int64), total_ns=pl.col("dur_ns").sum(),
-                                              longest_ns=pl.col("longest_ns").max()))
     # per iteration: the steady iterations' gaps over their number (the warm-up's are not an iteration's)
-    steady_codes = [i for i, name in enumerate(names["iteration"].to_list()) if name != WARM_UP]
-    steady = (gaps.filter(pl.col("iteration").is_in(steady_codes)).group_by("cause")
-              .agg(steady_ns=pl.col("dur_ns").sum()).collect())
-    per_cause = per_cause.join(steady, on="cause", how="left")
+    per_cause = (groups.group_by("cause").agg(gaps=pl.col("gaps").sum().cast(pl.Int64), total_ns=pl.col("dur_ns").sum(),
+                                              longest_ns=pl.col("longest_ns").max(),
+                                              steady_ns=pl.col("steady_ns").sum()))
     frame = (pl.DataFrame({"cause": pl.int_range(0, len(CAUSES), dtype=pl.UInt8, eager=True)})
              .join(per_cause, on="cause", how="left")
              .join(_shares(detail_calls, ["cause"], "call", "call_shares"), on="cause", how="left")
@@ -91,12 +88,20 @@ def idle_causes(
                          "span_pct", "per_iteration_ns", "longest_ns", "call_shares", "work_shares"), totals)
 
 
-def _code_groups(con: duckdb.DuckDBPyConnection, gaps: pl.LazyFrame) -> pl.DataFrame:
+def _code_groups(con: duckdb.DuckDBPyConnection, gaps: pl.LazyFrame, steady: pl.Expr) -> pl.DataFrame:
     """The gaps per cause, call, next_kind and next_item (`gaps.gap_frame`'s codes): those four,
-    dur_ns (their time), gaps and longest_ns (`_summed`)."""
-    frame = gaps.select("cause", "call", "next_kind", "next_item", "dur_ns").collect()
+    dur_ns (their time), steady_ns (that of the gaps in steady iterations: `steady`), gaps and
+    longest_ns (`_summed`)."""
+    frame = gaps.select("cause", "call", "next_kind", "next_item", "dur_ns", steady=steady).collect()
     return _summed(con, frame, ["cause", "call", "next_kind", "next_item"],
-                   "sum(dur_ns)::BIGINT AS dur_ns, count(*) AS gaps, max(dur_ns) AS longest_ns")
+                   "sum(dur_ns)::BIGINT AS dur_ns, coalesce(sum(dur_ns) FILTER (WHERE steady), 0)::BIGINT AS steady_ns, "
+                   "count(*) AS gaps, max(dur_ns) AS longest_ns")
+
+
+def _steady(names: dict[str, pl.Series]) -> pl.Expr:
+    """Whether a gap (`gaps.gap_frame`'s) belongs to a steady iteration (one of `names`'
+    iterations other than the warm-up)."""
+    return pl.col("iteration").is_in([i for i, name in enumerate(names["iteration"].to_list()) if name != WARM_UP])
 
 
 def _summed(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, keys: list[str], sums: str) -> pl.DataFrame:
@@ -113,7 +118,6 @@ def idle_totals(
     """The totals of `idle_causes` alone (what `traceq idle --by` states in its title). `gaps` as
     for `idle_causes`."""
     frame, lookups = gap_frame(con, trace_id, iteration_regex) if gaps is None else gaps
-    steady_codes = [i for i, name in enumerate(lookups["iteration"].to_list()) if name != WARM_UP]
     t = int(trace_id)
     span = con.execute(f"""
         SELECT coalesce(sum(hi - lo), 0), count(*) FROM (
@@ -124,7 +128,7 @@ def idle_totals(
                 JOIN kernel_queues q ON q.trace_id = {t} AND q.queue_id = e.queue_id
                 UNION ALL SELECT device_id, start_ns, end_ns FROM memops WHERE trace_id = {t})
             GROUP BY device_id)""").fetchall()[0]
-    steady = pl.col("iteration").is_in(steady_codes)
+    steady = _steady(lookups)
     idle_ns, iterations, steady_ns = frame.select(pl.col("dur_ns").sum(), pl.col("iteration").filter(steady).n_unique(),
                                                   pl.col("dur_ns").filter(steady).sum().alias("steady_ns")).collect().row(0)
     return IdleTotals(span_ns=int(span[0]), idle_ns=int(idle_ns), iterations=iterations, devices=int(span[1]),
