@@ -246,3 +246,23 @@ def test_a_store_made_before_the_table_gets_it_at_load(tmp_path) -> None:
     con.close()
     assert count == 12 * 1703
     assert "sm_active_pct" in Store(path).trace("cnn_nsys_gpu_metrics").ru("kernel").columns
+
+
+def test_metrics_without_kernels(tmp_path) -> None:
+    """The metrics recording with every kernel row deleted (the fuzzer's damaged times dropped them
+    all): the measured columns are there, of no kernel, and advise runs (it raised
+    ColumnNotFoundError in the integrals' pivot)."""
+    import shutil
+
+    from traceq.analysis.efficiency.measured import kernel_integrals
+
+    path = tmp_path / "nokernels.sqlite"
+    shutil.copy(sample(METRICS), path)
+    with sqlite3.connect(path) as raw:
+        raw.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL")
+    con = open_store(tmp_path / "s.duckdb", create=True)
+    t = load_trace(con, path).trace_id
+    integrals = kernel_integrals(con, t)
+    con.close()
+    assert integrals.is_empty() and {"tensor_active_pct_ns", "sm_active_pct_ns"} <= set(integrals.columns)
+    assert Store(tmp_path / "s.duckdb").trace(t).advise().height >= 0

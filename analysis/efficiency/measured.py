@@ -106,8 +106,10 @@ def kernel_integrals(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFr
         """).pl()
     finally:
         con.unregister("_traceq_wanted_metrics")
-    wide = (rows.pivot(on="mcol", index="kernel_id", values="integral")
-            .rename({c: f"{c}_ns" for c in names}))
+    wide = rows.pivot(on="mcol", index="kernel_id", values="integral")
+    # a metric no kernel met (no kernels at all, say) is still a column, of nulls
+    wide = wide.with_columns(pl.lit(None, pl.Float64).alias(c) for c in names if c not in wide.columns)
+    wide = wide.rename({c: f"{c}_ns" for c in names})
     covered = rows.group_by("kernel_id").agg(covered_ns=pl.col("covered").max())
     wide = covered.join(wide, on="kernel_id", how="left")
     bandwidth = _bandwidth(con, trace_id)
