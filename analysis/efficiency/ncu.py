@@ -184,10 +184,63 @@ def canonical_names(names: pl.Series) -> pl.Series:
     """Kernel names as both tools' demanglers agree on them: Nsight Compute drops some namespaces
     and the casts of template arguments ('cutlass__5x_cudnn::LinearCombination<float, 4, ...>'
     for nsys' 'cutlass__5x_cudnn::epilogue::thread::LinearCombination<float, (int)4, ...>'), so
-    every qualifier, such cast and space goes."""
+    every qualifier, such cast and space goes. Nsight Compute 2025 also writes a template's
+    parameters as T1, T2 in the argument list, lambdas as `[lambda()(instance3)]` (CUPTI's
+    `{lambda()#3}`), `<unnamed>` for `(anonymous namespace)`, integers without their `u`/`ul`
+    suffix, booleans as 0/1 and `void` before a function template argument: the argument list,
+    the anonymous namespaces and `void` go, and the rest is written one way."""
     unique = names.unique()
-    canon = {n: _CAST.sub("", _QUALIFIER.sub("", n)).replace(" ", "") for n in unique.to_list() if n is not None}
+    canon = {n: _canonical(n) for n in unique.to_list() if n is not None}
     return names.replace_strict(canon, default=None, return_dtype=pl.String)
+
+
+_ANONYMOUS = re.compile(r"\(anonymous namespace\)::|<unnamed>::")
+_LAMBDA = re.compile(r"\{lambda\s*\(([^(){}]*)\)\s*#\s*(\d+)\}|\[lambda\s*\(([^()\[\]]*)\)\s*\(instance\s*(\d+)\)\]")
+_SUFFIX = re.compile(r"\b(\d+)(?:ull|ul|ll|u|l)\b", re.IGNORECASE)
+_BOOL = {"true": "1", "false": "0"}
+_BOOLS = re.compile(r"\b(true|false)\b")
+_VOID = re.compile(r"\bvoid\b")
+
+
+def _canonical(name: str) -> str:
+    name = _ANONYMOUS.sub("", name)
+    name = _LAMBDA.sub(lambda m: f"lambda({m[1] if m[2] else m[3]})#{m[2] or m[4]}", name)
+    name = _CAST.sub("", _QUALIFIER.sub("", name))
+    name = _without_arguments(_without_specialised_arguments(name))
+    name = _BOOLS.sub(lambda m: _BOOL[m[1]], _SUFFIX.sub(r"\1", name))
+    return _VOID.sub("", name).replace(" ", "")
+
+
+def _without_specialised_arguments(name: str) -> str:
+    """Every argument list that follows a template's closing '>' dropped, at any depth (a
+    function template named inside another's arguments: CUPTI writes its argument types, Nsight
+    Compute T1, T2)."""
+    out: list[str] = []
+    skip = 0
+    for c in name:
+        if skip:
+            skip += {"(": 1, ")": -1}.get(c, 0)
+        elif c == "(" and out and out[-1] == ">":
+            skip = 1
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def _without_arguments(name: str) -> str:
+    """The name up to its argument list: the first '(' outside template brackets after the
+    function's name ('void f<g(int)>(int, float)' -> 'void f<g(int)>')."""
+    depth, seen_name = 0, False
+    for i, c in enumerate(name):
+        if c == "<":
+            depth += 1
+        elif c == ">":
+            depth -= 1
+        elif c == "(" and depth == 0 and seen_name:
+            return name[:i]
+        elif c.isalnum() or c == "_":
+            seen_name = True
+    return name
 
 
 def extend_measured(measured: pl.DataFrame, kernels: pl.DataFrame) -> pl.DataFrame:
