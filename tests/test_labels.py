@@ -282,3 +282,28 @@ def test_low_ru_describes_every_configuration_of_a_kernel(store) -> None:
     rest = finding.evidence.split(line, 1)[1]
     assert rest.startswith(f"; {share:.0f} % of its time with 8 blocks, under one wave")
     assert "(2,048 blocks of" not in finding.evidence.split("unrolled_elementwise_kernel")[0]
+
+
+def test_cudnn_sdpa_named_f16_under_a_bf16_operator_is_bf16(tmp_path) -> None:
+    """cuDNN's generated SDPA kernels say `f16` for either 16-bit type: under bf16 autocast (the
+    GPT's step, sample_traces/conventions/gpt_ncu_step.json.gz, whose SDPA operators record
+    `c10::BFloat16` inputs, read here from the raw JSON) they are bf16, from the operator."""
+    import gzip
+    import json
+
+    from traceq.analysis.efficiency.ce import kernel_precisions
+    from traceq.api.loading import load_trace
+    from traceq.store import open_store
+
+    path = sample("conventions/gpt_ncu_step.json.gz")
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    sdpa = {tuple(e["args"]["Input type"][:3]) for e in events
+            if e.get("cat") == "cpu_op" and "scaled_dot_product" in e["name"] and "Input type" in e.get("args", {})}
+    assert sdpa == {("c10::BFloat16",) * 3}
+    con = open_store(tmp_path / "s.duckdb", create=True)
+    trace_id = load_trace(con, path).trace_id
+    names = con.sql(f"SELECT kernel_id, name FROM kernels WHERE trace_id = {trace_id} AND name LIKE '%_sdpa_%'").pl()
+    assert names.height == 8 and all("_f16_" in n for n in names["name"])
+    got = names.join(kernel_precisions(con, trace_id, names), on="kernel_id")
+    assert set(got["precision"]) == {"bf16"} and set(got["precision_from"]) == {"operator dtype"}
+    con.close()

@@ -246,9 +246,12 @@ def _with_precision(k: pl.DataFrame, precision: str | None) -> pl.DataFrame:
     attention = pl.col("operation").eq("attention").fill_null(False) if "operation" in k.columns else pl.lit(False)
     assumed = (pl.when(attention).then(pl.lit(None, pl.String))
                .when(pl.col("tensor_cores").fill_null(False)).then(pl.lit("tf32")).otherwise(pl.lit("fp32")))
+    # cuDNN's generated SDPA kernels say `f16` for either 16-bit type: the operator's bf16 decides
+    half = pl.col("name_precision").eq("fp16").fill_null(False) & by_dtype.eq("bf16").fill_null(False)
+    name_precision = pl.when(half).then(pl.lit(None, pl.String)).otherwise(pl.col("name_precision"))
     return k.with_columns(
-        precision=pl.coalesce("name_precision", by_dtype, assumed),
-        precision_from=pl.when(pl.col("name_precision").is_not_null()).then(pl.lit("kernel name"))
+        precision=pl.coalesce(name_precision, by_dtype, assumed),
+        precision_from=pl.when(name_precision.is_not_null()).then(pl.lit("kernel name"))
         .when(dtype.is_not_null()).then(pl.lit("operator dtype"))
         .when(attention).then(pl.lit("unknown")).otherwise(pl.lit("assumed float32")))
 
