@@ -207,8 +207,9 @@ class Trace:
         return layer_times(self.con, self.id, groups=self._groups(iteration_regex))
 
     def attribution_shares(self, *, iteration_regex: str | None = None) -> dict[str, float]:
-        """Share of all kernel time (%) inside a layer range ('range'), placed in a layer by a
-        rule ('rule') and in no layer ('none'): the title of `traceq layers`."""
+        """Share of all kernel time (%) by how the kernels got their layer: 'range' (inside a
+        layer range), each other attribution ('module', 'op sequence', ...), 'rule' (placed by a
+        rule) and 'none' (in no layer); largest first: the title of `traceq layers`."""
         from traceq.analysis.structure.layers import attribution_shares
 
         return attribution_shares(self._groups(iteration_regex))

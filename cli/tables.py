@@ -75,9 +75,9 @@ def layers(trace: TraceOpt = None, db: DbOpt = None, dataset: DatasetOpt = None,
     def build(t: Trace):
         frame = t.layers(iteration_regex=iteration_regex)
         shares = t.attribution_shares(iteration_regex=iteration_regex)
-        return frame, (f"{t.name}: GPU time per layer and pass ({shares['range']:.1f} % of kernel time inside "
-                       f"a layer range, {shares['rule']:.1f} % placed by rule, {shares['none']:.1f} % in no layer: "
-                       "see Attribution)")
+        placed = [f"{kind} {share:.1f} %" for kind, share in shares.items() if kind != "none" and share >= 0.05]
+        return frame, (f"{t.name}: GPU time per layer and pass (placed by {', '.join(placed) or 'nothing'}; "
+                       f"{shares['none']:.1f} % in no layer: see Attribution)")
 
     _show_trace_table(trace, db, dataset, fmt, out, build)
 

@@ -114,3 +114,30 @@ def test_top_leaves_attribution_out_on_big_traces(db: Path, monkeypatch: pytest.
     forced = json.loads(runner.invoke(app, ["top", "-k", "2", "-t", "alexnet_b256_cudnn", "--context",
                                             "--db", str(db), "-f", "json"]).stdout)
     assert forced[0]["layer"] == "conv1"
+
+
+def test_title_shares_every_attribution(tmp_path: Path) -> None:
+    """The title's shares are the layers' own: each attribution's share of the rows' kernel time
+    (summed here from the JSON rows, every `rule: ...` as `rule`), largest first. On the
+    Qwen prefill recorded with `with_modules` every kernel is placed by its module (the title once
+    said 0.0 % in a layer range, 0.0 % by rule and 0.0 % in no layer there)."""
+    import re
+    from collections import defaultdict
+
+    db = tmp_path / "q.duckdb"
+    result = runner.invoke(app, ["load", str(sample("whatif/qwen1.5-0.5b_prefill_h200.json.gz")),
+                                 str(sample("conventions/gpt_ncu_step.json.gz")), "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    for trace in ("qwen1.5-0.5b_prefill_h200", "gpt_ncu_step"):
+        rows = _json(db, "layers", "-t", trace)
+        total = sum(r["total_ns"] for r in rows)
+        shares: dict[str, float] = defaultdict(float)
+        for r in rows:
+            shares[re.sub(r"^(rule|none):.*", r"\1", r["attribution"] or "none")] += 100 * r["total_ns"] / total
+        table = runner.invoke(app, ["layers", "-t", trace, "--db", str(db)], env={"COLUMNS": "200"})
+        title = table.stdout.splitlines()[0]
+        placed = ", ".join(f"{k} {v:.1f} %" for k, v in sorted(shares.items(), key=lambda kv: (-kv[1], kv[0]))
+                           if k != "none" and v >= 0.05)
+        assert f"(placed by {placed}; {shares.get('none', 0.0):.1f} % in no layer" in title, title
+        if trace.startswith("qwen"):
+            assert "(placed by module 100.0 %; 0.0 % in no layer" in title

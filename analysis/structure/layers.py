@@ -229,12 +229,17 @@ def kernel_groups_of(launches: pl.DataFrame) -> pl.DataFrame:
 
 
 def attribution_shares(groups: pl.DataFrame) -> dict[str, float]:
-    """Share of all kernel time (%) inside a layer range ('range'), placed in a layer by a rule
-    ('rule') and in no layer ('none'), from `kernel_groups`."""
+    """Share of all kernel time (%) by how the kernels got their layer, from `kernel_groups`: one
+    key per attribution ('range', 'module', 'op sequence', 'XLA op', ...), every 'rule: ...' as
+    'rule' and every 'none: ...' (or no attribution) as 'none'; 'range', 'rule' and 'none'
+    always present, the rest where some kernel time has them; largest first."""
     total = max(int(groups["dur_ns"].sum()), 1)
-    kind = pl.col("attribution").fill_null("none").str.extract(r"^(range|rule|none)")
+    kind = pl.col("attribution").fill_null("none").str.replace(r"^(rule|none):.*$", "$1")
     shares = dict(groups.group_by(kind.alias("kind")).agg(pl.col("dur_ns").sum()).iter_rows())
-    return {k: 100.0 * shares.get(k, 0) / total for k in ("range", "rule", "none")}
+    shares = {k: 100.0 * v / total for k, v in shares.items()}
+    for k in ("range", "rule", "none"):
+        shares.setdefault(k, 0.0)
+    return dict(sorted(shares.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def time_split(frame: pl.DataFrame, keys: list[str], column: str, label: str) -> pl.DataFrame:
