@@ -311,16 +311,16 @@ class Trace:
 
     def mfu(self, *, model_flops: float | None = None, params: float | None = None, tokens: float | None = None,
             inference: bool = False, layers: int | None = None, d_model: int | None = None, seq: int | None = None,
-            full_attention: bool = False, precision: str | None = None,
+            full_attention: bool = False, precision: str | None = None, spec: str | Path | None = None,
             iteration_regex: str | None = None) -> pl.DataFrame:
         """`traceq mfu`: model and hardware FLOPs utilization per steady iteration and over all
         of them (`model_flops` per iteration, or `params` x `tokens`: 6 P T for training, 2 P T
         with `inference`, plus attention's products with `layers`, `d_model` and `seq`, halved
-        unless `full_attention`)."""
+        unless `full_attention`; or `spec`, a transformer spec file, alone)."""
         from traceq.analysis.efficiency.mfu import mfu_table, model_flops_per_iteration
 
         model = model_flops_per_iteration(model_flops, params, tokens, not inference, layers=layers,
-                                          d_model=d_model, seq=seq, causal=not full_attention)
+                                          d_model=d_model, seq=seq, causal=not full_attention, spec=_path(spec))
         precision = None if precision is None else getattr(precision, "value", precision)
         try:
             per_kernel = self._kernel_ce(None, None, precision, iteration_regex)
