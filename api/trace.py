@@ -321,6 +321,10 @@ class Trace:
 
         model = model_flops_per_iteration(model_flops, params, tokens, not inference, layers=layers,
                                           d_model=d_model, seq=seq, causal=not full_attention, spec=_path(spec))
+        if precision is None and spec is not None:
+            from traceq.analysis.efficiency.transformer_spec import load_transformer_spec
+
+            precision = load_transformer_spec(spec).precision
         precision = None if precision is None else getattr(precision, "value", precision)
         try:
             per_kernel = self._kernel_ce(None, None, precision, iteration_regex)

@@ -25,11 +25,12 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from traceq.analysis.choices import Precision
 from traceq.errors import OptionError
 
 _REQUIRED = ("layers", "d_model", "heads", "ffn", "vocab", "seq", "batch", "mode")
 _OPTIONAL = ("name", "kv_heads", "head_dim", "mlp", "norm", "bias", "qkv_bias", "tied_embeddings", "lm_head",
-             "positions", "causal", "context")
+             "positions", "causal", "context", "precision")
 MODES = ("training", "inference")
 MLPS = ("plain", "gated")
 NORMS = {"layernorm": 2, "rmsnorm": 1}  # parameters per channel: weight and bias, or weight
@@ -59,6 +60,7 @@ class TransformerSpec:
     positions: int = 0
     causal: bool = True
     context: int = 0
+    precision: str | None = None  # the peak MFU is measured against, unless the caller names one
 
     @property
     def tokens(self) -> int:
@@ -162,12 +164,15 @@ def _parse(doc: dict, default_name: str) -> TransformerSpec:
         raise _Problem("context (tokens already in a KV cache) is for inference; a training step has none")
     if flags["tied_embeddings"] and not flags["lm_head"]:
         raise _Problem("tied_embeddings ties the LM head to the embedding, but lm_head = false")
+    precision = None if "precision" not in table else _choice(table, "precision", tuple(p.value for p in Precision),
+                                                              None)
     name = table.get("name", default_name)
     if not isinstance(name, str):
         raise _Problem("name must be a string")
     return TransformerSpec(name=name, kv_heads=kv_heads, head_dim=head_dim, training=mode == "training",
                            gated=mlp == "gated", norm=str(norm), qkv_bias=qkv_bias,
-                           positions=_int(table, "positions", 0, 0), context=context, **sizes, **flags)
+                           positions=_int(table, "positions", 0, 0), context=context, precision=precision,
+                           **sizes, **flags)
 
 
 def _int(table: dict, key: str, minimum: int, default: int | None = None) -> int:
