@@ -252,3 +252,20 @@ def test_cli_mfu_spec_title_states_the_count(tmp_path) -> None:
     text = " ".join(result.output.split())
     assert "21,007,360 parameters" in text and "N = 16,777,216" in text
     assert all(len(line) <= 80 for line in result.output.splitlines())
+
+
+def test_run_mfu_from_a_spec(tmp_path) -> None:
+    """`Run.mfu(spec=...)`: each rank's model FLOPs from the spec (per GPU), as with --params."""
+    import traceq
+    from traceq.cli import app
+
+    files = [sample(f"conventions/gpt_kineto_fsdp_rank{r}.json.gz") for r in (0, 1)]
+    db = tmp_path / "r.duckdb"
+    loaded = CliRunner().invoke(app, ["load", *map(str, files), "--run", "fsdp", "--db", str(db)])
+    assert loaded.exit_code == 0, loaded.output
+    run = traceq.open(db).run("fsdp")
+    by_spec = run.mfu(spec=sample(TRAIN_SPEC))
+    by_hand = run.mfu(params=16_777_216, tokens=2048, layers=4, d_model=512, seq=256, precision="bf16")
+    assert by_spec["rank"].to_list() == by_hand["rank"].to_list()
+    assert by_spec["mfu_pct"].to_list() == pytest.approx(by_hand["mfu_pct"].to_list(), rel=1e-12)
+    assert set(by_spec["precision"]) == {"bf16"}
