@@ -144,7 +144,8 @@ def _flop_panel(fig, frame: pl.DataFrame, roofs: pl.DataFrame, dram: float, col:
 def _byte_panel(fig, frame: pl.DataFrame, dram: float, col: int, n: int, legend: set[str]) -> None:
     points = frame.filter((pl.col("flops") <= 0) & (pl.col("tbps") > 0)).with_columns(mb=pl.col("bytes") / 1e6)
     if points.is_empty():
-        panel_note(fig, n + col, "no group moves bytes without FLOPs")
+        panel_note(fig, n + col, "no group moves bytes without FLOPs: the bytes of normalisation, elementwise "
+                                 "and copy kernels come from recorded shapes (Kineto record_shapes=True)")
         return
     _scatter(fig, points, "mb", "tbps", 2, col, legend,
              "%{customdata[0]}<br>%{x:,.2f} MB at %{y:.2f} TB/s<br>%{customdata[2]} kernels, "
