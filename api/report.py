@@ -134,11 +134,21 @@ def _efficiency(con: duckdb.DuckDBPyConnection, trace: ReportTrace, attributed: 
         # from the launches grouped by their attribution (`layers.launch_groups`: the kept one, or computed)
         return _with_order(ru_table(con, trace.trace_id, "layer", iteration_regex=iteration_regex), order)
 
+    per_kernel: list[pl.DataFrame] = []  # kernel_ce, once for CE and the roofline
+
+    def kernel_flops() -> pl.DataFrame:
+        from traceq.analysis.efficiency.ce import kernel_ce
+
+        if not per_kernel:
+            per_kernel.append(kernel_ce(con, trace.trace_id, spec=spec, batch=batch, iteration_regex=iteration_regex,
+                                        kernels=attributed))
+        return per_kernel[0]
+
     def ce() -> pl.DataFrame:
         from traceq.analysis.efficiency.ce import ce_table
 
         frame = ce_table(con, trace.trace_id, "layer", spec=spec, batch=batch, iteration_regex=iteration_regex,
-                         kernels=attributed)
+                         kernels=attributed, per_kernel=kernel_flops())
         if frame.is_empty():
             raise MissingDataError("no layer has known FLOPs: the trace records no op shapes and no model "
                                    "spec was given (traceq report --spec MODEL.toml)")
@@ -148,8 +158,22 @@ def _efficiency(con: duckdb.DuckDBPyConnection, trace: ReportTrace, attributed: 
                                nulls_equal=True)
         return _with_order(frame, order)
 
+    def roofline() -> pl.DataFrame:
+        from traceq.analysis.efficiency.gpu_products import trace_gpu
+        from traceq.analysis.efficiency.roofline import trace_roofline
+
+        frame = trace_roofline(con, trace.trace_id, kernel_flops(), "layer", spec=spec, batch=batch,
+                               iteration_regex=iteration_regex, kernels=attributed)
+        gpu = trace_gpu(con, trace.trace_id)
+        peaks = (kernel_flops().filter((pl.col("flops") > 0) & pl.col("peak_flops").is_not_null())
+                 .group_by("precision").agg(pl.col("peak_flops").max()).sort("peak_flops"))
+        trace.frames["roofline-peaks"] = peaks.with_columns(dram_bytes_per_s=pl.lit(gpu.dram_bytes_per_s))
+        trace.notes["roofline-gpu"] = gpu.name
+        return frame
+
     _try(trace, "ru", ru)
     _try(trace, "ce", ce)
+    _try(trace, "roofline-ops", roofline)
     _traffic(con, trace, attributed, iteration_regex, spec, batch)
 
 

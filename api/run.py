@@ -133,7 +133,7 @@ class Run:
 
     def mfu(self, *, model_flops: float | None = None, params: float | None = None, tokens: float | None = None,
             inference: bool = False, layers: int | None = None, d_model: int | None = None, seq: int | None = None,
-            full_attention: bool = False, precision: str | None = None,
+            full_attention: bool = False, precision: str | None = None, spec: str | Path | None = None,
             iteration_regex: str | None = None) -> pl.DataFrame:
         """`traceq mfu --run`: `Trace.mfu` for each rank (model FLOPs and tokens per GPU), then per
         iteration the ranks together (`analysis.efficiency.mfu.run_mfu_table`)."""
@@ -143,7 +143,7 @@ class Run:
                                       [self.id]).fetchall())
         return run_mfu_table([(int(ranks[t.id]), t.mfu(
             model_flops=model_flops, params=params, tokens=tokens, inference=inference, layers=layers,
-            d_model=d_model, seq=seq, full_attention=full_attention, precision=precision,
+            d_model=d_model, seq=seq, full_attention=full_attention, precision=precision, spec=spec,
             iteration_regex=iteration_regex)) for t in self.traces()])
 
     def compare(self, other: Run | str | int, by: CompareBy | str = CompareBy.layer, *, k: int | None = None,

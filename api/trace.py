@@ -293,35 +293,29 @@ class Trace:
         the share of the roofline bound at that intensity, per layer, pass and operation, kernel
         name or library (`analysis.efficiency.roofline`; bytes from the DeLTA traffic model for
         convolutions, from the recorded shapes otherwise)."""
-        import polars as pl
-
-        from traceq.analysis.efficiency.gpu_products import trace_gpu
-        from traceq.analysis.efficiency.roofline import kernel_bytes, kernel_roofline, roofline_table
-        from traceq.analysis.efficiency.traffic import launch_traffic
+        from traceq.analysis.efficiency.roofline import trace_roofline
 
         per_kernel = self._kernel_ce(spec, batch, precision, iteration_regex)
-        try:
-            model = launch_traffic(self.con, self.id, spec=_path(spec), batch=batch,
-                                   iteration_regex=_regex(iteration_regex),
-                                   kernels=self._attributed(iteration_regex)).select("kernel_id", "dram_bytes")
-        except MissingDataError:
-            model = pl.DataFrame(schema={"kernel_id": pl.Int64, "dram_bytes": pl.Float64})
-        kernels = kernel_roofline(per_kernel, model, kernel_bytes(self.con, self.id))
-        frame = roofline_table(kernels, trace_gpu(self.con, self.id).dram_bytes_per_s, GroupBy(by))
+        frame = trace_roofline(self.con, self.id, per_kernel, GroupBy(by), spec=_path(spec), batch=batch,
+                               iteration_regex=_regex(iteration_regex), kernels=self._attributed(iteration_regex))
         return frame if k is None else frame.head(k)
 
     def mfu(self, *, model_flops: float | None = None, params: float | None = None, tokens: float | None = None,
             inference: bool = False, layers: int | None = None, d_model: int | None = None, seq: int | None = None,
-            full_attention: bool = False, precision: str | None = None,
+            full_attention: bool = False, precision: str | None = None, spec: str | Path | None = None,
             iteration_regex: str | None = None) -> pl.DataFrame:
         """`traceq mfu`: model and hardware FLOPs utilization per steady iteration and over all
         of them (`model_flops` per iteration, or `params` x `tokens`: 6 P T for training, 2 P T
         with `inference`, plus attention's products with `layers`, `d_model` and `seq`, halved
-        unless `full_attention`)."""
+        unless `full_attention`; or `spec`, a transformer spec file, alone)."""
         from traceq.analysis.efficiency.mfu import mfu_table, model_flops_per_iteration
 
         model = model_flops_per_iteration(model_flops, params, tokens, not inference, layers=layers,
-                                          d_model=d_model, seq=seq, causal=not full_attention)
+                                          d_model=d_model, seq=seq, causal=not full_attention, spec=_path(spec))
+        if precision is None and spec is not None:
+            from traceq.analysis.efficiency.transformer_spec import load_transformer_spec
+
+            precision = load_transformer_spec(spec).precision
         precision = None if precision is None else getattr(precision, "value", precision)
         try:
             per_kernel = self._kernel_ce(None, None, precision, iteration_regex)

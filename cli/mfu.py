@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from traceq.analysis.choices import Precision
+from traceq.analysis.efficiency.transformer_spec import load_transformer_spec
 from traceq.api import Trace
 from traceq.cli.base import (
     DatasetOpt,
@@ -45,6 +47,10 @@ def mfu(
     precision: Annotated[Precision | None, typer.Option(
         "--precision", show_default=False,
         help="The peak to measure against [default: the precision that ran the most FLOPs]")] = None,
+    spec: Annotated[Path | None, typer.Option(
+        "--spec", show_default=False,
+        help="A transformer spec (TOML with a [transformer] table, docs/mfu.md): layers, sizes, batch, "
+             "sequence, training or inference; the model FLOPs from them (instead of --params ...)")] = None,
     run: Annotated[str | None, typer.Option(
         "--run", show_default=False,
         help="A run: each rank's table (model FLOPs and tokens per GPU), then the ranks together")] = None,
@@ -58,9 +64,13 @@ def mfu(
     """Model FLOPs utilization (MFU) and hardware FLOPs utilization (HFU) per iteration."""
     options = {"model_flops": model_flops, "params": params, "tokens": tokens, "inference": inference,
                "layers": layers, "d_model": d_model, "seq": seq, "full_attention": full_attention,
-               "precision": precision, "iteration_regex": iteration_regex}
+               "precision": precision, "spec": spec, "iteration_regex": iteration_regex}
 
     def given(frame) -> str:
+        if spec is not None:
+            model = load_transformer_spec(spec)
+            return (f"model FLOPs from {model.name!r}: {model.params:,} parameters, N = {model.matmul_params:,} "
+                    f"in matrix products, {model.tokens:,} tokens, {model.model_flops:,.0f} FLOP a step")
         return ("model FLOPs given" if frame["model_flops"].drop_nulls().len() else
                 "no model FLOPs given (--params/--tokens or --model-flops): HFU only")
 

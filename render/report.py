@@ -21,13 +21,15 @@ import polars as pl
 
 from traceq import __version__
 from traceq.render import figures
+from traceq.render.op_roofline import TITLE as OP_ROOFLINE_TITLE
+from traceq.render.op_roofline import op_roofline_chart
 from traceq.render.rank_figures import bandwidth_chart, overlap_chart, rank_time_chart, skew_chart
 from traceq.render.roofline import Ceilings, roofline_chart
 from traceq.render.timeline_figure import timeline_chart
 from traceq.units import format_duration
 
-FIGURE_KEYS = ("stages", "layer-time", "ce", "ru", "roofline", "top", "memory-layers", "memory-timeline", "libraries",
-               "timeline")
+FIGURE_KEYS = ("stages", "layer-time", "ce", "ru", "roofline", "op-roofline", "top", "memory-layers",
+               "memory-timeline", "libraries", "timeline")
 """Every figure a report can hold, in page order (`fig-<key>` is its element id)."""
 
 RUN_FIGURE_KEYS = ("rank-time", "overlap", "bandwidth", "skew")
@@ -82,6 +84,9 @@ def _charts(traces: list[ReportTrace]) -> tuple[list[figures.Chart], list[tuple[
         lambda: figures.ru_chart(frames("ru"), notes("ru")))
     add("roofline", "Roofline per layer (DeLTA traffic model)", "traffic", lambda: roofline_chart(
         frames("traffic"), {t.name: _ceilings(t) for t in traces}, notes("traffic")))
+    add("op-roofline", OP_ROOFLINE_TITLE, "roofline-ops", lambda: op_roofline_chart(
+        frames("roofline-ops"), frames("roofline-peaks"), notes("roofline-ops"),
+        {t.name: t.notes.get("roofline-gpu", "") for t in traces}))
     add("top", "Longest kernel launches", "top", lambda: figures.top_launches_chart(frames("top"), notes("top")))
     add("memory-layers", "GPU memory allocated per layer (paper figures 13 to 16)", "memory-layers",
         lambda: figures.memory_layer_chart(frames("memory-layers"), notes("memory-layers"), iterations,

@@ -237,3 +237,39 @@ def test_mfu_of_a_compiled_run_by_hand(tmp_path) -> None:
     got = {r["iteration"]: r["mfu_pct"] for r in frame.iter_rows(named=True) if r["iteration"] in want}
     assert got.keys() == want.keys() and len(want) == 3
     assert all(abs(got[k] - want[k]) <= 0.02 * want[k] for k in want), (got, want)
+
+
+def test_mfu_of_cuda_graph_decode_steps_by_hand(tmp_path) -> None:
+    """The GPT's inference under nsys (`--cuda-graph-trace=node`): each `decode N` replays a CUDA
+    graph of one forward of 8 sequences x 1 new token, with no KV cache (tools/record_conventions.py,
+    `cudagraph_infer`: `model(token)`, token (8, 1)), so each query meets one key. Each step's MFU
+    from `gpt_decode.model.toml` equals 2 N T + 4 L d K T over the step's span read from the raw
+    export (the replayed nodes, the argmax kernel and the token copy whose launching call starts
+    inside the range) at the H200's bf16 peak, within 2 %."""
+    import sqlite3
+
+    import traceq
+
+    path = sample("conventions/gpt_nsys_graph_infer.sqlite")
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    text = "coalesce(text, (SELECT value FROM StringIds WHERE id = textId))"
+    steps = con.execute(f"SELECT {text}, start, \"end\" FROM NVTX_EVENTS WHERE {text} LIKE 'decode %'").fetchall()
+    work = []
+    for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
+        work += con.execute(f'SELECT w.start, w."end", r.start FROM {table} w JOIN CUPTI_ACTIVITY_KIND_RUNTIME r '
+                            "ON r.correlationId = w.correlationId AND r.globalTid >> 24 = w.globalPid >> 24").fetchall()
+    graph_nodes = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE graphNodeId IS NOT NULL").fetchone()
+    con.close()
+    assert graph_nodes[0] > 16 * 40  # the steps' kernels are replayed graph nodes
+    layers, d, vocab, tokens, keys = 4, 512, 8192, 8 * 1, 1
+    params = layers * (3 * d * d + d * d + 2 * d * 4 * d) + d * vocab  # q, k, v, proj, fc1, fc2; the head
+    model = 2 * params * tokens + 4 * layers * d * keys * tokens
+    want = {}
+    for name, lo, hi in steps:
+        inside = [(s, e) for s, e, call in work if lo <= call < hi]
+        want[name] = 100 * model / ((max(e for _, e in inside) - min(s for s, _ in inside)) * 1e-9 * H200_BF16)
+    frame = traceq.load(path, tmp_path / "g.duckdb").mfu(spec=sample("conventions/gpt_decode.model.toml"))
+    got = {r["iteration"]: r["mfu_pct"] for r in frame.iter_rows(named=True) if r["iteration"] != "all"}
+    assert got.keys() == want.keys() and len(want) == 16
+    assert all(abs(got[k] - want[k]) <= 0.02 * want[k] for k in want), (got, want)
+    assert set(frame["precision"]) == {"bf16"}

@@ -94,10 +94,12 @@ def test_side_by_side_names_every_trace(pair_html: str, all_html: str) -> None:
     assert "fig-ce" not in all_html
     assert re.search(r'<section class="note"><h2>Compute efficiency per layer[^<]*</h2><p>Not drawn: ', all_html)
     assert re.search(r'<section class="note"><h2>Roofline per layer[^<]*</h2><p>Not drawn: no layer shapes', all_html)
+    assert re.search(r'<section class="note"><h2>Roofline per layer and operation[^<]*</h2><p>Not drawn: no kernel '
+                     r'has FLOPs or bytes', all_html)
     # the DDP trace is a run of two ranks: the run figures come after the others
     assert _figure_ids(all_html)[-len(RUN_FIGURE_KEYS):] == [f"fig-{k}" for k in RUN_FIGURE_KEYS]
     assert set(_figure_ids(all_html)) == {f"fig-{k}" for k in (*FIGURE_KEYS, *RUN_FIGURE_KEYS)
-                                          if k not in ("ce", "roofline")}
+                                          if k not in ("ce", "roofline", "op-roofline")}
 
 
 def test_cli_writes_the_report(tmp_path: Path) -> None:

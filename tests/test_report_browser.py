@@ -153,6 +153,7 @@ def test_every_figure_keeps_the_rules(page: str, checks: dict[str, dict], report
         pytest.skip("the DLRM rank files are absent")
     found = checks[page]
     assert found["figures"], "no figure was drawn"
+    assert "fig-op-roofline" in {f["id"] for f in found["figures"]}  # traceq roofline's, on a trace and a run
     broken = {f["id"]: _broken(f) for f in found["figures"]}
     assert {k: v for k, v in broken.items() if v} == {}
     for figure in found["figures"]:

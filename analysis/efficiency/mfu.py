@@ -6,8 +6,8 @@ model FLOPs / (iteration time x peak FLOP/s). HFU counts the FLOPs the kernels a
 same FLOPs `traceq ce` shows) over the same time and peak. The model FLOPs are the user's
 (`model_flops` per iteration, or 6 x parameters x tokens for a training step and 2 x parameters
 x tokens for inference, the usual transformer estimate, plus with a transformer's layers, width
-and sequence length the attention term of `attention_flops_per_iteration`); without them MFU is
-not stated and HFU is the one measure.
+and sequence length the attention term of `attention_flops_per_iteration`; or from a transformer
+spec file, `transformer_spec`); without them MFU is not stated and HFU is the one measure.
 
 Iteration time is the iteration's GPU span on its busiest device (`layers.stage_times`), the
 steady-state iterations only (`conventions.steady`); the peak is the busiest GPU's dense peak at
@@ -17,10 +17,13 @@ steady-state iterations only (`conventions.steady`); the peak is the busiest GPU
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import duckdb
 import polars as pl
 
 from traceq.analysis.efficiency.ce import busiest_gpu, kernel_ce
+from traceq.analysis.efficiency.transformer_spec import load_transformer_spec
 from traceq.analysis.structure.conventions import ITERATION_REGEX, steady
 from traceq.analysis.structure.layers import attributed_kernels, stage_times
 from traceq.errors import MissingDataError, OptionError
@@ -31,10 +34,19 @@ ALL = "all"
 
 def model_flops_per_iteration(model_flops: float | None, params: float | None, tokens: float | None,
                               training: bool, *, layers: int | None = None, d_model: int | None = None,
-                              seq: int | None = None, causal: bool = True) -> float | None:
+                              seq: int | None = None, causal: bool = True,
+                              spec: str | Path | None = None) -> float | None:
     """The model FLOPs of one iteration: given, else (6 or 2) x parameters x tokens per iteration,
-    plus the attention term when `layers`, `d_model` and `seq` are given. Raises OptionError for
-    an incomplete or contradictory description."""
+    plus the attention term when `layers`, `d_model` and `seq` are given; or a transformer spec's
+    (`transformer_spec`), which says all of that itself. Raises OptionError for an incomplete or
+    contradictory description."""
+    if spec is not None:
+        others = (model_flops, params, tokens, layers, d_model, seq)
+        if any(v is not None for v in others) or not training or not causal:
+            raise OptionError("--spec describes the whole model (mode, sizes, attention): give it alone, "
+                              "without --model-flops, --params, --tokens, --layers, --d-model, --seq, "
+                              "--inference or --full-attention")
+        return load_transformer_spec(spec).model_flops
     described = [v is not None for v in (layers, d_model, seq)]
     if any(described) and not all(described):
         raise OptionError("the attention term needs --layers, --d-model and --seq together")

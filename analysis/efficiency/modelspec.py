@@ -137,6 +137,9 @@ class _SpecProblem(Exception):
 
 def _parse_spec(doc: dict, default_name: str) -> ModelSpec:
     model, tables = doc.get("model"), doc.get("layer")
+    if "transformer" in doc:
+        raise _SpecProblem("is a transformer spec, which `traceq mfu --spec` reads (docs/mfu.md); this command "
+                           "needs the layers one by one")
     if set(doc) - {"model", "layer"} or not isinstance(model, dict):
         raise _SpecProblem("needs a [model] table and [[layer]] tables, nothing else")
     _check_keys(model, ("input",), ("name", "batch", "dtype"), "[model]")

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import duckdb
 import polars as pl
 
 from traceq.analysis.choices import GroupBy
 from traceq.analysis.efficiency.flops import FLOP_OPS
+from traceq.analysis.structure.conventions import ITERATION_REGEX
 from traceq.errors import MissingDataError
 
 _GEMM_K = {"aten::mm": (0, -1), "aten::matmul": (0, -1), "aten::bmm": (0, -1), "aten::linear": (0, -1),
@@ -229,3 +231,22 @@ def roofline_table(kernels: pl.DataFrame, dram_bytes_per_s: float, by: GroupBy |
     columns = [*keys, "precision", "kernels", "total_ns", "flops", "bytes", "intensity", "tflops", "tbps",
                "peak_tflops", "bound_tflops", "roof", "achieved_pct"]
     return frame.select(columns).sort(["total_ns", *keys], descending=[True] + [False] * len(keys), nulls_last=True)
+
+
+def trace_roofline(con: duckdb.DuckDBPyConnection, trace_id: int, per_kernel: pl.DataFrame,
+                   by: GroupBy | str = GroupBy.layer, *, spec: Path | None = None, batch: int | None = None,
+                   iteration_regex: str = ITERATION_REGEX, kernels: pl.DataFrame | None = None) -> pl.DataFrame:
+    """`roofline_table` of a trace: `per_kernel` (its `ce.kernel_ce`) with bytes from the DeLTA
+    model (`traffic.launch_traffic`, where it has shapes) and from the recorded shapes
+    (`kernel_bytes`), on the trace's GPU's DRAM bandwidth; `kernels`: its attributed kernels,
+    when the caller has them. Raises MissingDataError when no kernel has FLOPs or bytes."""
+    from traceq.analysis.efficiency.gpu_products import trace_gpu
+    from traceq.analysis.efficiency.traffic import launch_traffic
+
+    try:
+        model = launch_traffic(con, trace_id, spec=spec, batch=batch, iteration_regex=iteration_regex,
+                               kernels=kernels).select("kernel_id", "dram_bytes")
+    except MissingDataError:
+        model = pl.DataFrame(schema={"kernel_id": pl.Int64, "dram_bytes": pl.Float64})
+    roofline = kernel_roofline(per_kernel, model, kernel_bytes(con, trace_id))
+    return roofline_table(roofline, trace_gpu(con, trace_id).dram_bytes_per_s, GroupBy(by))
