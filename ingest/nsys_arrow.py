@@ -6,8 +6,8 @@ sizes, large_string text): the SQLite export's reader (`nsys.NsysReader`) reads 
 forms loading alike (tests/test_nsys_arrow.py compares their stores table by table).
 
 The event tables (EVENT_TABLES: kernels, API calls, copies, NVTX...) are read straight from
-the files, only the columns the store keeps, in batches of BATCH_ROWS: a memory-mapped Arrow
-stream is sliced without a copy, a Parquet file is decoded by pyarrow on its own threads. The
+the files, only the columns the store keeps, in batches of BATCH_ROWS: an Arrow stream's
+batches one at a time, a Parquet file's decoded by pyarrow (its footer says where each column is). The
 reader's per-batch work then runs on WORKERS threads (`ColumnarScanner`), as it does on the
 SQLite export's rows. The few small tables it reads with SQL (STAGED: strings, GPUs, processes,
 metadata, GPU metrics) are staged into an SQLite file in a scratch folder; every other table is
@@ -76,35 +76,49 @@ class ExportTable:
 
 
 def arrow_export(path: Path) -> dict[str, ExportTable]:
-    """The tables of an Arrow export, memory-mapped: each stream's batches are located once and
-    checked (offsets and lengths inside their buffers, text valid UTF-8), then sliced, not copied."""
+    """The tables of an Arrow export: each stream's place in the file, schema and rows, found by
+    walking its messages through a memory map. The event tables' batches are read, and checked,
+    when they are scanned (`_stream_batches`); the other tables' are checked here (offsets and
+    lengths inside their buffers, text valid UTF-8), so that a damaged export is refused."""
     from pyarrow import ipc
 
-    source = pa.memory_map(str(path))
     tables: dict[str, ExportTable] = {}
     try:
-        while source.tell() < source.size():
-            reader = ipc.open_stream(source)
-            batches = []
-            for batch in reader:
-                batch.validate(full=True)  # a stream reads without checking: a damaged length can point anywhere
-                batches.append(batch)
-            name = (reader.schema.metadata or {}).get(TABLE_KEY)
-            if name is None:
-                raise TraceFormatError(f"{path}: an Arrow stream without a table name is not an nsys export")
-            table = pa.Table.from_batches(batches, reader.schema)
-            tables[name.decode("utf-8", "replace")] = ExportTable(
-                name.decode("utf-8", "replace"), reader.schema, table.num_rows, _slices(table))
+        with pa.memory_map(str(path)) as source:
+            while source.tell() < source.size():
+                offset = source.tell()
+                reader = ipc.open_stream(source)
+                raw = (reader.schema.metadata or {}).get(TABLE_KEY)
+                if raw is None:
+                    raise TraceFormatError(f"{path}: an Arrow stream without a table name is not an nsys export")
+                name = raw.decode("utf-8", "replace")
+                rows = 0
+                for batch in reader:
+                    if name not in EVENT_TABLES:  # those are checked batch by batch as they are read
+                        batch.validate(full=True)
+                    rows += batch.num_rows
+                tables[name] = ExportTable(name, reader.schema, rows, _stream_batches(path, offset))
     except (pa.ArrowException, OSError, MemoryError) as e:  # a damaged length can ask for any size
         raise TraceFormatError(f"{path} is a damaged Arrow export ({_first_line(e)})") from None
     return tables
 
 
-def _slices(table: pa.Table) -> Callable[[list[str]], Iterator[pa.Table]]:
+def _stream_batches(path: Path, offset: int) -> Callable[[list[str]], Iterator[pa.Table]]:
+    """The batches of the stream at `offset`, read one at a time from the file (not mapped: the
+    pages of a mapped 2 GB export stay in the process's resident memory), checked, sliced."""
     def read(columns: list[str]) -> Iterator[pa.Table]:
-        chosen = table.select(columns)
-        for start in range(0, table.num_rows, BATCH_ROWS):
-            yield chosen.slice(start, BATCH_ROWS)
+        from pyarrow import ipc
+
+        try:
+            with pa.OSFile(str(path)) as file:
+                file.seek(offset)
+                for batch in ipc.open_stream(file):
+                    batch.validate(full=True)  # a stream reads without checking: a damaged length can point anywhere
+                    chosen = pa.Table.from_batches([batch]).select(columns)
+                    for start in range(0, chosen.num_rows, BATCH_ROWS):
+                        yield chosen.slice(start, BATCH_ROWS)
+        except (pa.ArrowException, OSError, MemoryError) as e:
+            raise TraceFormatError(f"{path} is a damaged Arrow export ({_first_line(e)})") from None
     return read
 
 
@@ -115,7 +129,7 @@ def parquet_export(path: Path) -> dict[str, ExportTable]:
     tables: dict[str, ExportTable] = {}
     for file in sorted(path.glob("*.parquet")):
         try:
-            parquet = pq.ParquetFile(file, memory_map=True)
+            parquet = pq.ParquetFile(file, pre_buffer=False)
             schema = parquet.schema_arrow
             rows = parquet.metadata.num_rows
         except (pa.ArrowException, OSError, MemoryError) as e:
@@ -129,7 +143,7 @@ def parquet_export(path: Path) -> dict[str, ExportTable]:
 def _row_groups(file: Path, parquet: Any) -> Callable[[list[str]], Iterator[pa.Table]]:
     def read(columns: list[str]) -> Iterator[pa.Table]:
         try:
-            for batch in parquet.iter_batches(BATCH_ROWS, columns=columns, use_threads=True):
+            for batch in parquet.iter_batches(BATCH_ROWS, columns=columns, use_threads=False):
                 batch.validate(full=True)
                 yield pa.Table.from_batches([batch])
         except (pa.ArrowException, OSError, MemoryError) as e:
