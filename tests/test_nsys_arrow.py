@@ -149,3 +149,29 @@ def test_three_exports_give_equal_stores_table_by_table(tmp_path: Path) -> None:
             assert rows(loaded[form], table) == reference, (form, table)
         compared += bool(reference)
     assert compared >= 15
+
+
+@pytest.mark.parametrize("damage", ["cut", "flip"])
+def test_a_damaged_parquet_event_table_is_refused_in_one_line(damage: str, tmp_path: Path) -> None:
+    """The kernel table's file cut short (its footer gone) or with bytes changed inside its
+    pages (found while the rows are read, after the load began): one line, the store unchanged."""
+    import shutil
+
+    import traceq
+
+    store = tmp_path / "s.duckdb"
+    traceq.load(sample("lenet_b256_cudnn.sqlite"), store)
+    before = store.read_bytes()
+    export = tmp_path / "damaged.parquetdir"
+    shutil.copytree(sample(f"{EXPORTS}.parquetdir"), export)
+    kernels = export / "CUPTI_ACTIVITY_KIND_KERNEL.parquet"
+    data = bytearray(kernels.read_bytes())
+    if damage == "cut":
+        data = data[: len(data) // 2]
+    else:
+        data[4:len(data) // 2] = bytes(len(data) // 2 - 4)  # the first column chunks' pages zeroed
+    kernels.write_bytes(bytes(data))
+    with pytest.raises(TraceFormatError) as e:
+        traceq.load(export, store)
+    assert "\n" not in str(e.value) and "damaged.parquetdir" in str(e.value)
+    assert store.read_bytes() == before
