@@ -1,20 +1,31 @@
 """Nsight Systems exports as Arrow: `nsys export --type arrow` (one file: an Arrow IPC stream per
 table, one after another, each schema naming its table in the metadata key `table_name`) and
 `nsys export --type parquetdir` (a folder of `TABLE.parquet` files, the same metadata). Both hold
-the tables and columns of the SQLite export, so they are staged, table by table, into an SQLite
-file in a scratch folder and read there by the SQLite export's reader (`nsys.NsysReader`): the
-three forms load alike, checked on one report exported all three ways (tests/test_nsys_arrow.py).
+the tables and columns of the SQLite export, with nsys's own Arrow types (uint64 ids, int32 grid
+sizes, large_string text): the SQLite export's reader (`nsys.NsysReader`) reads them, the three
+forms loading alike (tests/test_nsys_arrow.py compares their stores table by table).
 
-Staging costs what writing the rows into SQLite costs (about a second per million rows here);
-the SQLite export is the fast way in for large reports. Table and column names come from the
-file: they are quoted, never run as SQL of their own.
+The event tables (EVENT_TABLES: kernels, API calls, copies, NVTX...) are read straight from
+the files, only the columns the store keeps, in batches of BATCH_ROWS: an Arrow stream's
+batches one at a time, a Parquet file's decoded by pyarrow (its footer says where each column is). The
+reader's per-batch work then runs on WORKERS threads (`ColumnarScanner`), as it does on the
+SQLite export's rows. The few small tables it reads with SQL (STAGED: strings, GPUs, processes,
+metadata, GPU metrics) are staged into an SQLite file in a scratch folder; every other table is
+created there empty, so the reader sees the export's tables and columns. An unsigned 64-bit
+value is kept as the signed one of the same bits, as nsys writes it into its SQLite export.
+
+Table and column names come from the file: they are quoted, never run as SQL of their own.
+docs/performance.md ("Nsight's Arrow and Parquet exports") has the measurements.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import sqlite3
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,15 +33,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceq.errors import TraceFormatError
+from traceq.ingest.arrow_sqlite import READ_AHEAD, WORKERS, _yield_to_writer
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo
-from traceq.ingest.nsys import NsysReader
+from traceq.ingest.nsys import EVENT_TABLES, NsysReader
+from traceq.ingest.nsys_metrics import NAMES as METRIC_NAMES
+from traceq.ingest.nsys_metrics import SAMPLES as METRIC_SAMPLES
 from traceq.ingest.scratch import new_scratch
 from traceq.ingest.sqlite_source import open_sqlite
 
 ARROW_MAGIC = b"\xff\xff\xff\xff"
 """An Arrow IPC stream's first bytes (the continuation marker of its schema message)."""
 TABLE_KEY = b"table_name"
-_BATCH_ROWS = 50_000
+BATCH_ROWS = 65_536
+"""Rows per batch read from an event table: as many as the SQLite reader's chunks."""
+STAGE_ROWS = 50_000
+STAGED = frozenset({
+    "StringIds", "TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU", "PROCESSES", "ThreadNames", "META_DATA_EXPORT",
+    "EXPORT_META_DATA", "TARGET_INFO_SESSION_START_TIME", METRIC_SAMPLES, METRIC_NAMES,
+})
+"""The tables `NsysReader` reads with SQL of its own (joins, DISTINCT): copied into the staged SQLite file."""
 
 
 def looks_like_arrow_export(head: bytes) -> bool:
@@ -43,38 +64,91 @@ def looks_like_parquet_export(path: Path) -> bool:
     return path.is_dir() and (path / "StringIds.parquet").is_file() and any(path.glob("CUPTI_ACTIVITY_KIND_*.parquet"))
 
 
-def arrow_tables(path: Path) -> Iterator[tuple[str, pa.Table]]:
-    """(table name, table) of each stream of an Arrow export, in file order."""
+class ExportTable:
+    """One table of an export: its schema, rows, and its batches of chosen columns."""
+
+    def __init__(self, name: str, schema: pa.Schema, rows: int, read: Callable[[list[str]], Iterator[pa.Table]]):
+        self.name, self.schema, self.rows, self._read = name, schema, rows, read
+
+    def batches(self, columns: list[str]) -> Iterator[pa.Table]:
+        """Tables of at most BATCH_ROWS rows holding `columns`, in the table's order."""
+        return self._read(columns)
+
+
+def arrow_export(path: Path) -> dict[str, ExportTable]:
+    """The tables of an Arrow export: each stream's place in the file, schema and rows, found by
+    walking its messages through a memory map. The event tables' batches are read, and checked,
+    when they are scanned (`_stream_batches`); the other tables' are checked here (offsets and
+    lengths inside their buffers, text valid UTF-8), so that a damaged export is refused."""
     from pyarrow import ipc
 
-    source = pa.memory_map(str(path))
+    tables: dict[str, ExportTable] = {}
     try:
-        while source.tell() < source.size():
-            reader = ipc.open_stream(source)
-            table = reader.read_all()
-            table.validate(full=True)  # offsets and lengths inside their buffers: a stream reads without checking
-            name = (reader.schema.metadata or {}).get(TABLE_KEY)
-            if name is None:
-                raise TraceFormatError(f"{path}: an Arrow stream without a table name is not an nsys export")
-            yield name.decode("utf-8", "replace"), table
+        with pa.memory_map(str(path)) as source:
+            while source.tell() < source.size():
+                offset = source.tell()
+                reader = ipc.open_stream(source)
+                raw = (reader.schema.metadata or {}).get(TABLE_KEY)
+                if raw is None:
+                    raise TraceFormatError(f"{path}: an Arrow stream without a table name is not an nsys export")
+                name = raw.decode("utf-8", "replace")
+                rows = 0
+                for batch in reader:
+                    if name not in EVENT_TABLES:  # those are checked batch by batch as they are read
+                        batch.validate(full=True)
+                    rows += batch.num_rows
+                tables[name] = ExportTable(name, reader.schema, rows, _stream_batches(path, offset))
     except (pa.ArrowException, OSError, MemoryError) as e:  # a damaged length can ask for any size
         raise TraceFormatError(f"{path} is a damaged Arrow export ({_first_line(e)})") from None
-    finally:
-        source.close()
+    return tables
 
 
-def parquet_tables(path: Path) -> Iterator[tuple[str, pa.Table]]:
-    """(table name, table) of each file of a parquetdir export."""
+def _stream_batches(path: Path, offset: int) -> Callable[[list[str]], Iterator[pa.Table]]:
+    """The batches of the stream at `offset`, read one at a time from the file (not mapped: the
+    pages of a mapped 2 GB export stay in the process's resident memory), checked, sliced."""
+    def read(columns: list[str]) -> Iterator[pa.Table]:
+        from pyarrow import ipc
+
+        try:
+            with pa.OSFile(str(path)) as file:
+                file.seek(offset)
+                for batch in ipc.open_stream(file):
+                    batch.validate(full=True)  # a stream reads without checking: a damaged length can point anywhere
+                    chosen = pa.Table.from_batches([batch]).select(columns)
+                    for start in range(0, chosen.num_rows, BATCH_ROWS):
+                        yield chosen.slice(start, BATCH_ROWS)
+        except (pa.ArrowException, OSError, MemoryError) as e:
+            raise TraceFormatError(f"{path} is a damaged Arrow export ({_first_line(e)})") from None
+    return read
+
+
+def parquet_export(path: Path) -> dict[str, ExportTable]:
+    """The tables of a parquetdir export, from each file's footer; the rows are decoded when read."""
     import pyarrow.parquet as pq
 
+    tables: dict[str, ExportTable] = {}
     for file in sorted(path.glob("*.parquet")):
         try:
-            table = pq.read_table(file)
-            table.validate(full=True)
+            parquet = pq.ParquetFile(file, pre_buffer=False)
+            schema = parquet.schema_arrow
+            rows = parquet.metadata.num_rows
         except (pa.ArrowException, OSError, MemoryError) as e:
             raise TraceFormatError(f"{file} is a damaged Parquet file ({_first_line(e)})") from None
-        name = (table.schema.metadata or {}).get(TABLE_KEY)
-        yield (name.decode("utf-8", "replace") if name else file.stem), table
+        raw = (schema.metadata or {}).get(TABLE_KEY)
+        name = raw.decode("utf-8", "replace") if raw else file.stem
+        tables[name] = ExportTable(name, schema, rows, _row_groups(file, parquet))
+    return tables
+
+
+def _row_groups(file: Path, parquet: Any) -> Callable[[list[str]], Iterator[pa.Table]]:
+    def read(columns: list[str]) -> Iterator[pa.Table]:
+        try:
+            for batch in parquet.iter_batches(BATCH_ROWS, columns=columns, use_threads=False):
+                batch.validate(full=True)
+                yield pa.Table.from_batches([batch])
+        except (pa.ArrowException, OSError, MemoryError) as e:
+            raise TraceFormatError(f"{file} is a damaged Parquet file ({_first_line(e)})") from None
+    return read
 
 
 def _first_line(error: BaseException) -> str:
@@ -82,20 +156,23 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def stage(tables: Iterator[tuple[str, pa.Table]], target: Path) -> None:
-    """Write `tables` into a new SQLite file `target` (INTEGER, REAL and TEXT columns; an unsigned
-    64-bit value beyond the signed range is stored as NULL: nsys writes none)."""
+def stage(tables: dict[str, ExportTable], target: Path) -> None:
+    """Write the STAGED tables into a new SQLite file `target` (INTEGER, REAL and TEXT columns),
+    and every other table without its rows."""
     con = sqlite3.connect(target)
     try:
         con.execute("PRAGMA journal_mode = OFF")
         con.execute("PRAGMA synchronous = OFF")
-        for name, table in tables:
-            table = pa.table({f.name: _storable(table[f.name], f.type) for f in table.schema})
+        for name, table in tables.items():
             columns = ", ".join(f"{_quoted(f.name)} {_sqlite_type(f.type)}" for f in table.schema)
             con.execute(f"CREATE TABLE IF NOT EXISTS {_quoted(name)} ({columns})")
-            insert = f"INSERT INTO {_quoted(name)} VALUES ({', '.join('?' * table.num_columns)})"
-            for batch in table.to_batches(_BATCH_ROWS):
-                con.executemany(insert, zip(*(column.to_pylist() for column in batch.columns)))
+            if name not in STAGED:
+                continue
+            insert = f"INSERT INTO {_quoted(name)} VALUES ({', '.join('?' * len(table.schema))})"
+            for batch in table.batches(table.schema.names):
+                batch = pa.table({f.name: _storable(batch[f.name], f.type) for f in table.schema})
+                for rows in batch.to_batches(STAGE_ROWS):
+                    con.executemany(insert, zip(*(column.to_pylist() for column in rows.columns)))
         con.commit()
     finally:
         con.close()
@@ -114,11 +191,10 @@ def _sqlite_type(kind: pa.DataType) -> str:
 
 
 def _storable(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
-    """A column as SQLite can hold it: unsigned 64-bit as signed (NULL where it does not fit),
-    anything not a number or a string as its text."""
+    """A column as SQLite holds it: unsigned 64-bit as the signed value of the same bits (as nsys
+    writes its SQLite export), anything not a number or a string as its text."""
     if pa.types.is_uint64(kind):
-        fits = pc.less_equal(column, pa.scalar(2**63 - 1, pa.uint64()))
-        return pc.cast(pc.if_else(fits, column, pa.scalar(None, pa.uint64())), pa.int64())
+        return pc.cast(column, pa.int64(), safe=False)
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
         return column
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
@@ -126,12 +202,103 @@ def _storable(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
     return column.cast(pa.string())
 
 
-class _Staged:
-    """The staged SQLite source of an Arrow or Parquet export: the reader's connection and the
-    scratch folder it lives in, removed on close."""
+_NAME = re.compile(r'^(?:"((?:[^"]|"")+)"|([A-Za-z_][A-Za-z0-9_]*))$')
+_EQUALS = re.compile(r"^\(?([A-Za-z_][A-Za-z0-9_]*) = (-?\d+)\)?$")
+_IN = re.compile(r"^\(?([A-Za-z_][A-Za-z0-9_]*) IN \(([-\d, ]+)\)\)?$")
 
-    def __init__(self, folder: Path, con: sqlite3.Connection):
-        self.folder, self.con = folder, con
+
+def _column_of(expression: str) -> str | None:
+    """The source column an nsys reader's select expression names (None for NULL)."""
+    if expression == "NULL":
+        return None
+    found = _NAME.match(expression)
+    if found is None:
+        raise ValueError(f"the Arrow reader evaluates column names and NULL only, not {expression!r}")
+    return found.group(1).replace('""', '"') if found.group(1) else found.group(2)
+
+
+def _condition(where: str) -> tuple[str, list[int]] | None:
+    """(column, values it must hold) of an nsys reader's WHERE clause; None for every row."""
+    if where.strip("() ") == "1":
+        return None
+    for pattern in (_EQUALS, _IN):
+        found = pattern.match(where.strip())
+        if found:
+            return found.group(1), [int(v) for v in found.group(2).split(",")]
+    raise ValueError(f"the Arrow reader evaluates `column = n` and `column IN (...)` only, not {where!r}")
+
+
+def _as(column: pa.ChunkedArray | pa.Array, kind: pa.DataType) -> pa.ChunkedArray | pa.Array:
+    """`column` as the store's type: integers as int64 (unsigned 64-bit ones by their bits, as in
+    the SQLite export), text as string."""
+    if column.type == kind:
+        return column
+    return pc.cast(column, kind, safe=not (pa.types.is_uint64(column.type) and pa.types.is_int64(kind)))
+
+
+class ColumnarScanner:
+    """`scan_table` for the event tables of an Arrow or Parquet export (see sqlite_source.scan_table);
+    the staged tables are read from the SQLite file."""
+
+    def __init__(self, tables: dict[str, ExportTable], workers: int = WORKERS):
+        self.tables, self.workers = tables, workers
+
+    def close(self) -> None:
+        pass
+
+    def scan(
+        self, src: sqlite3.Connection, table: str, columns: Sequence[tuple[str, str]], schema: pa.Schema,
+        where: str, fallback: Callable[[str], Iterator[pa.Table]],
+        transform: Callable[[pa.Table], pa.Table] | None = None,
+    ) -> Iterator[pa.Table]:
+        if table in STAGED or table not in EVENT_TABLES or table not in self.tables:
+            from traceq.ingest.arrow_sqlite import as_select
+
+            batches = fallback(f'SELECT {as_select(columns)} FROM {_quoted(table)} WHERE ({where})')
+            yield from (batches if transform is None else map(transform, batches))
+            return
+        source = self.tables[table]
+        sources = [_column_of(expression) for _, expression in columns]
+        condition = _condition(where)
+        needed = list(dict.fromkeys([c for c in sources if c is not None] + ([condition[0]] if condition else [])))
+        missing = [c for c in needed if c not in source.schema.names]
+        if missing:
+            raise TraceFormatError(f"the export's table {table} has no column {missing[0]}")
+
+        def convert(batch: pa.Table) -> pa.Table:  # on the pool's threads
+            if condition is not None:
+                batch = batch.filter(pc.fill_null(pc.is_in(batch[condition[0]], pa.array(condition[1], batch[
+                    condition[0]].type)), False))
+            rows = pa.Table.from_arrays([
+                pa.nulls(batch.num_rows, field.type) if name is None else _as(batch[name], field.type)
+                for name, field in zip(sources, schema)], schema=schema)
+            return rows if transform is None else transform(rows)
+
+        pending: deque[Future[pa.Table]] = deque()
+        ahead = self.workers + READ_AHEAD
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="traceq-arrow", initializer=_yield_to_writer) as pool:
+            try:
+                for batch in source.batches(needed):
+                    pending.append(pool.submit(convert, batch))
+                    while len(pending) > ahead or (pending and pending[0].done()):
+                        done = pending.popleft().result()
+                        if done.num_rows:
+                            yield done
+                while pending:
+                    done = pending.popleft().result()
+                    if done.num_rows:
+                        yield done
+            finally:
+                for future in pending:
+                    future.cancel()
+
+
+class _Staged:
+    """The source of an Arrow or Parquet export: the staged SQLite file's connection (its scanner
+    reading the event tables from the export) and the scratch folder it lives in, removed on close."""
+
+    def __init__(self, folder: Path, con: sqlite3.Connection, tables: dict[str, ExportTable]):
+        self.folder, self.con, self.tables = folder, con, tables
         self.damage = getattr(con, "damage", None)
 
     def close(self) -> None:
@@ -151,17 +318,20 @@ class NsysArrowReader(NsysReader):
         return looks_like_arrow_export(probe)
 
     def open(self, path: Path, options: LoadOptions) -> _Staged:  # type: ignore[override]
+        tables = parquet_export(path) if path.is_dir() else arrow_export(path)
         folder = new_scratch()
         try:
             target = folder / "staged.sqlite"
-            stage(parquet_tables(path) if path.is_dir() else arrow_tables(path), target)
-            return _Staged(folder, open_sqlite(target, "stdlib"))
+            stage(tables, target)
+            con = open_sqlite(target, "stdlib")
+            con.scanner = ColumnarScanner(tables)  # type: ignore[attr-defined]
+            return _Staged(folder, con, tables)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
 
     def estimate_rows(self, src: _Staged) -> int:  # type: ignore[override]
-        return super().estimate_rows(src.con)
+        return sum(src.tables[t].rows for t in EVENT_TABLES if t in src.tables)
 
     def read(self, src: _Staged, sink: Sink) -> SourceInfo:  # type: ignore[override]
         from traceq.ingest.sqlite_source import table_names

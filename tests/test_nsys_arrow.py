@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 from conftest import sample
+from pyarrow import ipc
 
 from traceq import TraceFormatError
 
@@ -116,3 +116,62 @@ def test_a_damaged_string_offset_is_refused_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError) as e:
         traceq.load(damaged, tmp_path / "s.duckdb")
     assert "\n" not in str(e.value) and "flipped.arrow" in str(e.value)
+
+
+VARYING = {"trace_id", "run_id", "name", "source_path", "sha256", "source_bytes", "loaded_at", "load_seconds",
+           "seconds"}
+"""Columns that name or time the load, not the trace: left out when stores are compared."""
+
+
+def test_three_exports_give_equal_stores_table_by_table(tmp_path: Path) -> None:
+    """Every table of the store (every column but VARYING) holds the same rows whichever of the
+    three exports of one report was loaded."""
+    import traceq
+
+    loaded = {form: traceq.load(sample(f"{EXPORTS}.{form}"), tmp_path / f"{form}.duckdb")
+              for form in ("sqlite", "arrow", "parquetdir")}
+    con = loaded["sqlite"].con
+    tables = [r[0] for r in con.execute(
+        "SELECT table_name FROM information_schema.columns WHERE column_name = 'trace_id' ORDER BY 1").fetchall()]
+    assert {"kernel_events", "api_events", "nvtx_events", "memops", "kernel_names", "threads"} <= set(tables)
+
+    def rows(t, table: str) -> list[tuple]:
+        columns = [r[0] for r in t.con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = ? ORDER BY ordinal_position",
+            [table]).fetchall() if r[0] not in VARYING]
+        listed = ", ".join(f'"{c}"' for c in columns)
+        return t.con.execute(f'SELECT {listed} FROM "{table}" WHERE trace_id = ? ORDER BY ALL', [t.id]).fetchall()
+
+    compared = 0
+    for table in tables:
+        reference = rows(loaded["sqlite"], table)
+        for form in ("arrow", "parquetdir"):
+            assert rows(loaded[form], table) == reference, (form, table)
+        compared += bool(reference)
+    assert compared >= 15
+
+
+@pytest.mark.parametrize("damage", ["cut", "flip"])
+def test_a_damaged_parquet_event_table_is_refused_in_one_line(damage: str, tmp_path: Path) -> None:
+    """The kernel table's file cut short (its footer gone) or with bytes changed inside its
+    pages (found while the rows are read, after the load began): one line, the store unchanged."""
+    import shutil
+
+    import traceq
+
+    store = tmp_path / "s.duckdb"
+    traceq.load(sample("lenet_b256_cudnn.sqlite"), store)
+    before = store.read_bytes()
+    export = tmp_path / "damaged.parquetdir"
+    shutil.copytree(sample(f"{EXPORTS}.parquetdir"), export)
+    kernels = export / "CUPTI_ACTIVITY_KIND_KERNEL.parquet"
+    data = bytearray(kernels.read_bytes())
+    if damage == "cut":
+        data = data[: len(data) // 2]
+    else:
+        data[4:len(data) // 2] = bytes(len(data) // 2 - 4)  # the first column chunks' pages zeroed
+    kernels.write_bytes(bytes(data))
+    with pytest.raises(TraceFormatError) as e:
+        traceq.load(export, store)
+    assert "\n" not in str(e.value) and "damaged.parquetdir" in str(e.value)
+    assert store.read_bytes() == before
