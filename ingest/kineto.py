@@ -44,7 +44,9 @@ docs/damaged-traces.md), as in the other readers.
 
 from __future__ import annotations
 
+import atexit
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -225,9 +227,12 @@ class KinetoReader:
         # a small trace's staging in memory (uncompressed: cheaper to write), a large one's on disk
         # (compressed: spilling 1.6 GB of uncompressed staging at 1M kernels tripled pass 2)
         small = uncompressed_size(src.path) <= MEMORY_STAGING_BYTES
-        scratch = connect(":memory:" if small else src.scratch / "stage.duckdb", **SCRATCH_SETTINGS)  # offline
-        scratch.execute(f"SET temp_directory = '{src.scratch / 'spill'}'")
-        scratch.execute("SET enable_progress_bar = false")
+        if small:
+            scratch = _memory_scratch().cursor()
+            scratch.execute("SET enable_progress_bar = false")
+        else:
+            scratch = connect(src.scratch / "stage.duckdb", **SCRATCH_SETTINGS)  # offline
+            scratch.execute(f"SET temp_directory = '{src.scratch / 'spill'}'")
         try:
             events = TraceEvents(src.path)
             _stage(scratch, events, src.scratch, src.options, sink, parallel=small)
@@ -241,7 +246,28 @@ class KinetoReader:
                 sink.damage.add("baseTimeNanoseconds", "out of range ignored (times kept as the trace has them)")
             return _source_info(meta)
         finally:
+            if small:  # the temporary tables go with the cursor, the staging tables here
+                try:
+                    scratch.execute("DROP TABLE IF EXISTS ev; DROP TABLE IF EXISTS kernel_rows")
+                except duckdb.Error:  # the next read makes a new database
+                    _thread.scratch = None
             scratch.close()
+
+
+_thread = threading.local()
+
+
+def _memory_scratch() -> duckdb.DuckDBPyConnection:
+    """This thread's in-memory scratch database (SCRATCH_SETTINGS, spilling to a scratch folder
+    of its own), made at its first small trace and kept: a read takes a cursor of it and drops
+    what it made, so a process that loads many rank files opens one database, not one per file
+    (12 ms each, 3 % of a 250-kernel rank's load)."""
+    con = getattr(_thread, "scratch", None)
+    if con is None:
+        spill = new_scratch()
+        atexit.register(shutil.rmtree, spill, ignore_errors=True)
+        con = _thread.scratch = connect(":memory:", **SCRATCH_SETTINGS, temp_directory=str(spill / "spill"))
+    return con
 
 
 def _stage(scratch: duckdb.DuckDBPyConnection, events: TraceEvents, folder: Path, options: LoadOptions,
