@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -57,7 +58,7 @@ from traceq.ingest.base import LoadOptions, Sink, SourceInfo
 from traceq.ingest.json_events import TraceEvents, uncompressed_size
 from traceq.ingest.json_stage import stage
 from traceq.ingest.nvprof import base_name, demangle
-from traceq.ingest.scratch import new_scratch
+from traceq.ingest.scratch import forget_memory_scratch, memory_scratch, new_scratch
 from traceq.ingest.validate import TIME_LIMIT_NS, Damage
 from traceq.store import connect
 
@@ -225,8 +226,8 @@ class KinetoReader:
         # a small trace's staging in memory (uncompressed: cheaper to write), a large one's on disk
         # (compressed: spilling 1.6 GB of uncompressed staging at 1M kernels tripled pass 2)
         small = uncompressed_size(src.path) <= MEMORY_STAGING_BYTES
-        scratch = connect(":memory:" if small else src.scratch / "stage.duckdb", **SCRATCH_SETTINGS)  # offline
-        scratch.execute(f"SET temp_directory = '{src.scratch / 'spill'}'")
+        scratch = (memory_scratch(SCRATCH_SETTINGS).cursor() if small else  # offline, as `connect`'s
+                   connect(src.scratch / "stage.duckdb", **SCRATCH_SETTINGS, temp_directory=str(src.scratch / "spill")))
         scratch.execute("SET enable_progress_bar = false")
         try:
             events = TraceEvents(src.path)
@@ -235,12 +236,17 @@ class KinetoReader:
             counts = dict(scratch.execute("SELECT kind, count(*) FROM ev GROUP BY kind").fetchall())
             _check(scratch, events, counts)
             _valid_times(scratch, sink.damage)
-            _write_tables(scratch, sink, meta)
+            _write_tables(scratch, sink, meta, counts)
             base = _int(meta.get("baseTimeNanoseconds"))
             if base is not None and not 0 <= base < 2**63:
                 sink.damage.add("baseTimeNanoseconds", "out of range ignored (times kept as the trace has them)")
             return _source_info(meta)
         finally:
+            if small:  # the temporary tables go with the cursor, the staging tables here
+                try:
+                    scratch.execute("DROP TABLE IF EXISTS ev; DROP TABLE IF EXISTS kernel_rows")
+                except duckdb.Error:  # the next read makes a new database
+                    forget_memory_scratch()
             scratch.close()
 
 
@@ -249,9 +255,14 @@ def _stage(scratch: duckdb.DuckDBPyConnection, events: TraceEvents, folder: Path
     """Pass 1: every batch of events parsed into the staging table `ev` (`json_stage.stage`), two
     at a time where `parallel` (in memory: the same CPU, on two cores; appending to the compressed
     table on disk from two connections cost 6 to 10 % more CPU, so large traces stay serial)."""
-    empty = folder / "empty.json"
-    empty.write_bytes(b"[]")
-    scratch.execute(f"CREATE TABLE ev AS {_stage_sql([empty], 0, True)}")
+    if _EV_TABLE:  # binding the staging SQL to an empty file costs about a third of a rank's parse
+        scratch.execute(_EV_TABLE[0])
+    else:  # the staging rows' columns, as DuckDB types them, learnt once
+        (folder / "empty.json").write_bytes(b"[]")
+        scratch.execute(f"CREATE TABLE ev AS {_stage_sql([folder / 'empty.json'], 0, True)}")
+        columns = scratch.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'ev' "
+                                  "ORDER BY column_index").fetchall()
+        _EV_TABLE.append("CREATE TABLE ev (" + ", ".join(f'"{name}" {kind}' for name, kind in columns) + ")")
 
     def insert(paths: list[Path], number: int) -> str:
         return f"INSERT INTO ev {_stage_sql(paths, number << _ROW_BITS, options.python_functions)}"
@@ -259,6 +270,7 @@ def _stage(scratch: duckdb.DuckDBPyConnection, events: TraceEvents, folder: Path
     stage(scratch, "ev", events, folder, insert, sink.progress, parallel)
 
 
+_EV_TABLE: list[str] = []  # the staging table's CREATE TABLE, once a read has made it
 _ROW_BITS = 32
 """A staged event's seq is its batch's number, shifted by this, plus its place in the batch."""
 
@@ -479,20 +491,32 @@ _TABLES = (("kernel_events", _KERNELS), ("kernel_configs", _KERNEL_CONFIGS), ("k
            ("processes", _PROCESSES), ("threads", _THREADS))
 
 
-def _write_tables(scratch: duckdb.DuckDBPyConnection, sink: Sink, meta: dict[str, Any]) -> None:
-    """Pass 2: each store table from the staging rows, streamed to the sink."""
+_SOURCE_KINDS = {"memops": ("memcpy", "memset"), "operators": ("cpu_op",), "memory_events": ("memory",),
+                 "processes": ("process_name",), "threads": ("thread_name",)}
+"""Tables made of these kinds of staged events alone: not queried when the trace has none."""
+
+
+def _write_tables(scratch: duckdb.DuckDBPyConnection, sink: Sink, meta: dict[str, Any], counts: dict[str, int]) -> None:
+    """Pass 2: each store table from the staging rows (`counts` of each kind), streamed to the sink."""
     for sql in _PREPARE:
         scratch.execute(sql)
     for table, sql in _TABLES:
-        sink.append_all(table, _batches(scratch, sql))
+        if table not in _SOURCE_KINDS or any(counts.get(kind) for kind in _SOURCE_KINDS[table]):
+            sink.append_all(table, _batches(scratch, sql))
     names = [r[1] for r in scratch.execute(_KERNEL_NAMES).fetchall()]
-    shorts = [base_name(demangle(n)[0]) or n for n in names]
+    shorts = [_short_name(n) for n in names]
     sink.append("kernel_names", pa.table({
         "name_id": pa.array(range(len(names)), pa.int32()), "name": pa.array(names, pa.string()),
         "short_name": pa.array(shorts, pa.string()),
         "mangled_name": pa.array([n if n.startswith("_Z") else None for n in names], pa.string())}), source_rows=0)
     sink.append("gpus", _gpus(meta), source_rows=0)
     sink.append("process_groups", _process_groups(meta), source_rows=0)
+
+
+@lru_cache(maxsize=1 << 16)
+def _short_name(name: str) -> str:
+    """A kernel name's base name, demangled, remembered: a worker demangles a job's names once."""
+    return base_name(demangle(name)[0]) or name
 
 
 def _batches(scratch: duckdb.DuckDBPyConnection, sql: str):  # -> Iterator[pa.Table]

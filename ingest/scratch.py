@@ -1,12 +1,19 @@
 """Scratch folders of loads in the temporary folder, marked with their process: a killed load's
-staging (tens of MB) is removed by the next load, which sees its process gone."""
+staging (tens of MB) is removed by the next load, which sees its process gone. And a thread's
+in-memory scratch database, kept from one load to the next."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
+
+import duckdb
+
+from traceq.store import connect
 
 SCRATCH_PREFIX = "traceq-kineto-"
 OWNER_FILE = "owner.pid"
@@ -52,3 +59,25 @@ def _running(pid: int) -> bool:
     except PermissionError:  # another user's process: running
         return True
     return True
+
+
+_thread = threading.local()
+
+
+def memory_scratch(settings: dict[str, str]) -> duckdb.DuckDBPyConnection:
+    """This thread's in-memory scratch database (DuckDB `settings`, spilling to a scratch folder
+    of its own), made at its first call and kept: a reader takes a cursor of it (whose
+    temporary tables go when it closes) and drops the tables it made, so a process that loads
+    many small files opens one database, not one per file (12 ms each, 3 % of a 250-kernel
+    Kineto rank's load)."""
+    con = getattr(_thread, "scratch", None)
+    if con is None:
+        spill = new_scratch()
+        atexit.register(shutil.rmtree, spill, ignore_errors=True)
+        con = _thread.scratch = connect(":memory:", **settings, temp_directory=str(spill / "spill"))
+    return con
+
+
+def forget_memory_scratch() -> None:
+    """The next `memory_scratch` makes a new database (a reader could not drop its tables)."""
+    _thread.scratch = None

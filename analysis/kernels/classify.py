@@ -31,7 +31,7 @@ import os
 import re
 import tomllib
 from collections.abc import Iterable, Iterator
-from dataclasses import astuple, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -301,9 +301,10 @@ def classify_names(
         mangled=pl.lit(None, pl.String) if mangled is None else _strings(mangled))
     distinct = frame.drop_nulls("name").unique("name", keep="first", maintain_order=True)
     ruleset = rules or default_rules()
-    rows = [astuple(ruleset.classify(name, mangled_name))
-            for name, mangled_name in distinct.iter_rows()]
-    schema = {f.name: (pl.Boolean if f.name == "tensor_cores" else pl.String) for f in fields(Classification)}
+    columns = [f.name for f in fields(Classification)]  # its values are plain: no astuple's deep copy
+    rows = [tuple(getattr(c, column) for column in columns)
+            for c in (ruleset.classify(name, mangled_name) for name, mangled_name in distinct.iter_rows())]
+    schema = {column: (pl.Boolean if column == "tensor_cores" else pl.String) for column in columns}
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
