@@ -71,7 +71,7 @@ def rescale(nodes: pl.DataFrame, dur: pl.Series, roofs: pl.DataFrame | None, her
             precision: str | None = None) -> tuple[pl.Series, list[str]]:
     """Durations `dur` of the graph's `nodes` on GPU `there` (`gpu_products.GpuProduct`) from the
     trace's GPU `here`, `roofs` (`kernel_roofs`) placing kernels on the roofline; `precision`:
-    the compute-bound kernels' precision after a `--precision` change. (durations, assumptions)."""
+    the GEMM and convolution kernels' precision after a `--precision` change. (durations, assumptions)."""
     from traceq.analysis.efficiency.peaks import peak_flops
 
     def peaks(gpu, names: list[str]) -> dict[str, float | None]:
@@ -85,8 +85,9 @@ def rescale(nodes: pl.DataFrame, dur: pl.Series, roofs: pl.DataFrame | None, her
                                    roof_precision=pl.lit(None, pl.String))
     else:
         frame = frame.join(roofs, on=["device", "start_ns", "end_ns"], how="left", maintain_order="left")
-    own = pl.coalesce(pl.lit(precision) if precision else None, pl.col("roof_precision"),
-                      pl.col("precision").replace("", None), pl.lit("fp32"))
+    changed = pl.col("operation").is_in(["gemm", "convolution"]) & pl.lit(precision is not None)
+    own = pl.when(changed).then(pl.lit(precision)).otherwise(pl.coalesce(
+        pl.col("roof_precision"), pl.col("precision").replace("", None), pl.lit("fp32")))
     frame = frame.with_columns(p=pl.when(kernel).then(own))
     used = [p for p in frame["p"].drop_nulls().unique().sort().to_list()]
     before, after = peaks(here, used), peaks(there, used)

@@ -32,8 +32,8 @@ VALIDATION = {
     "no_launch_overhead": ("validated: eager -> CUDA graph, a launch-bound training step on an H200, +8.3 % "
                            "(docs/whatif.md)"),
     "overlap_comm": "NOT validated against a real pair yet",
-    "gpu": ("validated: H100 <-> H200, a Qwen prefill: GPU time +6.0 % / -3.7 %, step +6.0 % / -13.2 %; "
-            "attention kernels that differ by library miss (docs/whatif.md)"),
+    "gpu": ("validated H100 <-> H200 only, a Qwen prefill: GPU time +6.0 % / -3.7 %, step +6.0 % / -13.2 %; "
+            "attention kernels of another library miss; other GPUs NOT validated (docs/whatif.md)"),
     "scale": "exact for the durations given; the durations are yours",
 }
 """How each change's prediction fared against real pairs (tools/whatif_validate.py), said with its
@@ -104,10 +104,9 @@ def apply(con: duckdb.DuckDBPyConnection, trace_id: int, graph: Graph, changes: 
         notes.append(f"{int(hit.sum())} kernels whose {scale.field} matches {scale.pattern!r} take "
                      f"{scale.factor:g} x their measured time ({VALIDATION['scale']})")
     if changes.precision or changes.gpu:
-        dur, note = _model(con, trace_id, nodes, dur, changes.precision, changes.gpu)
-        said = "; ".join(VALIDATION[what] for what, given in (("precision", changes.precision), ("gpu", changes.gpu))
-                         if given)
-        notes.extend([f"{note[0]} ({said})", *note[1:]])
+        dur, said = _model(con, trace_id, nodes, dur, changes.precision, changes.gpu)
+        for what, lines in said.items():  # each change's validation after its first line
+            notes.extend([f"{lines[0]} ({VALIDATION[what]})", *lines[1:]])
     if changes.overlap_comm:
         comm = kernel & (nodes["library"] == "NCCL").fill_null(False)
         dur = pl.select(pl.when(comm).then(0.0).otherwise(dur)).to_series()
@@ -171,7 +170,7 @@ def _without_launches(nodes: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series, str
 
 
 def _model(con: duckdb.DuckDBPyConnection, trace_id: int, nodes: pl.DataFrame, dur: pl.Series,
-           precision: str | None, gpu: str | None) -> tuple[pl.Series, list[str]]:
+           precision: str | None, gpu: str | None) -> tuple[pl.Series, dict[str, list[str]]]:
     """Durations under another precision (GEMM and convolution kernels by the trace's GPU's peak
     ratio) and/or on another GPU (`gpu_model`: each kernel by its roofline position)."""
     from traceq.analysis.critical.gpu_model import kernel_roofs, rescale
@@ -182,7 +181,7 @@ def _model(con: duckdb.DuckDBPyConnection, trace_id: int, nodes: pl.DataFrame, d
     there = gpu_product(gpu) if gpu else None
     if there is not None and there.name == gpu_product(here.name).name:
         there = here  # the trace's own GPU: its device record, so that the replay is the identity
-    notes = []
+    notes: dict[str, list[str]] = {}
     if precision:
         compute = (nodes["kind"] == 1) & nodes["operation"].is_in(list(COMPUTE_BOUND)).fill_null(False)
         own = nodes["precision"].fill_null("").replace("", "fp32")
@@ -195,12 +194,12 @@ def _model(con: duckdb.DuckDBPyConnection, trace_id: int, nodes: pl.DataFrame, d
             factors[p] = before / after
         factor = own.replace_strict(list(factors), list(factors.values()), default=1.0, return_dtype=pl.Float64)
         dur = pl.select(pl.when(compute).then(dur * factor).otherwise(dur)).to_series()
-        notes.append(f"{int(compute.sum())} GEMM/convolution kernels compute-bound, in {precision} on {here.name}: x "
-                     + ", ".join(f"{v:.3g} ({k})" for k, v in sorted(factors.items())))
+        notes["precision"] = [f"{int(compute.sum())} GEMM/convolution kernels compute-bound, in {precision} on "
+                              f"{here.name}: x " + ", ".join(f"{v:.3g} ({k})" for k, v in sorted(factors.items()))]
     if there is not None:
         roofs = kernel_roofs(con, trace_id) if "rank" not in nodes.columns else None
         dur, lines = rescale(nodes, dur, roofs, here, there, precision)
-        notes.extend(lines)
+        notes["gpu"] = lines
     return dur, notes
 
 
