@@ -47,11 +47,12 @@ class Critical:
     attribution); latest first within an iteration."""
 
 
-def critical_paths(graph: Graph, dur_ns: pl.Series | None = None, nodes: pl.DataFrame | None = None) -> Critical:
+def critical_paths(graph: Graph, dur_ns: pl.Series | None = None, nodes: pl.DataFrame | None = None,
+                   lists: dict | None = None) -> Critical:
     """Replay `graph` (with durations `dur_ns` and edge table `nodes` where given: a what-if's) and
-    give each iteration's critical path."""
-    run = measured(graph.nodes) if dur_ns is None and nodes is None else replay(
-        graph.nodes if nodes is None else nodes, dur_ns)
+    give each iteration's critical path; `lists`: columns already made lists (`replay.column`)."""
+    run = measured(graph.nodes, lists) if dur_ns is None and nodes is None else replay(
+        graph.nodes if nodes is None else nodes, dur_ns, lists)
     return paths_of(graph, graph.nodes if nodes is None else nodes, run)
 
 

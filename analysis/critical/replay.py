@@ -36,17 +36,36 @@ class Replayed:
     """start_ns and end_ns as Series, where they are the nodes' own (`measured`)."""
 
 
-def replay(nodes: pl.DataFrame, dur_ns: pl.Series | None = None) -> Replayed:
+def column(nodes: pl.DataFrame, name: str, lists: dict | None = None) -> list:
+    """Column `name` of `nodes` as a Python list (null: -1), the one in `lists` (name -> (column,
+    list), filled here) where the column holds the same values: a what-if changes a few columns
+    and replays with the rest as they were."""
+    values = nodes[name]
+    if values.null_count():
+        values = values.fill_null(-1)
+    kept = lists.get(name) if lists is not None else None
+    if kept is not None and kept[0].equals(values):
+        return kept[1]
+    out = values.to_list()
+    if lists is not None:
+        lists[name] = (values, out)
+    return out
+
+
+def replay(nodes: pl.DataFrame, dur_ns: pl.Series | None = None, lists: dict | None = None) -> Replayed:
     """Replay `nodes` (`graph.Graph.nodes`, perhaps with changed columns) with durations `dur_ns`
-    (default: the measured ones)."""
+    (default: the measured ones); `lists`: `column`'s."""
+    def col(name: str) -> list:
+        return column(nodes, name, lists)
+
     dur = (nodes["dur_ns"] if dur_ns is None else dur_ns).cast(pl.Int64).to_list()
-    measured = nodes["start_ns"].to_list()
-    prog, pg = nodes["prog"].to_list(), nodes["prog_gap"].to_list()
-    launch, lg = nodes["launch"].to_list(), nodes["launch_gap"].to_list()
-    wait, wg = nodes["wait"].to_list(), nodes["wait_gap"].to_list()
-    awaited, wk = nodes["awaited"].fill_null(-1).to_list(), nodes["wake_gap"].to_list()
-    floor = nodes["sync_floor_ns"].to_list()
-    peer, peer_gap = nodes["peer"].to_list(), nodes["peer_gap"].to_list()
+    measured = col("start_ns")
+    prog, pg = col("prog"), col("prog_gap")
+    launch, lg = col("launch"), col("launch_gap")
+    wait, wg = col("wait"), col("wait_gap")
+    awaited, wk = col("awaited"), col("wake_gap")
+    floor = col("sync_floor_ns")
+    peer, peer_gap = col("peer"), col("peer_gap")
     n = len(dur)
     starts, ends, bind, woke, arrived = [0] * n, [0] * n, [0] * n, [False] * n, [False] * n
     low = -(1 << 62)
@@ -89,12 +108,12 @@ def replay(nodes: pl.DataFrame, dur_ns: pl.Series | None = None) -> Replayed:
     return Replayed(starts, ends, bind, woke, arrived, preds=(prog, launch, wait, awaited, peer))
 
 
-def measured(nodes: pl.DataFrame) -> Replayed:
+def measured(nodes: pl.DataFrame, lists: dict | None = None) -> Replayed:
     """The trace's own times as a replay: what the unchanged graph replays to (each binding edge
-    carries its measured gap), without the loop."""
+    carries its measured gap), without the loop; `lists`: `column`'s."""
     bind = nodes.select(pl.when(pl.col("fixed")).then(0).otherwise(pl.col("bind"))).to_series().to_list()
-    return Replayed(nodes["start_ns"].to_list(), nodes["end_ns"].to_list(), bind, nodes["woke"].to_list(),
-                    nodes["arrived"].to_list(), times=(nodes["start_ns"], nodes["end_ns"]))
+    return Replayed(column(nodes, "start_ns", lists), column(nodes, "end_ns", lists), bind, nodes["woke"].to_list(),
+                    nodes["arrived"].to_list(), preds=predecessors(nodes, lists), times=(nodes["start_ns"], nodes["end_ns"]))
 
 
 def iteration_ends(nodes: pl.DataFrame, ends: list[int] | pl.Series, starts: list[int] | pl.Series) -> pl.DataFrame:
@@ -117,10 +136,10 @@ def iteration_ends(nodes: pl.DataFrame, ends: list[int] | pl.Series, starts: lis
                             ).with_columns(iteration_ns=pl.col("end_ns") - pl.col("begin_ns"))
 
 
-def predecessors(nodes: pl.DataFrame) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
-    """prog, launch, wait, awaited and peer of every node as lists, for `walk`."""
-    return (nodes["prog"].to_list(), nodes["launch"].to_list(), nodes["wait"].to_list(),
-            nodes["awaited"].fill_null(-1).to_list(), nodes["peer"].to_list())
+def predecessors(nodes: pl.DataFrame, lists: dict | None = None
+                 ) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """prog, launch, wait, awaited and peer of every node as lists (null: -1), for `walk`."""
+    return tuple(column(nodes, name, lists) for name in ("prog", "launch", "wait", "awaited", "peer"))  # type: ignore[return-value]
 
 
 def walk(preds: tuple[list[int], list[int], list[int], list[int], list[int]], run: Replayed, last: int,

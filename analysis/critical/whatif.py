@@ -213,10 +213,13 @@ def predict(con: duckdb.DuckDBPyConnection, trace_id: int, changes: Changes, gra
 
     nodes = graph.nodes
     measured = iteration_ends(nodes, nodes["end_ns"].to_list(), nodes["start_ns"].to_list())
-    unchanged = replay(nodes)
+    lists: dict = {}  # the columns both replays read as lists, converted once
+    unchanged = replay(nodes, lists=lists)
     same = iteration_ends(nodes, unchanged.end_ns, unchanged.start_ns)
+    del unchanged
     changed_nodes, dur, notes = apply(con, trace_id, graph, changes)
-    new = critical_paths(graph, dur, changed_nodes)
+    new = critical_paths(graph, dur, changed_nodes, lists)
+    del lists
     table = new.iterations.select(
         "iteration", measured_ns=measured["iteration_ns"], replayed_ns=same["iteration_ns"],
         predicted_ns=pl.col("iteration_ns"))
