@@ -158,29 +158,30 @@ def walk(preds: tuple[list[int], list[int], list[int], list[int], list[int]], ru
     first = len(nodes)
     starts, ends, bind = run.start_ns, run.end_ns, run.bind
     woke, arrived = run.awaited, run.arrived
+    add_node, add_what = nodes.append, whats.append
     node, at_end = last, True
     t = ends[last]
     while t > begin_ns:
-        nodes.append(node)
+        add_node(node)
         if at_end:
             if woke[node]:
-                whats.append(4)
+                add_what(4)
                 node = awaited[node]
                 t = ends[node]
             elif arrived[node]:
-                whats.append(6)
+                add_what(6)
                 node = peer[node]
                 t, at_end = starts[node], False
             else:
-                whats.append(0)
+                add_what(0)
                 t, at_end = starts[node], False
             continue
         b = bind[node]
         pred = -1 if b == 0 else (prog if b == 1 else launch if b == 2 else wait)[node]
         if pred < 0:  # nothing bound it, or its measured binding edge was left out (`graph._forward_only`)
-            whats.append(5)
+            add_what(5)
             break
-        whats.append(b)
+        add_what(b)
         if b == 2:
             t = starts[pred]
         else:
