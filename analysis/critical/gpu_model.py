@@ -35,6 +35,7 @@ COMPUTE_CLASSES = ("gemm", "convolution", "attention")
 """Kernel operations taken as compute-bound when no shapes place them on the roofline."""
 
 BOUNDS = ("compute", "memory", "latency")
+"""What bounds a kernel, in the order the assumptions list them."""
 
 
 def kernel_roofs(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
