@@ -78,7 +78,8 @@ def whatif(
         help="GEMM/convolution kernels in this precision (bf16, fp16, tf32, fp8, ...): scaled by the GPU's peak ratio",
         show_default=False)] = None,
     gpu: Annotated[Optional[str], typer.Option(
-        help="On this GPU (H100, A100, ...): compute-bound kernels by peak FLOP/s, the rest by DRAM bandwidth",
+        help="On this GPU (V100, A100, H100, H200): each kernel's time at its roofline bound moves with the bound "
+             "(peak FLOP/s or DRAM bandwidth), the rest with the SM clock",
         show_default=False)] = None,
     view: ViewOpt = CriticalView.iterations,
     run: RunOpt = None,

@@ -84,8 +84,10 @@ def build_graph(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: 
     calls = calls.filter(reach.is_null() | (pl.col("start_ns") >= reach))
     names = pl.Series([api_names.get(i) or "" for i in range(max(api_names, default=-1) + 1)], dtype=pl.String)
     call_name = names.gather(calls["name_id"]) if calls.height else pl.Series([], dtype=pl.String)
-    sync = call_name.str.contains(SYNC_CALL.pattern) | (
-        call_name.str.contains(COPY_CALL.pattern) & ~call_name.str.contains("Async"))
+    # which names synchronise: decided once per name, not per call
+    syncing = names.str.contains(SYNC_CALL.pattern) | (names.str.contains(COPY_CALL.pattern)
+                                                        & ~names.str.contains("Async"))
+    sync = syncing.gather(calls["name_id"]) if calls.height else pl.Series([], dtype=pl.Boolean)
     host = calls.select(
         kind=pl.lit(0, pl.UInt8), pid="pid", thread="thread", start_ns="start_ns", end_ns="end_ns",
         name=call_name, sync=sync)
@@ -174,32 +176,42 @@ def _assemble(con: duckdb.DuckDBPyConnection, trace_id: int, host: pl.DataFrame,
                                 tie=tie)
              .sort("key", "tie", "lane", "start_ns", "end_ns").with_row_index("node")
              .with_columns(pl.col("node").cast(pl.Int64)))
-    # prog: the previous node of the lane
-    in_lane = nodes.select("node", "lane", "start_ns", "end_ns").sort("lane", "start_ns", "end_ns", "node")
+    # prog: the previous node of the lane (within a lane the replay order is nearly always time
+    # order already: a stable sort by lane, checked, spares sorting by four keys)
+    in_lane = nodes.select("node", "lane", "start_ns", "end_ns").sort("lane", maintain_order=True)
+    same = pl.col("lane").shift(1) == pl.col("lane")
+    behind = (pl.col("start_ns") < pl.col("start_ns").shift(1)) | (
+        (pl.col("start_ns") == pl.col("start_ns").shift(1)) & (pl.col("end_ns") < pl.col("end_ns").shift(1)))
+    if in_lane.select((same & behind).any()).item():
+        in_lane = in_lane.sort("lane", "start_ns", "end_ns", "node")
     previous = in_lane.select(pl.when(pl.col("lane").shift(1) == pl.col("lane")).then(pl.col("node").shift(1))
                               ).to_series()
     nodes = nodes.with_columns(prog=pl.repeat(None, nodes.height, dtype=pl.Int64, eager=True)
                                .scatter(in_lane["node"], previous))
     host_rows = nodes.filter(pl.col("kind") == 0)
     gpu_mask = nodes["kind"] > 0
+    gpu_rows = nodes.filter(gpu_mask)
+
+    def none() -> pl.Series:  # a fresh column of nulls for each (scatter writes in place)
+        return pl.repeat(None, nodes.height, dtype=pl.Int64, eager=True)
+
     # launch: the host call of the issuing thread that began last at or before the call's start
     at = last_at_or_before(host_rows["thread"].cast(pl.Int64), host_rows["start_ns"],
-                           nodes["call_thread"].cast(pl.Int64), nodes["call_start_ns"])
-    launch = pl.select(pl.when(gpu_mask & at.is_not_null()).then(host_rows["node"].gather(at))).to_series()
-    nodes = nodes.with_columns(launch=launch)
+                           gpu_rows["call_thread"].cast(pl.Int64), gpu_rows["call_start_ns"])
+    launch = none().scatter(gpu_rows["node"], host_rows["node"].gather(at))
     # sync: the last GPU node of the process ended at or before the call's end, issued before it began
-    gpu_rows = nodes.filter(gpu_mask)
-    pid_key = nodes["pid"].cast(pl.Int64)
-    before = last_at_or_before(gpu_rows["pid"].cast(pl.Int64), gpu_rows["end_ns"], pid_key, nodes["end_ns"])
-    awaited = pl.select(pl.when(nodes["sync"] & before.is_not_null()).then(gpu_rows["node"].gather(before))).to_series()
-    issued = nodes["call_start_ns"].gather(awaited.fill_null(0))
-    awaited = pl.select(pl.when(issued.is_null() | (issued <= nodes["start_ns"])).then(awaited)).to_series()
-    nodes = nodes.with_columns(awaited=awaited)
+    syncs = nodes.filter("sync")
+    before = last_at_or_before(gpu_rows["pid"].cast(pl.Int64), gpu_rows["end_ns"], syncs["pid"].cast(pl.Int64),
+                               syncs["end_ns"])
+    waited = gpu_rows["node"].gather(before)
+    issued = gpu_rows["call_start_ns"].gather(before)
+    awaited = none().scatter(syncs["node"], pl.select(pl.when(issued.is_null() | (issued <= syncs["start_ns"]))
+                                                    .then(waited)).to_series())
     # wait: another stream's operation of the device that ended last at or before the start
-    ended = last_at_or_before(gpu_rows["device"].fill_null(-1), gpu_rows["end_ns"], nodes["device"].fill_null(-1),
-                              nodes["start_ns"])
-    wait = pl.select(pl.when(gpu_mask & ended.is_not_null()).then(gpu_rows["node"].gather(ended))).to_series()
-    nodes = nodes.with_columns(wait=wait)
+    ended = last_at_or_before(gpu_rows["device"].fill_null(-1), gpu_rows["end_ns"], gpu_rows["device"].fill_null(-1),
+                              gpu_rows["start_ns"])
+    wait = none().scatter(gpu_rows["node"], gpu_rows["node"].gather(ended))
+    nodes = nodes.with_columns(launch=launch, awaited=awaited, wait=wait)
     nodes = _gaps(nodes).with_columns(peer=pl.lit(-1, pl.Int64), peer_gap=pl.lit(0, pl.Int64), arrived=pl.lit(False))
     nodes, dropped = _forward_only(nodes)
     iterations, codes = _iterations(con, trace_id, nodes, iteration_regex)

@@ -19,7 +19,16 @@ from dataclasses import dataclass
 import polars as pl
 
 from traceq.analysis.critical.graph import KINDS, Graph
-from traceq.analysis.critical.replay import EDGES, Replayed, iteration_ends, measured, predecessors, replay, walk
+from traceq.analysis.critical.replay import (
+    EDGES,
+    Replayed,
+    iteration_ends,
+    measured,
+    predecessors,
+    replay,
+    segment_bounds,
+    walk,
+)
 
 CATEGORIES = ("compute", "communication", "copy", "host", "launch", "sync wait", "idle")
 """What a path segment is, in the order tables list them."""
@@ -38,24 +47,27 @@ class Critical:
     attribution); latest first within an iteration."""
 
 
-def critical_paths(graph: Graph, dur_ns: pl.Series | None = None, nodes: pl.DataFrame | None = None) -> Critical:
+def critical_paths(graph: Graph, dur_ns: pl.Series | None = None, nodes: pl.DataFrame | None = None,
+                   lists: dict | None = None) -> Critical:
     """Replay `graph` (with durations `dur_ns` and edge table `nodes` where given: a what-if's) and
-    give each iteration's critical path."""
-    run = measured(graph.nodes) if dur_ns is None and nodes is None else replay(
-        graph.nodes if nodes is None else nodes, dur_ns)
+    give each iteration's critical path; `lists`: columns already made lists (`replay.column`)."""
+    run = measured(graph.nodes, lists) if dur_ns is None and nodes is None else replay(
+        graph.nodes if nodes is None else nodes, dur_ns, lists)
     return paths_of(graph, graph.nodes if nodes is None else nodes, run)
 
 
 def paths_of(graph: Graph, nodes: pl.DataFrame, run: Replayed) -> Critical:
     """The critical paths of a replay `run` of `nodes`."""
-    ends = iteration_ends(nodes, run.end_ns, run.start_ns)
-    preds = predecessors(nodes)
+    ends = iteration_ends(nodes, *(reversed(run.times) if run.times else (run.end_ns, run.start_ns)))
+    preds = run.preds or predecessors(nodes)
     index: list[int] = []
-    node, lo, hi, edge = out = ([], [], [], [])
+    node, edge = out = ([], [])
     for i, (last, begin) in enumerate(zip(ends["last"].to_list(), ends["begin_ns"].to_list())):
         index.extend([i] * walk(preds, run, last, begin, out))
     node = pl.Series(node, dtype=pl.Int64)
     edge = pl.Series(edge, dtype=pl.UInt8)
+    index = pl.Series(index, dtype=pl.UInt32)
+    lo, hi = segment_bounds(nodes, run, node, edge, index, ends["begin_ns"], ends["last"].cast(pl.Int64))
     kind = nodes["kind"].gather(node)
     library = nodes["library"].gather(node)
     # category codes into CATEGORIES: compute 0, communication 1 (a collective's wait for the last
@@ -68,11 +80,9 @@ def paths_of(graph: Graph, nodes: pl.DataFrame, run: Replayed) -> Critical:
     ).to_series()
     names = graph.iterations
     labels = (names.gather(ends["iteration"]) if len(names) else pl.repeat("all", ends.height, eager=True))
-    index = pl.Series(index, dtype=pl.UInt32)
-    dur = pl.Series(hi, dtype=pl.Int64) - pl.Series(lo, dtype=pl.Int64)
+    dur = hi - lo
     segments = pl.DataFrame({
-        "iteration": labels.gather(index), "from_ns": pl.Series(lo, dtype=pl.Int64),
-        "to_ns": pl.Series(hi, dtype=pl.Int64), "dur_ns": dur,
+        "iteration": labels.gather(index), "from_ns": lo, "to_ns": hi, "dur_ns": dur,
         "category": pl.Series(CATEGORIES).gather(code), "edge": pl.Series(EDGES).gather(edge),
         "kind": pl.Series(KINDS).gather(kind), "name": nodes["name"].gather(node), "library": library,
         "layer": nodes["layer"].gather(node)})
