@@ -8,8 +8,8 @@ registers and devices are looked up once per distinct kernel and agent at the en
 may come in any order. Entries the reader does not use (`callback_records`, `code_objects`, ...)
 are stepped over one element at a time.
 
-The rows are those `amd.RocprofJsonReader` made from the whole document, written in the same
-order with the same ids: kernels in (start, device, stream) order, names, configurations and
+The rows are those the reader made when it parsed the whole document (before 29 Nov 2026),
+written in the same order with the same ids: kernels in (start, device, stream) order, names, configurations and
 queues numbered in that order, calls in the file's order of kinds (HIP, HSA, RCCL) then records.
 """
 
@@ -209,19 +209,23 @@ class _WalkSource:
         pass
 
 
-class RocprofJsonReader(amd.RocprofJsonReader):
-    """rocprofv3's JSON output, streamed (`rocprofv3 --kernel-trace --output-format json`)."""
+class RocprofJsonReader:
+    """rocprofv3's JSON output (`rocprofv3 --kernel-trace --output-format json`), streamed."""
 
     name: ClassVar[str] = "rocprofv3-json"
     container: ClassVar[str] = "json"
 
-    def open(self, path: Path, options: LoadOptions) -> _WalkSource:  # type: ignore[override]
+    def sniff(self, text: bytes) -> bool:
+        return b'"rocprofiler-sdk-tool"' in text
+
+    def open(self, path: Path, options: LoadOptions) -> _WalkSource:
         return _WalkSource(Path(path))
 
-    def estimate_rows(self, src: _WalkSource) -> int:  # type: ignore[override]
+    def estimate_rows(self, src: _WalkSource) -> int:
+        """The file's bytes: the walk reports those it has read."""
         return src.path.stat().st_size
 
-    def read(self, src: _WalkSource, sink: Sink) -> SourceInfo:  # type: ignore[override]
+    def read(self, src: _WalkSource, sink: Sink) -> SourceInfo:
         records = walk(src.path, sink.progress)
         data = records.data
         tables = _Tables()
