@@ -27,6 +27,8 @@ BLOCK_CHARS = 4 << 20
 _WS = re.compile(r"[ \t\n\r]*")
 _MARGIN = 1 << 20
 """An error this far before the window's end is the file's; nearer, it may be the window's cut."""
+_TAIL = 64
+"""A value parsed must end this far before the window's end (or the file's): else read on."""
 
 
 class Walk:
@@ -104,7 +106,7 @@ class Walk:
                     raise
                 want = 2 * max(want, len(self.buf) - self.pos)
                 continue
-            if end >= len(self.buf) and not self.eof:  # a number or literal may go on past the window
+            if end > len(self.buf) - _TAIL and not self.eof:  # a number cut by the window ('1e' of '1e5') parses
                 want = 2 * max(want, len(self.buf) - self.pos)
                 continue
             self.pos = end
