@@ -98,6 +98,24 @@ class _Records:
         self.skipped = 0
 
     def dispatch(self, record: Any) -> None:
+        try:  # the common case: every field there, an int of 64 bits, a grid of work-items and a workgroup size
+            info = record["dispatch_info"]
+            size, grid = info["workgroup_size"], info["grid_size"]
+            sx, sy, sz = size["x"], size["y"], size["z"]
+            gx, gy, gz = grid["x"], grid["y"], grid["z"]
+            row = (record["start_timestamp"], record["end_timestamp"], info["kernel_id"], info["agent_id"]["handle"],
+                   info["queue_id"]["handle"], record["correlation_id"]["internal"], gx, gy, gz, sx, sy, sz,
+                   info["group_segment_size"], info["private_segment_size"])
+        except (KeyError, TypeError, IndexError):
+            row = ()
+        if (len(row) == 14 and all(type(v) is int for v in row) and min(row) >= -_INT64 and max(row) < _INT64
+                and min(sx, sy, sz) > 0 and min(gx, gy, gz) >= 0):
+            self.kernels.add((*row[:6], -(-gx // sx), -(-gy // sy), -(-gz // sz), *row[9:]))
+            return
+        self._dispatch(record)
+
+    def _dispatch(self, record: Any) -> None:
+        """A dispatch record of any shape: what is sound read, a field of the wrong type as absent."""
         record = _o(record)
         info = _o(record.get("dispatch_info"))
         start, end = _int(record.get("start_timestamp")), _int(record.get("end_timestamp"))
