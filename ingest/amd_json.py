@@ -285,10 +285,12 @@ class RocprofJsonReader:
 
 
 def _lookup(keys: pa.Array, value: Callable[[Any], Any], kind: pa.DataType) -> pa.Array:
-    """`value(key)` for each key, called once per distinct key (a null key included)."""
+    """`value(key)` for each key, called once per distinct key (a null key included); texts
+    dictionary-encoded (a kernel's name is not copied for each of its dispatches)."""
     distinct = pc.unique(keys)
     values = pa.array([value(k) for k in distinct.to_pylist()], kind)
-    return values.take(pc.index_in(keys, value_set=distinct, skip_nulls=False))
+    indices = pc.index_in(keys, value_set=distinct, skip_nulls=False)
+    return pa.DictionaryArray.from_arrays(indices, values) if kind == pa.string() else values.take(indices)
 
 
 def _kernels(raw: pa.Table, data: dict[str, Any], device_of: dict[int | None, int]) -> pa.Table:
