@@ -104,10 +104,10 @@ class Walk:
                 near_end = e.pos >= len(self.buf) - _MARGIN or e.msg.startswith("Unterminated string")
                 if self.eof or not near_end:
                     raise
-                want = 2 * max(want, len(self.buf) - self.pos)
+                want = 4 * max(want, len(self.buf) - self.pos)
                 continue
             if end > len(self.buf) - _TAIL and not self.eof:  # a number cut by the window ('1e' of '1e5') parses
-                want = 2 * max(want, len(self.buf) - self.pos)
+                want = 4 * max(want, len(self.buf) - self.pos)
                 continue
             self.pos = end
             return value
@@ -140,6 +140,38 @@ class Walk:
             return
         while True:
             yield None
+            char = self.peek()
+            self.pos += 1
+            if char == "]":
+                return
+            if char != ",":
+                self.pos -= 1
+                raise self._error("Expecting ',' delimiter")
+
+    def slabs(self) -> Iterator[list[Any]]:
+        """The elements of the array that comes next, parsed: many at once where the file writes
+        them compactly (`},{` between objects), else one at a time. A run of elements up to the
+        window's last `},{` is parsed as one array; a `},{` inside a string or a nested array
+        leaves that text unbalanced, so the parse fails and those elements are read one by one."""
+        self.expect("[")
+        if self.peek() == "]":
+            self.pos += 1
+            return
+        slow_until = -1
+        while True:
+            self._fill(BLOCK_CHARS)
+            if self.pos > slow_until:
+                cut = self.buf.rfind("},{", self.pos, len(self.buf) - _TAIL)
+                if cut > self.pos:
+                    try:
+                        items = json.loads("[" + self.buf[self.pos:cut + 1] + "]")
+                    except ValueError:
+                        slow_until = cut
+                    else:
+                        self.pos = cut + 2
+                        yield items
+                        continue
+            yield [self.value()]
             char = self.peek()
             self.pos += 1
             if char == "]":

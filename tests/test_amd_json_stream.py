@@ -21,20 +21,24 @@ from traceq.ingest.json_walk import Walk
 
 KD = re.compile(r"(\s*\[clone \.kd\]|\.kd)$")
 DOC = {"a": [1, -2.5e-3, True, None, "x\"y\\z\u00e9\U0001f600", {"b": []}, {}], "long": "w" * 300,
-       "n": 12345678901234567890, "nested": {"k": [[1, 2], [3, {"d": "\n"}]]}, "e": []}
+       "n": 12345678901234567890, "nested": {"k": [[1, 2], [3, {"d": "\n"}]]}, "e": [],
+       "records": [{"i": i, "s": "},{" * (i % 3), "l": [{"x": i}, {"y": []}][:i % 3], "f": i / 7} for i in range(40)]}
 
 
-def _read(walk: Walk, depth: int) -> object:
-    """The next value, walked member by member `depth` levels down, parsed below that."""
+def _read(walk: Walk, depth: int, slabs: bool = False) -> object:
+    """The next value, walked member by member `depth` levels down, parsed below that (arrays in
+    slabs where asked)."""
     char = walk.peek()
     if depth and char == "{":
-        return {key: _read(walk, depth - 1) for key in walk.members()}
+        return {key: _read(walk, depth - 1, slabs) for key in walk.members()}
     if depth and char == "[":
+        if slabs:
+            return [item for slab in walk.slabs() for item in slab]
         return [_read(walk, depth - 1) for _ in walk.items()]
     return walk.value()
 
 
-@pytest.mark.parametrize("block", [1, 2, 7, 64, 1 << 20])
+@pytest.mark.parametrize("block", [1, 7, 64, 300, 1 << 20])
 @pytest.mark.parametrize("gz", [False, True])
 def test_the_walk_gives_what_json_loads_gives_whatever_its_window(block, gz, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(json_walk, "BLOCK_CHARS", block)
@@ -42,9 +46,9 @@ def test_the_walk_gives_what_json_loads_gives_whatever_its_window(block, gz, tmp
     text = json.dumps(DOC, indent=1 if block % 2 else None).encode()
     path = tmp_path / "d.json"
     path.write_bytes(gzip.compress(text) if gz else text)
-    for depth in (0, 1, 2, 5):
+    for depth, slabs in ((0, False), (1, False), (2, False), (5, False), (1, True), (2, True)):
         walk = Walk(path)
-        assert _read(walk, depth) == json.loads(text)
+        assert _read(walk, depth, slabs) == json.loads(text)
         walk.end()
         walk.close()
 
@@ -67,16 +71,17 @@ def test_a_cut_or_damaged_document_raises_where_json_loads_raises(tmp_path, monk
             expected = None
         except ValueError:
             expected = ValueError
-        walk = Walk(path)
-        try:
-            walk.skip(depth=4)
-            walk.end()
-            got = None
-        except ValueError:
-            got = ValueError
-        finally:
-            walk.close()
-        assert got == expected, case
+        for slabs in (False, True):
+            walk = Walk(path)
+            try:
+                _read(walk, 2, slabs)
+                walk.end()
+                got = None
+            except ValueError:
+                got = ValueError
+            finally:
+                walk.close()
+            assert got == expected, case
 
 
 def _profile(tmp_path: Path) -> tuple[dict, Counter, Counter]:
