@@ -50,7 +50,7 @@ from traceq.ingest.xplane_tables import PID, _api, _short
 BATCH_ROWS = 65_536
 """Records gathered as Python tuples before they become Arrow columns."""
 
-WRITE_ROWS = 1 << 20
+WRITE_ROWS = 1 << 18
 """Kernels sent to the store per Arrow table."""
 
 _SMALL = ("metadata", "agents", "kernel_symbols", "strings")
@@ -62,10 +62,12 @@ _INT64 = 1 << 63
 
 
 class _Batches:
-    """Rows of int64 columns, gathered as tuples and turned into Arrow a batch at a time."""
+    """Rows of int64 columns, gathered as tuples and turned into Arrow arrays a batch at a time."""
 
     def __init__(self, columns: tuple[str, ...]):
-        self.columns, self.rows, self.tables = columns, [], []  # type: tuple[str, ...], list[tuple[Any, ...]], list[pa.Table]
+        self.columns = columns
+        self.rows: list[tuple[Any, ...]] = []
+        self.arrays: dict[str, list[pa.Array]] = {c: [] for c in columns}
 
     def add(self, row: tuple[Any, ...]) -> None:
         self.rows.append(row)
@@ -74,17 +76,18 @@ class _Batches:
 
     def flush(self) -> None:
         if self.rows:
-            values = list(zip(*self.rows))
-            self.tables.append(pa.table({c: pa.array(v, pa.int64()) for c, v in zip(self.columns, values)}))
+            for column, values in zip(self.columns, zip(*self.rows)):
+                self.arrays[column].append(pa.array(values, pa.int64()))
             self.rows = []
 
     def table(self) -> pa.Table:
+        """Every row, one contiguous array a column (each column's batches freed as it is joined)."""
         self.flush()
-        if not self.tables:
-            return pa.table({c: pa.array([], pa.int64()) for c in self.columns})
-        table = pa.concat_tables(self.tables).combine_chunks()
-        self.tables = []
-        return table
+        columns = {}
+        for column in self.columns:
+            columns[column] = pa.concat_arrays(self.arrays[column]) if self.arrays[column] else pa.array([], pa.int64())
+            self.arrays[column] = []
+        return pa.table(columns)
 
 
 class _Records:
@@ -265,6 +268,7 @@ class RocprofJsonReader:
         pid = _int(metadata.get("pid")) or PID
         names = _operation_names(strings)
         kernels = _kernels(records.kernels.table(), data, device_of)
+        data.pop("kernel_symbols", None)
         calls = _calls(records.calls.table(), names)
         tables.memops = [row for row in (_copy_row(r, names, device_of) for r in records.copies) if row is not None]
         tables.ranges = _marker_ranges(records.markers, strings, PID)
@@ -275,16 +279,18 @@ class RocprofJsonReader:
                 if records.skipped else ""))
         starts = kernels["start_ns"] if kernels.num_rows else pa.array([m["start_ns"] for m in tables.memops], pa.int64())
         middle = starts.take(pc.array_sort_indices(starts))[len(starts) // 2].as_py()
-        kernels = _keep(kernels, middle, sink, "kernel", "kernel_events")
+        del starts
+        kept = _keep(kernels, middle, sink, "kernel", "kernel_events")
         tables.memops = _keep_rows(tables.memops, middle, sink, "memcpy/memset", lambda m: (m["start_ns"], m["end_ns"]),
                                    "memops")
-        calls = _keep(calls, middle, sink, "API call", "api_events")
+        calls = calls.take(_keep(calls, middle, sink, "API call", "api_events"))
         tables.ranges = _keep_rows(tables.ranges, middle, sink, "NVTX event", lambda r: (r[0], r[1]), "nvtx_events")
-        if not kernels.num_rows and not tables.memops:
+        if not len(kept) and not tables.memops:
             raise TraceFormatError("the profile's dispatches all have damaged times")
         tables.write(sink)  # GPUs, copies and ranges (XLA's derived ranges: none, without hlo ops)
         _write_calls(calls, sink)
-        _write_kernels(kernels, sink)
+        del calls
+        _write_kernels(kernels, kept, sink)
         host = _text(_o(metadata.get("node")).get("hostname"))
         return SourceInfo(format="rocprofv3", tool="rocprofv3 (rocprofiler-sdk) JSON"
                           + (f", host {host}" if host else "") + f", pid {pid}")
@@ -327,9 +333,10 @@ def _calls(raw: pa.Table, names: dict[tuple[int | None, int], str]) -> pa.Table:
     return raw.append_column("name", pa.array(labels, pa.string()).take(keys.indices))
 
 
-def _keep(table: pa.Table, middle: int, sink: Sink, noun: str, store_table: str) -> pa.Table:
-    """`table` less the rows with a time TIME_LIMIT_NS or more from `middle` or an end before the
-    start, counted as damage, as `amd._Rows.write` drops them."""
+def _keep(table: pa.Table, middle: int, sink: Sink, noun: str, store_table: str) -> pa.Array:
+    """The indices of `table`'s rows kept: not those with a time TIME_LIMIT_NS or more from
+    `middle` or an end before the start, which are counted as damage, as the reader of the whole
+    document dropped them."""
     low, high = middle - TIME_LIMIT_NS, middle + TIME_LIMIT_NS  # |t - middle| >= TIME_LIMIT_NS: t <= low or t >= high
     start, end = table["start_ns"], table["end_ns"]
 
@@ -340,11 +347,11 @@ def _keep(table: pa.Table, middle: int, sink: Sink, noun: str, store_table: str)
 
     late = pc.fill_null(pc.or_(far(start), far(end)), False)
     reverse = pc.and_(pc.invert(late), pc.fill_null(pc.less(end, start), False))
-    kept = table.filter(pc.invert(pc.or_(late, reverse)))
+    kept = pc.indices_nonzero(pc.invert(pc.or_(late, reverse)))
     sink.damage.add(noun, "with times out of range dropped", int(pc.sum(pc.cast(late, pa.int64())).as_py() or 0))
     sink.damage.add(noun, "with end < start dropped", int(pc.sum(pc.cast(reverse, pa.int64())).as_py() or 0))
-    sink.damage.add_total(store_table, float(pc.sum(pc.cast(pc.subtract(kept["end_ns"], kept["start_ns"]),
-                                                            pa.float64())).as_py() or 0.0))
+    durations = pc.subtract(end.take(kept), start.take(kept))
+    sink.damage.add_total(store_table, float(pc.sum(pc.cast(durations, pa.float64())).as_py() or 0.0))
     return kept
 
 
@@ -383,17 +390,17 @@ def _write_calls(calls: pa.Table, sink: Sink) -> None:
     sink.append("api_threads", api_threads([PID] * len(tids), tids, [None] * len(tids)), source_rows=0)
 
 
-def _write_kernels(kernels: pa.Table, sink: Sink) -> None:
-    """As `xplane_tables._write_kernels`, from columns: in (start, device, stream) order, numbered
-    in that order, sent a million at a time in one INSERT."""
-    if not kernels.num_rows:
+def _write_kernels(kernels: pa.Table, kept: pa.Array, sink: Sink) -> None:
+    """As `xplane_tables._write_kernels`, from columns: the `kept` rows in (start, device, stream)
+    order, numbered in that order, taken and sent WRITE_ROWS at a time in one INSERT (a sorted
+    copy of the whole table is never made)."""
+    if not len(kept):
         return
-    order = pc.sort_indices(kernels, sort_keys=[("start_ns", "ascending"), ("device_id", "ascending"),
-                                                ("stream_id", "ascending")])  # nulls last
-    kernels = kernels.take(order)
-    del order
+    keys = kernels.select(["start_ns", "device_id", "stream_id"]).take(kept)
+    order = kept.take(pc.sort_indices(keys, sort_keys=[("start_ns", "ascending"), ("device_id", "ascending"),
+                                                       ("stream_id", "ascending")]))  # nulls last
+    del keys
     names, configs, queues = Names(), Names(), Names()
-    n = kernels.num_rows
 
     def column(part: pa.Table, c: str) -> pa.Array:
         if c in part.column_names:
@@ -401,13 +408,11 @@ def _write_kernels(kernels: pa.Table, sink: Sink) -> None:
         return pa.nulls(part.num_rows, pa.int64())
 
     def chunks() -> Any:
-        for first in range(0, n, WRITE_ROWS):
-            part = kernels.slice(first, WRITE_ROWS)
+        for first in range(0, len(order), WRITE_ROWS):
+            part = kernels.take(order.slice(first, WRITE_ROWS))
             batch = pa.table({c: column(part, c) for c in ("start_ns", "end_ns", "correlation_id", "graph_node_id",
                                                             *KERNEL_CONFIG_COLUMNS, *KERNEL_QUEUE_COLUMNS)})
-            if "pid" not in part.column_names:
-                batch = batch.set_column(batch.column_names.index("pid"), "pid",
-                                         pa.array([PID] * part.num_rows, pa.int64()))
+            batch = batch.set_column(batch.column_names.index("pid"), "pid", pa.array([PID] * part.num_rows, pa.int64()))
             yield numbered(kernel_batch(
                 batch, name_id=names.number(part["name"]),
                 config_id=configs.number(*[batch[c] for c in KERNEL_CONFIG_COLUMNS]),
