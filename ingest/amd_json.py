@@ -55,8 +55,11 @@ WRITE_ROWS = 1 << 18
 
 _SMALL = ("metadata", "agents", "kernel_symbols", "strings")
 _CALL_KINDS = ("hip_api", "hsa_api", "rccl_api")
-_KERNEL_COLUMNS = ("start_ns", "end_ns", "kernel", "agent", "stream_id", "correlation_id", "grid_x", "grid_y",
-                   "grid_z", "block_x", "block_y", "block_z", "smem_static_bytes", "local_memory_per_thread_bytes")
+_KERNEL_COLUMNS = ("start_ns", "end_ns", "correlation_id", "config")
+_CONFIG_COLUMNS = ("kernel", "agent", "stream_id", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
+                   "smem_static_bytes", "local_memory_per_thread_bytes")
+"""What a dispatch shares with others of its kind: kept once per distinct tuple, a dispatch's
+`config` its number (28 bytes a dispatch in the columns, not 112)."""
 _CALL_COLUMNS = ("start_ns", "end_ns", "source", "kind", "operation", "tid", "correlation_id")
 _INT64 = 1 << 63
 
@@ -95,11 +98,22 @@ class _Records:
 
     def __init__(self) -> None:
         self.data: dict[str, Any] = {}
+        self.restart()
+
+    def restart(self) -> None:
+        """No records yet (a `buffer_records` that comes again replaces the first, as in json.loads)."""
         self.kernels = _Batches(_KERNEL_COLUMNS)
+        self.configs: dict[tuple[Any, ...], int] = {}
         self.calls = _Batches(_CALL_COLUMNS)
         self.copies: list[Any] = []
         self.markers: list[Any] = []
         self.skipped = 0
+
+    def _add(self, start: int, end: int, correlation: int | None, config: tuple[Any, ...]) -> None:
+        number = self.configs.get(config)
+        if number is None:
+            number = self.configs[config] = len(self.configs)
+        self.kernels.add((start, end, correlation, number))
 
     def dispatch(self, record: Any) -> None:
         try:  # the common case: every field there, an int of 64 bits, a grid of work-items and a workgroup size
@@ -114,7 +128,8 @@ class _Records:
             row = ()
         if (len(row) == 14 and all(type(v) is int for v in row) and min(row) >= -_INT64 and max(row) < _INT64
                 and min(sx, sy, sz) > 0 and min(gx, gy, gz) >= 0):
-            self.kernels.add((*row[:6], -(-gx // sx), -(-gy // sy), -(-gz // sz), *row[9:]))
+            self._add(row[0], row[1], row[5], (row[2], row[3], row[4], -(-gx // sx), -(-gy // sy), -(-gz // sz),
+                                               *row[9:]))
             return
         self._dispatch(record)
 
@@ -128,11 +143,11 @@ class _Records:
             return
         size, grid = _o(info.get("workgroup_size")), _o(info.get("grid_size"))
         block = [_int(size.get(k)) for k in "xyz"]
-        self.kernels.add((start, end, _int(info.get("kernel_id")), _int(_o(info.get("agent_id")).get("handle")),
-                          _int(_o(info.get("queue_id")).get("handle")),
-                          _int(_o(record.get("correlation_id")).get("internal")),
-                          *(workgroups(_int(grid.get(k)), b) for k, b in zip("xyz", block)), *block,
-                          _int(info.get("group_segment_size")), _int(info.get("private_segment_size"))))
+        self._add(start, end, _int(_o(record.get("correlation_id")).get("internal")),
+                  (_int(info.get("kernel_id")), _int(_o(info.get("agent_id")).get("handle")),
+                   _int(_o(info.get("queue_id")).get("handle")),
+                   *(workgroups(_int(grid.get(k)), b) for k, b in zip("xyz", block)), *block,
+                   _int(info.get("group_segment_size")), _int(info.get("private_segment_size"))))
 
     def call(self, source: int, record: Any) -> None:
         record = _o(record)
@@ -190,8 +205,7 @@ def _tool(walker: Walk, records: _Records, progress: Callable[[int], None] | Non
         if key in _SMALL:
             records.data[key] = walker.value()
         elif key == "buffer_records" and walker.peek() == "{":
-            records.kernels, records.calls = _Batches(_KERNEL_COLUMNS), _Batches(_CALL_COLUMNS)
-            records.copies, records.markers, records.skipped = [], [], 0
+            records.restart()
             for kind in walker.members():
                 if walker.peek() != "[":
                     walker.skip()
@@ -208,8 +222,7 @@ def _tool(walker: Walk, records: _Records, progress: Callable[[int], None] | Non
                         reported = walker.bytes_read
         else:
             if key == "buffer_records":
-                records.kernels, records.calls = _Batches(_KERNEL_COLUMNS), _Batches(_CALL_COLUMNS)
-                records.copies, records.markers, records.skipped = [], [], 0
+                records.restart()
             walker.skip()
     if progress is not None:
         progress(walker.bytes_read - reported)
@@ -267,7 +280,7 @@ class RocprofJsonReader:
         metadata, strings = _o(data.get("metadata")), _o(data.get("strings"))
         pid = _int(metadata.get("pid")) or PID
         names = _operation_names(strings)
-        kernels = _kernels(records.kernels.table(), data, device_of)
+        kernels, configs = records.kernels.table(), _configs(records.configs, data, device_of)
         data.pop("kernel_symbols", None)
         calls = _calls(records.calls.table(), names)
         tables.memops = [row for row in (_copy_row(r, names, device_of) for r in records.copies) if row is not None]
@@ -290,7 +303,7 @@ class RocprofJsonReader:
         tables.write(sink)  # GPUs, copies and ranges (XLA's derived ranges: none, without hlo ops)
         _write_calls(calls, sink)
         del calls
-        _write_kernels(kernels, kept, sink)
+        _write_kernels(kernels, configs, kept, sink)
         host = _text(_o(metadata.get("node")).get("hostname"))
         return SourceInfo(format="rocprofv3", tool="rocprofv3 (rocprofiler-sdk) JSON"
                           + (f", host {host}" if host else "") + f", pid {pid}")
@@ -305,8 +318,12 @@ def _lookup(keys: pa.Array, value: Callable[[Any], Any], kind: pa.DataType) -> p
     return pa.DictionaryArray.from_arrays(indices, values) if kind == pa.string() else values.take(indices)
 
 
-def _kernels(raw: pa.Table, data: dict[str, Any], device_of: dict[int | None, int]) -> pa.Table:
-    """The dispatches' columns with their kernel's name and registers and their device."""
+def _configs(configs: dict[tuple[Any, ...], int], data: dict[str, Any], device_of: dict[int | None, int]) -> pa.Table:
+    """A row per distinct dispatch configuration, in the order of their numbers, with the kernel's
+    name (dictionary-encoded) and registers and the device."""
+    keys = list(configs)
+    table = pa.table({c: pa.array(list(v), pa.int64()) for c, v in zip(_CONFIG_COLUMNS, zip(*keys))} if keys
+                     else {c: pa.array([], pa.int64()) for c in _CONFIG_COLUMNS})
     symbols = {_int(s.get("kernel_id")): s for s in _l(data.get("kernel_symbols")) if isinstance(s, dict)}
 
     def name(kernel_id: int | None) -> str:
@@ -315,9 +332,8 @@ def _kernels(raw: pa.Table, data: dict[str, Any], device_of: dict[int | None, in
                 or f"kernel {kernel_id}")
         return amd._KD.sub("", text)
 
-    kernel = raw["kernel"].combine_chunks() if raw.num_rows else pa.array([], pa.int64())
-    agent = raw["agent"].combine_chunks() if raw.num_rows else pa.array([], pa.int64())
-    table = raw.drop_columns(["kernel", "agent"])
+    kernel, agent = table["kernel"].combine_chunks(), table["agent"].combine_chunks()
+    table = table.drop_columns(["kernel", "agent"])
     table = table.append_column("name", _lookup(kernel, name, pa.string()))
     table = table.append_column("registers_per_thread", _lookup(
         kernel, lambda k: _int(_o(symbols.get(k)).get("arch_vgpr_count")), pa.int64()))
@@ -390,13 +406,16 @@ def _write_calls(calls: pa.Table, sink: Sink) -> None:
     sink.append("api_threads", api_threads([PID] * len(tids), tids, [None] * len(tids)), source_rows=0)
 
 
-def _write_kernels(kernels: pa.Table, kept: pa.Array, sink: Sink) -> None:
+def _write_kernels(kernels: pa.Table, shared_rows: pa.Table, kept: pa.Array, sink: Sink) -> None:
     """As `xplane_tables._write_kernels`, from columns: the `kept` rows in (start, device, stream)
-    order, numbered in that order, taken and sent WRITE_ROWS at a time in one INSERT (a sorted
-    copy of the whole table is never made)."""
+    order, numbered in that order, taken with their configuration's columns and sent WRITE_ROWS
+    at a time in one INSERT (a sorted copy of the whole table is never made)."""
     if not len(kept):
         return
-    keys = kernels.select(["start_ns", "device_id", "stream_id"]).take(kept)
+    config = kernels["config"].take(kept)
+    keys = pa.table({"start_ns": kernels["start_ns"].take(kept), "device_id": shared_rows["device_id"].take(config),
+                     "stream_id": shared_rows["stream_id"].take(config)})
+    del config
     order = kept.take(pc.sort_indices(keys, sort_keys=[("start_ns", "ascending"), ("device_id", "ascending"),
                                                        ("stream_id", "ascending")]))  # nulls last
     del keys
@@ -410,6 +429,9 @@ def _write_kernels(kernels: pa.Table, kept: pa.Array, sink: Sink) -> None:
     def chunks() -> Any:
         for first in range(0, len(order), WRITE_ROWS):
             part = kernels.take(order.slice(first, WRITE_ROWS))
+            shared = shared_rows.take(part["config"])
+            part = pa.table({**{c: part[c] for c in ("start_ns", "end_ns", "correlation_id")},
+                             **{c: shared[c] for c in shared.column_names}})
             batch = pa.table({c: column(part, c) for c in ("start_ns", "end_ns", "correlation_id", "graph_node_id",
                                                             *KERNEL_CONFIG_COLUMNS, *KERNEL_QUEUE_COLUMNS)})
             batch = batch.set_column(batch.column_names.index("pid"), "pid", pa.array([PID] * part.num_rows, pa.int64()))
