@@ -62,6 +62,7 @@ _CONFIG_COLUMNS = ("kernel", "agent", "stream_id", "grid_x", "grid_y", "grid_z",
 `config` its number (28 bytes a dispatch in the columns, not 112)."""
 _CALL_COLUMNS = ("start_ns", "end_ns", "source", "kind", "operation", "tid", "correlation_id")
 _INT64 = 1 << 63
+_INTS = {int}
 
 
 class _Batches:
@@ -104,34 +105,51 @@ class _Records:
         """No records yet (a `buffer_records` that comes again replaces the first, as in json.loads)."""
         self.kernels = _Batches(_KERNEL_COLUMNS)
         self.configs: dict[tuple[Any, ...], int] = {}
+        self.seen: dict[tuple[int, ...], int] = {}  # a dispatch's fields as written -> its configuration's number
         self.calls = _Batches(_CALL_COLUMNS)
         self.copies: list[Any] = []
         self.markers: list[Any] = []
         self.skipped = 0
 
     def _add(self, start: int, end: int, correlation: int | None, config: tuple[Any, ...]) -> None:
+        self.kernels.add((start, end, correlation, self._number(config)))
+
+    def _number(self, config: tuple[Any, ...]) -> int:
         number = self.configs.get(config)
         if number is None:
             number = self.configs[config] = len(self.configs)
-        self.kernels.add((start, end, correlation, number))
+        return number
 
     def dispatch(self, record: Any) -> None:
-        try:  # the common case: every field there, an int of 64 bits, a grid of work-items and a workgroup size
+        """The common case read fast: every field there and an int (no bool, no float: they would
+        hash as ints); the fields a dispatch shares with others checked and converted once per
+        distinct tuple of them (64 bits, a grid of work-items, a workgroup size above 0)."""
+        try:
             info = record["dispatch_info"]
             size, grid = info["workgroup_size"], info["grid_size"]
-            sx, sy, sz = size["x"], size["y"], size["z"]
-            gx, gy, gz = grid["x"], grid["y"], grid["z"]
-            row = (record["start_timestamp"], record["end_timestamp"], info["kernel_id"], info["agent_id"]["handle"],
-                   info["queue_id"]["handle"], record["correlation_id"]["internal"], gx, gy, gz, sx, sy, sz,
-                   info["group_segment_size"], info["private_segment_size"])
+            start, end, correlation = record["start_timestamp"], record["end_timestamp"], record["correlation_id"]["internal"]
+            raw = (info["kernel_id"], info["agent_id"]["handle"], info["queue_id"]["handle"], grid["x"], grid["y"],
+                   grid["z"], size["x"], size["y"], size["z"], info["group_segment_size"], info["private_segment_size"])
         except (KeyError, TypeError, IndexError):
-            row = ()
-        if (len(row) == 14 and all(type(v) is int for v in row) and min(row) >= -_INT64 and max(row) < _INT64
-                and min(sx, sy, sz) > 0 and min(gx, gy, gz) >= 0):
-            self._add(row[0], row[1], row[5], (row[2], row[3], row[4], -(-gx // sx), -(-gy // sy), -(-gz // sz),
-                                               *row[9:]))
-            return
+            raw = ()
+        if (raw and type(start) is int and type(end) is int and type(correlation) is int and set(map(type, raw)) == _INTS
+                and -_INT64 <= start < _INT64 and -_INT64 <= end < _INT64 and -_INT64 <= correlation < _INT64):
+            number = self.seen.get(raw)
+            if number is None:
+                number = self._first(raw)
+            if number is not None:
+                self.kernels.add((start, end, correlation, number))
+                return
         self._dispatch(record)
+
+    def _first(self, raw: tuple[int, ...]) -> int | None:
+        """The configuration's number of fields seen for the first time, or None where they need
+        `_dispatch`'s checks."""
+        gx, gy, gz, sx, sy, sz = raw[3:9]
+        if min(raw) < -_INT64 or max(raw) >= _INT64 or min(sx, sy, sz) <= 0 or min(gx, gy, gz) < 0:
+            return None
+        number = self.seen[raw] = self._number((*raw[:3], -(-gx // sx), -(-gy // sy), -(-gz // sz), *raw[6:]))
+        return number
 
     def _dispatch(self, record: Any) -> None:
         """A dispatch record of any shape: what is sound read, a field of the wrong type as absent."""

@@ -150,3 +150,26 @@ def test_a_cut_profile_is_refused_in_one_line_with_a_small_window(cut, tmp_path,
     monkeypatch.setattr(json_walk, "_MARGIN", 1024)
     with pytest.raises(TraceFormatError, match="damaged rocprofv3 JSON"):
         traceq.load(path, tmp_path / "s.duckdb")
+
+
+def test_a_bool_or_float_where_an_int_belongs_reads_as_absent_even_after_the_same_numbers(tmp_path) -> None:
+    """True hashes as 1 and 512.0 as 512: the dispatches read fast (every field an int) must not
+    lend their configuration to one that differs only so (read as absent, as json's types say)."""
+    import traceq
+
+    def dispatch(i: int, x: object, handle: object) -> dict:
+        return {"correlation_id": {"internal": i}, "start_timestamp": 1000 * i, "end_timestamp": 1000 * i + 10,
+                "dispatch_info": {"agent_id": {"handle": handle}, "queue_id": {"handle": 1}, "kernel_id": 1,
+                                  "group_segment_size": 0, "private_segment_size": 0,
+                                  "workgroup_size": {"x": 256, "y": 1, "z": 1}, "grid_size": {"x": x, "y": 1, "z": 1}}}
+
+    tool = {"agents": [{"type": 2, "id": {"handle": 1}, "node_id": 1, "name": "gfx950"}],
+            "kernel_symbols": [{"kernel_id": 1, "kernel_name": "k"}],
+            "buffer_records": {"kernel_dispatch": [dispatch(1, 512, 1), dispatch(2, 512.0, 1), dispatch(3, 512, True),
+                                                   dispatch(4, 512, 1)]}}
+    path = tmp_path / "types.json"
+    path.write_text(json.dumps({"rocprofiler-sdk-tool": [tool]}))
+    t = traceq.load(path, tmp_path / "s.duckdb")
+    rows = t.con.execute("SELECT correlation_id, grid_x, block_x FROM kernels WHERE trace_id = ? ORDER BY 1",
+                         [t.id]).fetchall()
+    assert rows == [(1, 2, 256), (2, None, 256), (3, 2, 256), (4, 2, 256)]
