@@ -27,7 +27,8 @@ from pathlib import Path
 import duckdb
 
 from traceq.errors import TraceFormatError, TraceqError
-from traceq.ingest.amd import RocprofCsvReader, RocprofDbReader, RocprofJsonReader, RpdReader
+from traceq.ingest.amd import RocprofCsvReader, RocprofDbReader, RpdReader
+from traceq.ingest.amd_json import RocprofJsonReader
 from traceq.ingest.base import LoadOptions, Reader, Sink, Source, SourceInfo
 from traceq.ingest.detect import reader_for
 from traceq.ingest.kineto import KinetoReader

@@ -14,9 +14,7 @@ launch call's grid, already in workgroups.
 from __future__ import annotations
 
 import csv
-import gzip
 import io
-import json
 import re
 import sqlite3
 from pathlib import Path
@@ -24,7 +22,6 @@ from typing import Any, ClassVar
 
 from traceq.errors import TraceFormatError
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo, SqliteReader
-from traceq.ingest.json_events import GZIP_MAGIC
 from traceq.ingest.validate import TIME_LIMIT_NS
 from traceq.ingest.xplane import _Tables
 from traceq.ingest.xplane_tables import PID
@@ -123,89 +120,6 @@ class _Rows:
 # rocprofv3 JSON
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    raw = path.read_bytes()
-    try:
-        text = gzip.decompress(raw) if raw.startswith(GZIP_MAGIC) else raw
-        data = json.loads(text)
-    except (OSError, EOFError, ValueError, RecursionError) as e:
-        raise TraceFormatError(f"{path} is a damaged rocprofv3 JSON file ({type(e).__name__})") from None
-    tool = data.get("rocprofiler-sdk-tool") if isinstance(data, dict) else None
-    if isinstance(tool, list):
-        tool = tool[0] if tool else None
-    if not isinstance(tool, dict):
-        raise TraceFormatError(f"{path}: its rocprofiler-sdk-tool entry is not an object")
-    return tool
-
-
-class RocprofJsonReader:
-    """rocprofv3's JSON output (`rocprofv3 --kernel-trace --output-format json`)."""
-
-    name: ClassVar[str] = "rocprofv3-json"
-    container: ClassVar[str] = "json"
-
-    def sniff(self, text: bytes) -> bool:
-        return b'"rocprofiler-sdk-tool"' in text
-
-    def open(self, path: Path, options: LoadOptions) -> _JsonSource:
-        return _JsonSource(_read_json(path))
-
-    def estimate_rows(self, src: _JsonSource) -> int:
-        return sum(len(v) for v in _o(src.data.get("buffer_records")).values() if isinstance(v, list))
-
-    def read(self, src: _JsonSource, sink: Sink) -> SourceInfo:
-        data, rows = src.data, _Rows()
-        gpus = sorted((a for a in _l(data.get("agents")) if isinstance(a, dict) and a.get("type") == 2),
-                      key=lambda a: (_int(a.get("node_id")) or 0))
-        device_of = {}
-        for index, agent in enumerate(gpus):
-            device_of[_int(_o(agent.get("id")).get("handle"))] = index
-            rows.tables.gpus.append(gpu_row(index, _text(agent.get("product_name")) or _text(agent.get("name")),
-                                            agent.get("cu_count"), agent.get("max_engine_clk_fcompute"),
-                                            agent.get("wave_front_size")))
-        symbols = {_int(s.get("kernel_id")): s for s in _l(data.get("kernel_symbols")) if isinstance(s, dict)}
-        metadata, strings, records = _o(data.get("metadata")), _o(data.get("strings")), _o(data.get("buffer_records"))
-        pid = _int(metadata.get("pid")) or PID
-        for record in _l(records.get("kernel_dispatch")):
-            record = _o(record)
-            info = _o(record.get("dispatch_info"))
-            symbol = _o(symbols.get(_int(info.get("kernel_id"))))
-            start, end = _int(record.get("start_timestamp")), _int(record.get("end_timestamp"))
-            if start is None or end is None:
-                rows.skipped += 1
-                continue
-            size, grid = _o(info.get("workgroup_size")), _o(info.get("grid_size"))
-            name = (_text(symbol.get("demangled_kernel_name")) or _text(symbol.get("kernel_name"))
-                    or f"kernel {_int(info.get('kernel_id'))}")
-            rows.tables.kernels.append(kernel_row(
-                name, start, end, device_of.get(_int(_o(info.get("agent_id")).get("handle")), 0),
-                _int(_o(info.get("queue_id")).get("handle")),
-                correlation=_int(_o(record.get("correlation_id")).get("internal")), pid=PID,
-                grid=tuple(workgroups(_int(grid.get(k)), _int(size.get(k))) for k in "xyz"),  # type: ignore[arg-type]
-                block=tuple(_int(size.get(k)) for k in "xyz"),  # type: ignore[arg-type]
-                registers=_int(symbol.get("arch_vgpr_count")), lds=_int(info.get("group_segment_size")),
-                scratch=_int(info.get("private_segment_size"))))
-        names = _operation_names(strings)
-        for record in _l(records.get("memory_copy")):
-            row = _copy_row(record, names, device_of)
-            if row is not None:
-                rows.tables.memops.append(row)
-        rows.tables.ranges.extend(_marker_ranges(_l(records.get("marker_api")), strings, PID))
-        for kind in ("hip_api", "hsa_api", "rccl_api"):
-            for record in _l(records.get(kind)):
-                record = _o(record)
-                start, end = _int(record.get("start_timestamp")), _int(record.get("end_timestamp"))
-                if start is None or end is None:
-                    continue
-                call = names.get((_int(record.get("kind")), _int(record.get("operation"))), f"{kind} call")
-                rows.tables.calls.append((start, end, call, _int(record.get("thread_id")) or 0,
-                                          _int(_o(record.get("correlation_id")).get("internal"))))
-        rows.write(sink)
-        host = _text(_o(metadata.get("node")).get("hostname"))
-        return SourceInfo(format="rocprofv3", tool="rocprofv3 (rocprofiler-sdk) JSON"
-                          + (f", host {host}" if host else "") + f", pid {pid}")
-
-
 def _o(value: Any) -> dict[str, Any]:
     """`value` if it is a JSON object, else an empty one (a damaged file's field)."""
     return value if isinstance(value, dict) else {}
@@ -280,14 +194,6 @@ def _operation_names(strings: dict[str, Any]) -> dict[tuple[int | None, int], st
             if isinstance(name, str):
                 names[(kind, operation)] = name
     return names
-
-
-class _JsonSource:
-    def __init__(self, data: dict[str, Any]):
-        self.data = data
-
-    def close(self) -> None:
-        self.data = {}
 
 
 # --------------------------------------------------------------------------------------------
