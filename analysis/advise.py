@@ -27,8 +27,8 @@ from traceq.analysis.advice.catalogue import (
     is_communication,
     layout_transforms,
     recompilation,
-    straggler,
 )
+from traceq.analysis.advice.ranks import load_imbalance, straggler
 from traceq.analysis.structure.conventions import ITERATION_REGEX
 from traceq.analysis.timeline.gaps import CAUSE_LABELS
 from traceq.analysis.timeline.idle import IdleTotals, idle_causes
@@ -515,6 +515,7 @@ RULES: dict[str, Callable[[_Facts], list[Finding]]] = {
     "low_ru": _low_ru,
     "exposed_comm": exposed_comm,
     "straggler": straggler,
+    "load_imbalance": load_imbalance,
     "layout_transforms": layout_transforms,
     "idle_tensor_cores": idle_tensor_cores,
     "allocator_churn": allocator_churn,

@@ -141,9 +141,8 @@ def test_the_straggler_is_the_same_in_ranks_by_collective_and_advise(dlrm_store)
         frame, _ = advise(con, trace)
         row = frame.filter(frame["rule"] == "straggler").row(0, named=True)
         assert f"rank {straggler} was the last" in row["evidence"]
-        # the load's spread beside it: the ranks of least and most work (`traceq ranks`' work per iteration)
-        work = ranks.group_by("rank").agg(pl.col("work_ns").mean()).sort("work_ns")
-        assert f"on rank {work['rank'][0]} to" in row["evidence"] and f"on rank {work['rank'][-1]} (+" in row["evidence"]
+        # the ranks' busy time beside it: checked against the raw files in test_advice_ranks.py
+        assert "busy GPU time per iteration" in row["evidence"]
         if rank == straggler:
             assert abs(row["time_ns"] - held[straggler]) <= 8  # rounding of µs timestamps
         assert frame["rule"][0] in {"straggler", "launch_bound"}, (rank, frame["rule"].to_list())
