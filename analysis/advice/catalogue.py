@@ -147,33 +147,53 @@ def _freed_idle(facts: object) -> float:
 def recompilation(facts: object) -> list[Finding]:
     """JIT compilation after the first iteration (`structure.phases.COMPILE_REGEX`: torch.compile's
     Dynamo and Inductor, XLA's compiler): the first step compiles, a steady one should not. Each
-    recompile stalls the step it happens in; at stake, the compile ranges' time after the second
-    iteration range starts (overlapping ranges counted once). Needs two iteration ranges."""
+    recompile stalls the step it happens in; at stake, after the second iteration range starts,
+    the compile ranges' host time and the GPU idle they caused (`traceq idle`'s Compile gaps),
+    their union: overlapping ranges and gaps counted once. Needs two iteration ranges."""
     from traceq.analysis.structure.phases import COMPILE_REGEX, merged
 
     t = int(facts.trace_id)
     second = facts.con.execute(
-        "SELECT start_ns FROM nvtx WHERE trace_id = ? AND end_ns IS NOT NULL AND kind IN ('pushpop', 'startend') "
-        "AND pid IS NOT NULL AND regexp_matches(coalesce(name, ''), ?) ORDER BY start_ns LIMIT 1 OFFSET 1",
-        [t, facts.iteration_regex]).fetchall()
+        "SELECT start_ns, count(*) OVER () - 1 FROM nvtx WHERE trace_id = ? AND end_ns IS NOT NULL "
+        "AND kind IN ('pushpop', 'startend') AND pid IS NOT NULL AND regexp_matches(coalesce(name, ''), ?) "
+        "ORDER BY start_ns LIMIT 1 OFFSET 1", [t, facts.iteration_regex]).fetchall()
     if not second:
         return []
+    after, later = int(second[0][0]), int(second[0][1])
     ranges = facts.con.sql(
         "SELECT pid, start_ns, end_ns, name FROM nvtx WHERE trace_id = $t AND end_ns > start_ns AND pid IS NOT NULL "
         "AND kind IN ('pushpop', 'startend') AND start_ns >= $after AND regexp_matches(coalesce(name, ''), $names)",
-        params={"t": t, "after": int(second[0][0]), "names": COMPILE_REGEX}).pl()
+        params={"t": t, "after": after, "names": COMPILE_REGEX}).pl()
     if ranges.is_empty():
         return []
     spans = merged(ranges)
-    total = float((spans["end_ns"] - spans["start_ns"]).sum())
+    host = float((spans["end_ns"] - spans["start_ns"]).sum())
+    idle = _compile_gaps(facts, after)
+    both = merged(pl.concat([spans, idle.select(pid=pl.lit(0, pl.Int64), start_ns="start_ns", end_ns="end_ns")
+                             .cast({"start_ns": pl.Int64, "end_ns": pl.Int64})])
+                  .with_columns(pid=pl.lit(0, pl.Int64)))
+    total = float((both["end_ns"] - both["start_ns"]).sum())
+    gpu = float(idle["dur_ns"].sum()) if idle.height else 0.0
     names = ranges.group_by("name").agg(pl.len(), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("ns")) \
         .sort("ns", descending=True)
-    evidence = (f"{spans.height:,} compilation(s) after the first iteration took {_ms(total)} of host time: "
-                + ", ".join(f"{_short(n)} x{k:,} {_ms(ns)}" for n, k, ns in names.head(3).iter_rows()))
+    evidence = (f"{spans.height:,} compilation(s) after the first iteration took {_ms(host)} of host time: "
+                + ", ".join(f"{_short(n)} x{k:,} {_ms(ns)}" for n, k, ns in names.head(3).iter_rows())
+                + f"; the GPU sat idle {_ms(gpu)} in {idle.height:,} gaps while its process compiled (`traceq idle`'s "
+                f"Compile); at stake, the two together ({_ms(total / max(later, 1))} per iteration after the first)")
     fix = ("Compile once: keep shapes and Python values the compiled code sees fixed (pad or bucket sequence "
            "lengths; torch._dynamo.mark_dynamic for a dimension that must vary; TORCH_LOGS=recompiles names the "
            "guard that failed); in JAX, the same shapes and static arguments to each jitted call")
     return [Finding("recompilation", "Recompilation in steady state", total, evidence, fix)]
+
+
+def _compile_gaps(facts: object, after: int) -> pl.DataFrame:
+    """start_ns, end_ns, dur_ns of `traceq idle`'s Compile gaps starting at or after `after`
+    (`gaps.gap_frame`, read only when the trace compiles after its first iteration)."""
+    from traceq.analysis.timeline.gaps import CAUSES, gap_frame
+
+    gaps, _ = gap_frame(facts.con, facts.trace_id, facts.iteration_regex)
+    return (gaps.filter((pl.col("cause") == CAUSES.index("compile")) & (pl.col("start_ns") >= after))
+            .select("start_ns", "end_ns", "dur_ns").collect())
 
 
 def _short(name: str) -> str:
