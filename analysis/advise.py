@@ -27,8 +27,8 @@ from traceq.analysis.advice.catalogue import (
     is_communication,
     layout_transforms,
     recompilation,
-    straggler,
 )
+from traceq.analysis.advice.ranks import load_imbalance, straggler
 from traceq.analysis.structure.conventions import ITERATION_REGEX
 from traceq.analysis.timeline.gaps import CAUSE_LABELS
 from traceq.analysis.timeline.idle import IdleTotals, idle_causes
@@ -413,25 +413,53 @@ def _low_ru(facts: _Facts) -> list[Finding]:
     if low.is_empty():
         return []
     lines, limiter = [], None
+    measured = _measured_occupancy(facts)
     for r in low.head(3).iter_rows(named=True):
         configs = _configurations(facts.ru_launches, r["name"])
         if configs.height > 1:  # several grids or block sizes: described by all of them, never by one
             line, dominant = _several_configurations(r, configs)
-            lines.append(line)
+            lines.append(line + measured.get(r["name"], ""))
             limiter = limiter or dominant
             continue
         why = ("its grid fills less than one wave" if (r["waves"] or 0) < 1 else "its last wave is partly empty")
         blocks = ("an unknown grid" if r["grid_blocks"] is None
                   else f"{r['grid_blocks']:,} block{'s' if r['grid_blocks'] != 1 else ''}")
         lines.append(f"{_label(r)}: RU {100 * r['ru']:.0f} %, {why} ({blocks} of {r['block_threads']} threads, "
-                     f"{r['blocks_per_sm']} per SM, limiter {r['limiter']}), {_ms(r['total_ns'])}")
+                     f"{r['blocks_per_sm']} per SM, limiter {r['limiter']}), {_ms(r['total_ns'])}"
+                     + measured.get(r["name"], ""))
         limiter = limiter or str(r["limiter"] or "")
     limiter = limiter or ""
     fix = ("Fill the GPU: a larger batch, or fusing or batching small kernels, for grids under one wave; "
            "for the limiter, " + "; ".join(_LIMITER_FIX[part] for part in limiter.split("+") if part in _LIMITER_FIX)
            if limiter else "Fill the GPU: a larger batch, or fusing or batching small kernels")
-    return [Finding("low_ru", "Kernels that leave GPU block slots empty (low RU)", float(low["waste_ns"].sum()),
+    return [Finding("low_ru", "Low occupancy: kernels that leave GPU block slots empty (low RU)",
+                    float(low["waste_ns"].sum()),
                     "; ".join(lines), fix)]
+
+
+def _measured_occupancy(facts: _Facts) -> dict[str, str]:
+    """Per kernel name, what Nsight Compute measured of its occupancy where a report is joined
+    (`load --ncu`): theoretical (sm__maximum_warps_per_active_cycle_pct) and achieved
+    (sm__warps_active) occupancy, means over its measured launches weighted by their time, as
+    evidence text; empty without a report."""
+    from traceq.analysis.efficiency.ncu_columns import ncu_launches
+
+    measured = ncu_launches(facts.con, facts.trace_id)
+    if measured is None:
+        return {}
+    names = facts.con.sql(f"SELECT kernel_id, name FROM kernels WHERE trace_id = {int(facts.trace_id)}").pl()
+    out = {}
+    weighted = {c: (pl.col(c) * pl.col("dur_ns")).filter(pl.col(c).is_not_null()).sum()
+                / pl.col("dur_ns").filter(pl.col(c).is_not_null()).sum()
+                for c in ("theoretical_occupancy_pct", "achieved_occupancy_pct")}
+    per = measured.join(names, on="kernel_id").group_by("name").agg(n=pl.len(), **weighted)
+    for r in per.iter_rows(named=True):
+        parts = [f"{label} {r[c]:.0f} %" for label, c in (("theoretical occupancy", "theoretical_occupancy_pct"),
+                                                         ("achieved", "achieved_occupancy_pct"))
+                 if r[c] is not None and r[c] == r[c]]
+        if parts:
+            out[r["name"]] = f" (Nsight Compute on {r['n']} launch{'es' if r['n'] != 1 else ''}: {', '.join(parts)})"
+    return out
 
 
 def _configurations(launches: pl.DataFrame, name: str) -> pl.DataFrame:
@@ -515,6 +543,7 @@ RULES: dict[str, Callable[[_Facts], list[Finding]]] = {
     "low_ru": _low_ru,
     "exposed_comm": exposed_comm,
     "straggler": straggler,
+    "load_imbalance": load_imbalance,
     "layout_transforms": layout_transforms,
     "idle_tensor_cores": idle_tensor_cores,
     "allocator_churn": allocator_churn,

@@ -165,6 +165,7 @@ COLUMNS: dict[str, Column] = {
     "h2d_pinned_ns": Column("H2D pinned", "duration", 3),
     "iteration_start_ns": Column("Iteration start", "duration", 2),
     "launch_bound_ns": Column("Launch-bound", "duration", 2),
+    "compile_ns": Column("Compile", "duration", 3),
     "api_ns": Column("API time", "duration", 2),
     "api_avg_ns": Column("API avg", "duration", 3),
     "api_median_ns": Column("API median", "duration", 4),

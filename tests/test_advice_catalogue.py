@@ -141,9 +141,8 @@ def test_the_straggler_is_the_same_in_ranks_by_collective_and_advise(dlrm_store)
         frame, _ = advise(con, trace)
         row = frame.filter(frame["rule"] == "straggler").row(0, named=True)
         assert f"rank {straggler} was the last" in row["evidence"]
-        # the load's spread beside it: the ranks of least and most work (`traceq ranks`' work per iteration)
-        work = ranks.group_by("rank").agg(pl.col("work_ns").mean()).sort("work_ns")
-        assert f"on rank {work['rank'][0]} to" in row["evidence"] and f"on rank {work['rank'][-1]} (+" in row["evidence"]
+        # the ranks' busy time beside it: checked against the raw files in test_advice_ranks.py
+        assert "busy GPU time per iteration" in row["evidence"]
         if rank == straggler:
             assert abs(row["time_ns"] - held[straggler]) <= 8  # rounding of µs timestamps
         assert frame["rule"][0] in {"straggler", "launch_bound"}, (rank, frame["rule"].to_list())
@@ -187,11 +186,14 @@ def test_planted_problem_is_the_first_finding(tmp_path, planted: str) -> None:
         assert abs(stake - cost) <= 0.25 * cost, (stake, cost)
 
 
-@pytest.mark.parametrize("planted", ["sync", "dataloader", "pageable"])
+@pytest.mark.parametrize("planted", ["sync", "dataloader", "pageable", "recompile"])
 def test_planted_problem_under_the_pytorch_profiler(tmp_path, planted: str) -> None:
     """The same plants recorded with torch.profiler instead of nsys (`record_planted.py --kineto`:
     Kineto's events, its own overhead): the planted problem is still the first finding, its
-    stake within 30 % of the traced cost (docs/advise.md has the figures)."""
+    stake within 30 % of the traced cost (docs/advise.md has the figures). `recompile` (a compiled
+    head given a new batch size each step) compiles in every step, so none is steady: its stake
+    is per step after the first, as the rule counts it (the GPU idle while compiling is `traceq
+    idle`'s Compile, no longer launch-bound)."""
     from traceq.api.loading import load_trace
     from traceq.store import open_store
 
@@ -200,9 +202,14 @@ def test_planted_problem_under_the_pytorch_profiler(tmp_path, planted: str) -> N
     con = open_store(tmp_path / "s.duckdb", create=True)
     frame, totals = advise(con, load_trace(con, PLANTED / "kineto" / f"{planted}.json.gz").trace_id)
     con.close()
-    assert frame["rule"][0] in EXPECTED[planted], frame.select("rule", "time_ns").rows()
-    assert totals.iterations == truth["steps"]
-    assert abs(frame["time_ns"][0] / totals.iterations - cost) <= 0.3 * cost
+    assert frame["rule"][0] in EXPECTED.get(planted, {"recompilation"}), frame.select("rule", "time_ns").rows()
+    if planted == "recompile":
+        assert totals.iterations == 0  # every step compiled: all warm-up
+        per_step = frame["time_ns"][0] / (truth["steps"] - 1)
+    else:
+        assert totals.iterations == truth["steps"]
+        per_step = frame["time_ns"][0] / totals.iterations
+    assert abs(per_step - cost) <= 0.3 * cost, (per_step, cost)
 
 
 def test_the_base_loop_has_no_planted_finding(tmp_path) -> None:
@@ -266,7 +273,8 @@ def test_recompilation_after_the_first_iteration(tmp_path) -> None:
     assert "recompilation" not in advise(con, plain)[0]["rule"].to_list()
     frame, _ = advise(con, again)
     row = frame.filter(frame["rule"] == "recompilation").row(0, named=True)
-    assert row["time_ns"] == 300_000_000 and "compile_fx_inner" in row["evidence"]
+    # with the GPU idle the range caused (tests/test_idle_compile.py checks the sum against the raw events)
+    assert 300_000_000 <= row["time_ns"] < 301_000_000 and "compile_fx_inner" in row["evidence"]
     con.close()
 
 

@@ -28,6 +28,7 @@ CASES = {
     # the catalogue's rules of analysis/advice (fired on the DLRM ranks and crafted traces: test_advice_catalogue.py)
     "exposed_comm": (None, "alexnet_b256_amp"),
     "straggler": (None, "alexnet_b256_amp"),  # fires only on a rank of a run (the DLRM job)
+    "load_imbalance": (None, "alexnet_b256_amp"),  # a run's ranks: FSDP's 2 GPUs (test_advice_ranks.py)
     "layout_transforms": ("alexnet_b256_amp", "badloop_mlp"),  # cuDNN converts NCHW activations for fp16 convs
     "allocator_churn": (None, "alexnet_b256_amp"),
     "recompilation": (None, "alexnet_b256_cudnn"),  # fires: tests/test_advice_catalogue.py (a crafted recompile)

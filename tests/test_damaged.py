@@ -254,7 +254,8 @@ is not an integer (gaps)."""
 @pytest.mark.skipif(not shared_files("realtraces", "*"), reason="../shared/realtraces is absent")
 def test_the_large_runs_failures() -> None:
     with fuzz.scratch() as work:
-        outcomes = fuzz.run(fuzz.Harness(fuzz.corpus(), "device10k", work, commands=fuzz.FIRST_COMMANDS),
+        outcomes = fuzz.run(fuzz.Harness(fuzz.corpus(samples=fuzz.FIRST_SAMPLES), "device10k", work,
+                                          commands=fuzz.FIRST_COMMANDS),
                             DEVICE_RUN_FAILURES)
     assert [(o.index, o.problems) for o in outcomes if o.problems] == []
 

@@ -111,7 +111,8 @@ def _cause(gap_start, gap_end, pid, corr, first, calls, blocking, h2d, pageable_
 
 
 LABELS = {"Sync": "sync", "H2D pageable": "h2d_pageable", "H2D pinned": "h2d_pinned",
-          "Iteration start": "iteration_start", "Launch-bound": "launch_bound", "Other": "other"}
+          "Iteration start": "iteration_start", "Launch-bound": "launch_bound", "Compile": "compile",
+          "Other": "other"}
 """The causes as traceq writes them (docs/idle.md) -> the reference's names for them."""
 
 

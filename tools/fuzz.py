@@ -47,10 +47,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 
-SAMPLES = ("lenet_b256_cudnn.sqlite", "alexnet_b256_cudnn.sqlite", "alexnet_b64_nocache.sqlite",
-           "ddp_resnet18_2gpu.sqlite", "alexnet_b256_kineto.json")
+FIRST_SAMPLES = ("lenet_b256_cudnn.sqlite", "alexnet_b256_cudnn.sqlite", "alexnet_b64_nocache.sqlite",
+                 "ddp_resnet18_2gpu.sqlite", "alexnet_b256_kineto.json")
+"""The samples of the first campaigns' corpus: replaying one of their mutants needs this list (a
+mutant's file is drawn from the corpus by index)."""
+SAMPLES = (*FIRST_SAMPLES, "alexnet_b64_graph.sqlite", "conventions/cnn_nsys_gpu_metrics.sqlite")
 """Bundled samples in the corpus: every nsys feature traceq reads (NVTX layers, memory events,
-two GPUs), each small enough to load in a fraction of a second, and a Kineto JSON trace."""
+two GPUs, CUDA-graph replays: CUDA_GRAPH_NODE_EVENTS and kernels' graph node ids; GPU metrics:
+GPU_METRICS and TARGET_INFO_GPU_METRICS), each small enough to load in a fraction of a second, and
+a Kineto JSON trace."""
 
 REALTRACES = (
     "nsys_sqlite/martisu1631998__kmeans-parallel__report2.sqlite",  # old schema, TARGET_INFO_CUDA_GPU
@@ -98,10 +103,12 @@ COMMANDS = (*FIRST_COMMANDS, ("idle", "--by", "iteration"), ("launches",), ("sta
 the latest loaded, so each runs on it by default."""
 
 
-def corpus(include_shared: bool = True, protobuf: bool = False, amd: bool = False) -> list[Path]:
-    """The traces mutants are made from: the samples, and the realtraces when ../shared is there
-    (with `protobuf`, the XPlane profiles too; with `amd`, the AMD profiles)."""
-    files = [ROOT / "sample_traces" / name for name in SAMPLES]
+def corpus(include_shared: bool = True, protobuf: bool = False, amd: bool = False,
+           samples: Sequence[str] = SAMPLES) -> list[Path]:
+    """The traces mutants are made from: the samples (`samples`: FIRST_SAMPLES to replay the first
+    campaigns' mutants), and the realtraces when ../shared is there (with `protobuf`, the XPlane
+    profiles too; with `amd`, the AMD profiles)."""
+    files = [ROOT / "sample_traces" / name for name in samples]
     if include_shared and (SHARED / "realtraces").is_dir():
         shared = REALTRACES + (PROTOBUF_TRACES if protobuf else ()) + (AMD_TRACES if amd else ())
         files += [p for p in (SHARED / "realtraces" / rel for rel in shared) if p.exists()]

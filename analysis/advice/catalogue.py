@@ -1,5 +1,5 @@
 """Rules of the findings catalogue that read kernels, API calls, ranges and communication
-directly: `exposed_comm`, `straggler`, `layout_transforms`, `allocator_churn`, `recompilation`, and
+directly: `exposed_comm`, `layout_transforms`, `allocator_churn`, `recompilation`, and
 `is_communication`, which the compute rules of `analysis.advise` use to leave communication
 kernels out.
 
@@ -147,33 +147,53 @@ def _freed_idle(facts: object) -> float:
 def recompilation(facts: object) -> list[Finding]:
     """JIT compilation after the first iteration (`structure.phases.COMPILE_REGEX`: torch.compile's
     Dynamo and Inductor, XLA's compiler): the first step compiles, a steady one should not. Each
-    recompile stalls the step it happens in; at stake, the compile ranges' time after the second
-    iteration range starts (overlapping ranges counted once). Needs two iteration ranges."""
+    recompile stalls the step it happens in; at stake, after the second iteration range starts,
+    the compile ranges' host time and the GPU idle they caused (`traceq idle`'s Compile gaps),
+    their union: overlapping ranges and gaps counted once. Needs two iteration ranges."""
     from traceq.analysis.structure.phases import COMPILE_REGEX, merged
 
     t = int(facts.trace_id)
     second = facts.con.execute(
-        "SELECT start_ns FROM nvtx WHERE trace_id = ? AND end_ns IS NOT NULL AND kind IN ('pushpop', 'startend') "
-        "AND pid IS NOT NULL AND regexp_matches(coalesce(name, ''), ?) ORDER BY start_ns LIMIT 1 OFFSET 1",
-        [t, facts.iteration_regex]).fetchall()
+        "SELECT start_ns, count(*) OVER () - 1 FROM nvtx WHERE trace_id = ? AND end_ns IS NOT NULL "
+        "AND kind IN ('pushpop', 'startend') AND pid IS NOT NULL AND regexp_matches(coalesce(name, ''), ?) "
+        "ORDER BY start_ns LIMIT 1 OFFSET 1", [t, facts.iteration_regex]).fetchall()
     if not second:
         return []
+    after, later = int(second[0][0]), int(second[0][1])
     ranges = facts.con.sql(
         "SELECT pid, start_ns, end_ns, name FROM nvtx WHERE trace_id = $t AND end_ns > start_ns AND pid IS NOT NULL "
         "AND kind IN ('pushpop', 'startend') AND start_ns >= $after AND regexp_matches(coalesce(name, ''), $names)",
-        params={"t": t, "after": int(second[0][0]), "names": COMPILE_REGEX}).pl()
+        params={"t": t, "after": after, "names": COMPILE_REGEX}).pl()
     if ranges.is_empty():
         return []
     spans = merged(ranges)
-    total = float((spans["end_ns"] - spans["start_ns"]).sum())
+    host = float((spans["end_ns"] - spans["start_ns"]).sum())
+    idle = _compile_gaps(facts, after)
+    both = merged(pl.concat([spans, idle.select(pid=pl.lit(0, pl.Int64), start_ns="start_ns", end_ns="end_ns")
+                             .cast({"start_ns": pl.Int64, "end_ns": pl.Int64})])
+                  .with_columns(pid=pl.lit(0, pl.Int64)))
+    total = float((both["end_ns"] - both["start_ns"]).sum())
+    gpu = float(idle["dur_ns"].sum()) if idle.height else 0.0
     names = ranges.group_by("name").agg(pl.len(), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("ns")) \
         .sort("ns", descending=True)
-    evidence = (f"{spans.height:,} compilation(s) after the first iteration took {_ms(total)} of host time: "
-                + ", ".join(f"{_short(n)} x{k:,} {_ms(ns)}" for n, k, ns in names.head(3).iter_rows()))
+    evidence = (f"{spans.height:,} compilation(s) after the first iteration took {_ms(host)} of host time: "
+                + ", ".join(f"{_short(n)} x{k:,} {_ms(ns)}" for n, k, ns in names.head(3).iter_rows())
+                + f"; the GPU sat idle {_ms(gpu)} in {idle.height:,} gaps while its process compiled (`traceq idle`'s "
+                f"Compile); at stake, the two together ({_ms(total / max(later, 1))} per iteration after the first)")
     fix = ("Compile once: keep shapes and Python values the compiled code sees fixed (pad or bucket sequence "
            "lengths; torch._dynamo.mark_dynamic for a dimension that must vary; TORCH_LOGS=recompiles names the "
            "guard that failed); in JAX, the same shapes and static arguments to each jitted call")
     return [Finding("recompilation", "Recompilation in steady state", total, evidence, fix)]
+
+
+def _compile_gaps(facts: object, after: int) -> pl.DataFrame:
+    """start_ns, end_ns, dur_ns of `traceq idle`'s Compile gaps starting at or after `after`
+    (`gaps.gap_frame`, read only when the trace compiles after its first iteration)."""
+    from traceq.analysis.timeline.gaps import CAUSES, gap_frame
+
+    gaps, _ = gap_frame(facts.con, facts.trace_id, facts.iteration_regex)
+    return (gaps.filter((pl.col("cause") == CAUSES.index("compile")) & (pl.col("start_ns") >= after))
+            .select("start_ns", "end_ns", "dur_ns").collect())
 
 
 def _short(name: str) -> str:
@@ -181,77 +201,6 @@ def _short(name: str) -> str:
     bare = re.sub(r"[<(].*$", "", re.sub(r"^void\s+", "", name)).strip()
     name = bare.rsplit("::", 1)[-1] or name
     return name if len(name) <= 48 else name[:47] + "…"
-
-
-_RUN_RANKS: dict[tuple, pl.DataFrame] = {}
-"""The last run's `rank_iterations`, keyed by connection, run, iteration regex, the store's file
-and its traces (a load or removal makes a new key)."""
-
-
-def _imbalance(ranks: pl.DataFrame) -> str:
-    """The spread of the ranks' work per iteration (their GPU span less their waits inside
-    collectives, `rank_iterations`' work_ns): how uneven the load is, beside who was late."""
-    work = ranks.group_by("rank").agg(pl.col("work_ns").mean()).sort("work_ns", "rank")
-    if work.height < 2 or not work["work_ns"].max():
-        return ""
-    low, high = work.row(0, named=True), work.row(-1, named=True)
-    spread = 100 * (high["work_ns"] / low["work_ns"] - 1) if low["work_ns"] else 0.0
-    return (f"; work per iteration (span less waits in collectives) {_ms(low['work_ns'])} on rank {low['rank']} "
-            f"to {_ms(high['work_ns'])} on rank {high['rank']} (+{spread:.0f} %), median "
-            f"{_ms(float(work['work_ns'].median()))}")
-
-
-def straggler(facts: object) -> list[Finding]:
-    """On a rank of a run (`load --run`): the straggler, as `traceq ranks` names it (the rank the
-    others waited for longest: the start skews of the collectives it started last). On the
-    straggler, at stake is that wait it caused (the step could be that much shorter); on another
-    rank, the time it waited inside collectives for later ranks."""
-    t = int(facts.trace_id)
-    runs = facts.con.execute("SELECT r.run_id, min(k.rank), count(*) OVER (PARTITION BY r.run_id) FROM runs r "
-                             "JOIN ranks k USING (run_id) WHERE r.world_size > 1 AND k.trace_id = ? "
-                             "GROUP BY r.run_id ORDER BY r.run_id", [t]).fetchall()
-    if not runs:
-        return []
-    from traceq.analysis.multigpu.ranks import rank_iterations
-    from traceq.errors import TraceqError
-
-    run_id, mine = runs[0][0], runs[0][1]
-    state = facts.con.execute("SELECT count(*), max(trace_id), (SELECT any_value(path) FROM duckdb_databases() "
-                              "WHERE database_name = current_database()) FROM traces").fetchone()
-    key = (id(facts.con), run_id, facts.iteration_regex, state)
-    if key not in _RUN_RANKS:  # `report RUN` advises every rank: the run's ranks are read once, not once per rank
-        try:
-            _RUN_RANKS.clear()
-            _RUN_RANKS[key] = rank_iterations(facts.con, run_id, facts.iteration_regex)
-        except TraceqError:
-            return []
-    ranks = _RUN_RANKS[key]
-    if ranks.is_empty() or not int(ranks["last_starts"].sum()):
-        return []
-    late = ranks.group_by("rank").agg(last=pl.col("last_starts").sum(), held=pl.col("held_ns").sum(),
-                                      slowest=pl.col("slowest").sum(), wait=pl.col("wait_ns").sum())
-    top = late.sort("held", "rank", descending=[True, False]).row(0, named=True)
-    me = late.filter(pl.col("rank") == mine)
-    if me.is_empty() or not top["held"]:
-        return []
-    me_row = me.row(0, named=True)
-    iterations = ranks["iteration"].n_unique()
-    said = (f"rank {top['rank']} was the last to start {top['last']:,} collectives, the other ranks waiting "
-            f"{_ms(top['held'])} for it (start skews summed); the straggler in {top['slowest']:,} of {iterations:,} "
-            f"iteration(s) (`traceq ranks`; what delayed it: `traceq ranks RUN --by collective`)"
-            + _imbalance(ranks))
-    fix = ("Even the load across ranks (shard embedding tables and data by cost, not count; the same batch "
-           "shape on every rank), and remove what delays the slow rank before its collectives: its host "
-           "(data loading, Python), other jobs on its node, a slower GPU or link")
-    if top["rank"] == mine:
-        return [Finding("straggler", f"This rank ({mine}) is the straggler: the others wait for it", float(top["held"]),
-                        said, fix)]
-    if not me_row["wait"]:
-        return []
-    evidence = (f"this rank ({mine}) waited {_ms(me_row['wait'])} inside collectives for ranks that started them "
-                f"later; " + said)
-    return [Finding("straggler", f"Waiting for a slower rank (rank {top['rank']})", float(me_row["wait"]),
-                    evidence, fix)]
 
 
 IDLE_TENSOR_PCT = 50.0

@@ -36,7 +36,7 @@ IDLE = "(GPU idle)"
 
 def rank_iterations(
     con: duckdb.DuckDBPyConnection, run_id: int, iteration_regex: str = ITERATION_REGEX,
-    progress: Progress | None = None,
+    progress: Progress | None = None, busy: bool = False,
 ) -> pl.DataFrame:
     """Per iteration and rank: span_ns (first start to last end of its GPU work), comm_ns,
     wait_ns (in collectives, for later ranks), work_ns (span_ns - wait_ns), slowest (the
@@ -45,7 +45,9 @@ def rank_iterations(
     work_ns), last_starts (collectives it was the last to start), held_ns (the start skews of
     those collectives summed: how long the others waited for it),
     shift_ns and drift_ppm (what puts the rank's times on the run's clock: `ranks` table). By iteration,
-    then rank; work outside iteration ranges left out."""
+    then rank; work outside iteration ranges left out. With `busy`, also busy_ns: the time its
+    computation kernels ran (`overlap`'s compute_ns, the union of their intervals; communication
+    left out, its time includes waiting): the rank's load, free of clock skew and waits."""
     halves = [None, None] if progress is None else [lambda d, n: progress(d, 2 * n), lambda d, n: progress(n + d, 2 * n)]
     spans = overlap_table(con, run_id, iteration_regex, halves[0]).filter(steady())
     try:
@@ -71,7 +73,7 @@ def rank_iterations(
                            .otherwise(pl.col("work_ns") == pl.col("work_ns").max().over("iteration")))
              .join(shifts, on="rank", how="left", maintain_order="left"))
     return frame.select("iteration", "rank", "span_ns", "comm_ns", "wait_ns", "work_ns", "slowest", "last_starts",
-                        "held_ns", "shift_ns", "drift_ppm")
+                        "held_ns", "shift_ns", "drift_ppm", *([pl.col("compute_ns").alias("busy_ns")] if busy else []))
 
 
 def late_collectives(

@@ -12,6 +12,10 @@ latency), not on the host: `other`, as is a gap whose next operation has no issu
 the trace. Otherwise the host was late, and the cause is the first of these
 that holds:
 
+0. `compile`: a compile range of the next operation's process (`structure.phases.COMPILE_REGEX`:
+   torch.compile's Dynamo and Inductor, XLA's compiler, the same ranges the `recompilation`
+   finding reads) covers at least H2D_SHARE of the gap: the host was compiling (its syncs and
+   copies meanwhile, autotuning's among them, are the compiler's).
 1. `sync`: a thread of the next operation's process was inside a blocking call when the device
    ran out of work: a synchronize (cudaDeviceSynchronize, cudaStreamSynchronize,
    cudaEventSynchronize and their driver forms), a free (cudaFree), or a memcpy that blocks the
@@ -48,14 +52,15 @@ import polars as pl
 from traceq.analysis.intervals import last_at_or_before, last_open
 from traceq.analysis.operations import KINDS, Work, api_calls, gpu_work
 from traceq.analysis.structure.conventions import ITERATION_REGEX, WARM_UP
-from traceq.analysis.structure.phases import either, split_warm
+from traceq.analysis.structure.phases import either, merged, split_warm
 
-CAUSES = ("sync", "h2d_pageable", "h2d_pinned", "iteration_start", "launch_bound", "other")
-"""Gap causes (the host-caused ones in the order they are tested), as identifiers: the names of
-`traceq idle --by`'s `<cause>_ns` columns."""
+CAUSES = ("sync", "h2d_pageable", "h2d_pinned", "iteration_start", "launch_bound", "compile", "other")
+"""Gap causes, as identifiers: the names of `traceq idle --by`'s `<cause>_ns` columns. The
+host-caused ones are tested in this order after `compile` (listed after them: the warm-up's)."""
 
 CAUSE_LABELS = {"sync": "Sync", "h2d_pageable": "H2D pageable", "h2d_pinned": "H2D pinned",
-                "iteration_start": "Iteration start", "launch_bound": "Launch-bound", "other": "Other"}
+                "iteration_start": "Iteration start", "launch_bound": "Launch-bound", "compile": "Compile",
+                "other": "Other"}
 """Each cause as traceq writes it everywhere: the `cause` values of `traceq idle` and of the
 gaps (tables, csv and json alike), the headers of the `<cause>_ns` columns (render/columns.py
 says the same words), the docs and the report."""
@@ -105,7 +110,10 @@ def gap_frame(
     work = gpu_work(con, t)
     ops, memops = work.ops, work.memops
     api_names = _api_names(con, t)
-    iterations, iteration = operation_iterations(con, t, work, iteration_regex)
+    scan = _range_scan(con, t, iteration_regex)
+    iterations, iteration = operation_iterations(con, t, work, iteration_regex, scan)
+    compiling = merged(scan.filter(~pl.col("is_iter") & pl.col("end_ns").is_not_null()))
+    del scan
     blocking, h2d = _waiting_calls(api_calls(con, t, WAITING_CALL), memops, api_names)
     # the gaps: a running maximum of end times over each device's work in start order
     device = work.of("device_id")
@@ -135,7 +143,8 @@ def gap_frame(
     sync_call, sync_end, h2d_call, h2d_pageable = _host_waits(late, blocking, h2d)
     # a wait the host left early in a gap before its iteration's first work: between iterations
     left_early = late["first"] & ((sync_end - late["gap_start"]) < H2D_SHARE * (late["start_ns"] - late["gap_start"]))
-    cause = (pl.when(sync_call.is_not_null() & ~left_early).then(0)
+    cause = (pl.when(_compiling(late, compiling)).then(CAUSES.index("compile"))
+             .when(sync_call.is_not_null() & ~left_early).then(0)
              .when(h2d_call.is_not_null() & h2d_pageable).then(1)
              .when(h2d_call.is_not_null()).then(2)
              .when(late["first"]).then(3)
@@ -146,7 +155,7 @@ def gap_frame(
     del late
     # late gaps get their cause and call in place; the rest are `other`, their call the issuing one
     own = gaps.select("op_row", start_ns="gap_start", end_ns="start_ns").with_columns(
-        cause=pl.repeat(5, gaps.height, dtype=pl.UInt8, eager=True).scatter(late_rows, late_cause["cause"]),
+        cause=pl.repeat(CAUSES.index("other"), gaps.height, dtype=pl.UInt8, eager=True).scatter(late_rows, late_cause["cause"]),
         call=ops["call_name_id"].gather(rows).scatter(late_rows, late_cause["call"].cast(ops["call_name_id"].dtype)))
     own = _sync_echoes(own, gaps["pos"], work.of("device_id", rows) if devices else None, iteration.gather(rows))
     del gaps, late_cause, late_rows
@@ -221,20 +230,44 @@ def _api_names(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.Series:
     return _by_id(frame["name_id"], frame["name"])
 
 
-def operation_iterations(
-    con: duckdb.DuckDBPyConnection, trace_id: int, work: Work, iteration_regex: str
-) -> tuple[pl.Series, pl.Series]:
-    """The iteration of each operation of `work` (see the module docstring): (names, codes), the
-    codes (UInt32, null outside every iteration) index `names`, one per iteration range name."""
-    ops = work.ops
-    # a range of no process (Kineto's GPU-track annotations) holds no call, as attribution has it
-    # the compile ranges in the same scan: an iteration during which its process compiled is
-    # the warm-up (`structure.phases`), as attribution has it
-    ranges = con.sql(f"""
+def _range_scan(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str) -> pl.DataFrame:
+    """pid, name, start_ns, end_ns, is_iter: the trace's iteration ranges and its compile ranges in
+    one scan (an iteration during which its process compiled is the warm-up, `structure.phases`, as
+    attribution has it); a range of no process (Kineto's GPU-track annotations) holds no call."""
+    return con.sql(f"""
         SELECT pid, name, start_ns, end_ns, regexp_matches(coalesce(name, ''), ?) AS is_iter FROM nvtx
         WHERE trace_id = {int(trace_id)} AND kind IN ('pushpop', 'startend') AND pid IS NOT NULL
           AND regexp_matches(coalesce(name, ''), ?)
         ORDER BY pid, start_ns""", params=[iteration_regex, either(iteration_regex)]).pl()
+
+
+def _compiling(late: pl.DataFrame, compiling: pl.DataFrame) -> pl.Series:
+    """Per late gap (pid, gap_start, start_ns: its end): whether the compile intervals of its
+    process (`compiling`, `phases.merged`: disjoint) cover at least H2D_SHARE of it, by the
+    compile time each process had before the gap's start and before its end."""
+    if compiling.is_empty() or late.is_empty():
+        return pl.repeat(False, late.height, eager=True)
+    length = pl.col("end_ns") - pl.col("start_ns")
+    before = compiling.select(length.cum_sum().over("pid") - length).to_series()  # compile time before each
+
+    def compiled_by(time: pl.Series) -> pl.Series:
+        row = last_at_or_before(compiling["pid"], compiling["start_ns"], late["pid"], time)
+        into = (pl.min_horizontal(compiling["end_ns"].gather(row), time) - compiling["start_ns"].gather(row)).clip(0)
+        return pl.select((before.gather(row) + into).fill_null(0)).to_series()
+
+    covered = compiled_by(late["start_ns"]) - compiled_by(late["gap_start"])
+    return pl.select(covered >= H2D_SHARE * (late["start_ns"] - late["gap_start"])).to_series().fill_null(False)
+
+
+def operation_iterations(
+    con: duckdb.DuckDBPyConnection, trace_id: int, work: Work, iteration_regex: str,
+    ranges: pl.DataFrame | None = None,
+) -> tuple[pl.Series, pl.Series]:
+    """The iteration of each operation of `work` (see the module docstring): (names, codes), the
+    codes (UInt32, null outside every iteration) index `names`, one per iteration range name.
+    `ranges`: the trace's `_range_scan`, when the caller has it already."""
+    ops = work.ops
+    ranges = _range_scan(con, trace_id, iteration_regex) if ranges is None else ranges
     ranges, warm = split_warm(ranges)
     ranges = ranges.with_columns(name=pl.when(warm).then(pl.lit(WARM_UP)).otherwise(pl.col("name")))
     # a range that never ended lasts to the trace's end (not to the end of time: times are packed
