@@ -575,7 +575,8 @@ def _process_groups(meta: dict[str, Any]) -> pa.Table:
 def _source_info(meta: dict[str, Any]) -> SourceInfo:
     info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
     versions = [f"{key} {meta[key]}" for key in ("cupti_version", "roctracer_version") if key in meta]
-    tool = "PyTorch profiler (Kineto)" + (f", {', '.join(versions)}" if versions else "")
+    options = [k for k in ("record_shapes", "with_stack", "profile_memory", "with_modules", "with_flops") if meta.get(k) == 1]
+    tool = "PyTorch profiler (Kineto)" + "".join(f"{sep}{', '.join(p)}" for sep, p in ((", ", versions), ("; ", options)) if p)
     base = _int(meta.get("baseTimeNanoseconds"))
     if base is not None and not 0 <= base < 2**63:  # no wall clock: its times stand as they are
         base = None

@@ -123,3 +123,29 @@ def test_a_failed_idle_analysis_stops_the_other_thread_s_query(sample_store, mon
     with pytest.raises(ValueError, match="idle failed"):
         advise(sample_store, trace_id(sample_store, "badloop_mlp"), idle=failing_idle)
     assert time.monotonic() - started < 5
+
+
+def test_launch_bound_says_when_the_profiler_s_options_lengthen_the_host(tmp_path) -> None:
+    """torch.profiler's with_stack and profile_memory add host work to every operator: on a trace
+    whose header says it was recorded with them (the Qwen prefill, TraceLens' settings: 42.5 ms a
+    step traced against 32.9 ms untraced), the launch-bound finding says part of its idle is the
+    profiler's; on traces recorded without them (the plain GPT: record_shapes only; badloop_mlp
+    under nsys) it does not. The options are read here from the raw JSON headers."""
+    import gzip
+
+    db = tmp_path / "s.duckdb"
+    names = ["whatif/qwen1.5-0.5b_prefill_h200.json.gz", "conventions/gpt_kineto_plain.json.gz", "badloop_mlp.sqlite"]
+    runner = CliRunner()
+    assert runner.invoke(app, ["load", *(str(sample(n)) for n in names), "--db", str(db)]).exit_code == 0
+    said = 0
+    for name in names:
+        header = json.loads(gzip.decompress(sample(name).read_bytes())) if name.endswith(".gz") else {}
+        costly = [o for o in ("with_stack", "profile_memory") if header.get(o) == 1]
+        trace = sample(name).name.split(".json")[0].removesuffix(".sqlite")
+        rows = json.loads(runner.invoke(app, ["advise", "-t", trace, "--db", str(db), "-f", "json"]).stdout)
+        for row in rows:
+            if row["rule"] == "launch_bound":
+                caveat = f"recorded with torch.profiler's {' and '.join(costly)}, which add host time"
+                assert (caveat in row["evidence"]) == bool(costly), (name, row["evidence"])
+                said += bool(costly)
+    assert said == 1
