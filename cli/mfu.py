@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from traceq.analysis.choices import Precision
-from traceq.analysis.efficiency.transformer_spec import load_transformer_spec
 from traceq.api import Trace
 from traceq.cli.base import (
     DatasetOpt,
@@ -68,6 +67,8 @@ def mfu(
 
     def given(frame) -> str:
         if spec is not None:
+            from traceq.analysis.efficiency.transformer_spec import load_transformer_spec  # only with --spec
+
             model = load_transformer_spec(spec)
             return (f"model FLOPs from {model.name!r}: {model.params:,} parameters, N = {model.matmul_params:,} "
                     f"in matrix products, {model.tokens:,} tokens, {model.model_flops:,.0f} FLOP a step")

@@ -77,7 +77,7 @@ def op_roofline_chart(tables: Frames, peaks: Frames, notes: Mapping[str, str] | 
     legend: set[str] = set()
     for col, name in enumerate(names, start=1):
         frame, roofs = tables[name], peaks.get(name)
-        if frame is None or roofs is None:
+        if frame is None or roofs is None or frame.is_empty() or roofs.is_empty():
             panel_note(fig, col, (notes or {}).get(name) or "no kernel with FLOPs or bytes")
             panel_note(fig, n + col, "no kernel with bytes")
             continue

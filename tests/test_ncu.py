@@ -395,7 +395,7 @@ def test_a_report_exported_by_ncu_itself(tmp_path: Path) -> None:
 
 def test_kernel_names_as_each_tool_demangles_them(tmp_path: Path) -> None:
     """The GPT's training step under torch.profiler and the same step under Nsight Compute 2025.3
-    (sample_traces/conventions/gpt_ncu_step.json.gz, ncu/gpt_ncu_step_ncu.csv.gz): CUPTI writes `{lambda()#3}`, `(anonymous
+    (sample_traces/conventions/gpt_ncu_step.json.gz, ncu/gpt_ncu_step_raw.csv.gz): CUPTI writes `{lambda()#3}`, `(anonymous
     namespace)`, `2ul`, `true` and each argument's type, ncu `[lambda()(instance3)]`,
     `<unnamed>`, `2`, `1` and `T1`: over 200 of the 267 launches' names differ as written. Every profiled launch
     joins, and the kernel it joins is the trace's launch at the same place in launch order, read
@@ -404,11 +404,11 @@ def test_kernel_names_as_each_tool_demangles_them(tmp_path: Path) -> None:
 
     db = tmp_path / "g.duckdb"
     _load(db, str(SAMPLES / "conventions/gpt_ncu_step.json.gz"))
-    said = _load(db, "--ncu", str(SAMPLES / "ncu/gpt_ncu_step_ncu.csv.gz"), "--into", "gpt_ncu_step")
+    said = _load(db, "--ncu", str(SAMPLES / "ncu/gpt_ncu_step_raw.csv.gz"), "--into", "gpt_ncu_step")
     assert "267 of 267 profiled launches matched" in said
     events = json.loads(gzip.decompress((SAMPLES / "conventions/gpt_ncu_step.json.gz").read_bytes()))["traceEvents"]
     in_order = [e["name"] for e in sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])]
-    _, _, rows = _csv_rows(SAMPLES / "ncu/gpt_ncu_step_ncu.csv.gz")
+    _, _, rows = _csv_rows(SAMPLES / "ncu/gpt_ncu_step_raw.csv.gz")
     ids = sorted(int(r["ID"]) for r in rows)
     joined = _sql(db, "SELECT n.ncu_id, k.name FROM ncu_metrics n JOIN kernel_rows k USING (trace_id, kernel_id) "
                       "ORDER BY n.ncu_id")

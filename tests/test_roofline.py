@@ -162,7 +162,7 @@ def test_convolution_bytes_against_nsight_compute(net: str, bound: float) -> Non
 
 
 def test_transformer_gemm_and_attention_bytes_against_nsight_compute(tmp_path) -> None:
-    """The GPT's training step (sample_traces/conventions/gpt_ncu_step.json.gz and ncu/gpt_ncu_step_ncu.csv.gz, one H200): the bytes
+    """The GPT's training step (sample_traces/conventions/gpt_ncu_step.json.gz and ncu/gpt_ncu_step_raw.csv.gz, one H200): the bytes
     `traceq roofline --by kernel` gives its GEMM (nvjet) and attention (cuDNN SDPA forward and
     backward) kernels from the recorded shapes, against Nsight Compute's DRAM bytes read +
     written of the same launches in a second run of the same step. The launches are paired here
@@ -176,7 +176,7 @@ def test_transformer_gemm_and_attention_bytes_against_nsight_compute(tmp_path) -
 
     events = json.loads(gzip.decompress(sample("conventions/gpt_ncu_step.json.gz").read_bytes()))["traceEvents"]
     kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
-    rows = sorted(ncu_rows(sample("ncu/gpt_ncu_step_ncu.csv.gz")), key=lambda r: int(r["ID"]))
+    rows = sorted(ncu_rows(sample("ncu/gpt_ncu_step_raw.csv.gz")), key=lambda r: int(r["ID"]))
     assert len(rows) == len(kernels) == 267
     measured: dict[str, float] = defaultdict(float)
     for kernel, row in zip(kernels, rows, strict=True):

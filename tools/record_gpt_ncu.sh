@@ -3,7 +3,7 @@
 # Kineto trace, then the same step under Nsight Compute (DRAM bytes read and written and the
 # duration of every kernel, caches flushed before each as ncu does by default, clocks not
 # locked), into $OUT/gpt_ncu.tar.gz (gpt_ncu_step.json.gz, gpt_ncu_step.truth.json,
-# gpt_ncu_step_ncu.csv, the logs). sample_traces/conventions/ holds the trace, sample_traces/ncu/ the CSV; tests/test_roofline.py
+# gpt_ncu_step_ncu.csv, the logs). sample_traces/conventions/ holds the trace, sample_traces/ncu/gpt_ncu_step_raw.csv.gz the CSV; tests/test_roofline.py
 # compares traceq's bytes per kernel with ncu's.
 #   OUT=/tmp/out tools/record_gpt_ncu.sh
 set -uo pipefail
