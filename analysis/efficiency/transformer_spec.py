@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from traceq.analysis.choices import Precision
+from traceq.analysis.efficiency.modelspec import _check_keys
+from traceq.analysis.efficiency.modelspec import _SpecProblem as _Problem  # what is wrong with a spec
 from traceq.errors import OptionError
 
 _REQUIRED = ("layers", "d_model", "heads", "ffn", "vocab", "seq", "batch", "mode")
@@ -131,21 +133,11 @@ def load_transformer_spec(path: str | Path) -> TransformerSpec:
         raise OptionError(f"{path}: {e}; see docs/mfu.md") from None
 
 
-class _Problem(Exception):
-    """What is wrong with a spec; load_transformer_spec adds the file name."""
-
-
 def _parse(doc: dict, default_name: str) -> TransformerSpec:
     table = doc.get("transformer")
     if set(doc) != {"transformer"} or not isinstance(table, dict):
         raise _Problem("a transformer spec has one [transformer] table and nothing else")
-    missing = [key for key in _REQUIRED if key not in table]
-    if missing:
-        raise _Problem(f"[transformer] needs {', '.join(missing)}")
-    unknown = sorted(set(table) - set(_REQUIRED) - set(_OPTIONAL))
-    if unknown:
-        raise _Problem(f"[transformer]: unknown key {unknown[0]!r}; expected some of "
-                       f"{', '.join(_REQUIRED + _OPTIONAL)}")
+    _check_keys(table, _REQUIRED, _OPTIONAL, "[transformer]")
     sizes = {key: _int(table, key, 1) for key in ("layers", "d_model", "heads", "ffn", "vocab", "seq", "batch")}
     heads = sizes["heads"]
     kv_heads = _int(table, "kv_heads", 1, heads)
