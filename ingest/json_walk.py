@@ -114,9 +114,7 @@ class Walk:
 
     def members(self) -> Iterator[str]:
         """The keys of the object that comes next; the caller reads or skips each one's value."""
-        self.expect("{")
-        if self.peek() == "}":
-            self.pos += 1
+        if not self._opened("{", "}"):
             return
         while True:
             if self.peek() != '"':
@@ -124,38 +122,24 @@ class Walk:
             key = self.value()
             self.expect(":")
             yield key
-            char = self.peek()
-            self.pos += 1
-            if char == "}":
+            if self._closed("}"):
                 return
-            if char != ",":
-                self.pos -= 1
-                raise self._error("Expecting ',' delimiter")
 
     def items(self) -> Iterator[None]:
         """Steps through the array that comes next: the caller reads or skips one element each."""
-        self.expect("[")
-        if self.peek() == "]":
-            self.pos += 1
+        if not self._opened("[", "]"):
             return
         while True:
             yield None
-            char = self.peek()
-            self.pos += 1
-            if char == "]":
+            if self._closed("]"):
                 return
-            if char != ",":
-                self.pos -= 1
-                raise self._error("Expecting ',' delimiter")
 
     def slabs(self) -> Iterator[list[Any]]:
         """The elements of the array that comes next, parsed: many at once where the file writes
         them compactly (`},{` between objects), else one at a time. A run of elements up to the
         window's last `},{` is parsed as one array; a `},{` inside a string or a nested array
         leaves that text unbalanced, so the parse fails and those elements are read one by one."""
-        self.expect("[")
-        if self.peek() == "]":
-            self.pos += 1
+        if not self._opened("[", "]"):
             return
         slow_until = -1
         while True:
@@ -172,13 +156,28 @@ class Walk:
                         yield items
                         continue
             yield [self.value()]
-            char = self.peek()
-            self.pos += 1
-            if char == "]":
+            if self._closed("]"):
                 return
-            if char != ",":
-                self.pos -= 1
-                raise self._error("Expecting ',' delimiter")
+
+    def _opened(self, opening: str, closing: str) -> bool:
+        """Steps over `opening`; False, with `closing` stepped over too, when nothing is inside."""
+        self.expect(opening)
+        if self.peek() == closing:
+            self.pos += 1
+            return False
+        return True
+
+    def _closed(self, closing: str) -> bool:
+        """After an element: True at `closing`, False at ',' (either stepped over); else the
+        error json.loads gives, at that character."""
+        char = self.peek()
+        if char == closing:
+            self.pos += 1
+            return True
+        if char != ",":
+            raise self._error("Expecting ',' delimiter")
+        self.pos += 1
+        return False
 
     def skip(self, depth: int = 3) -> None:
         """Steps over the next value; arrays and objects `depth` levels deep a member at a time."""
