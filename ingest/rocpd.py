@@ -109,6 +109,12 @@ def _gpus(src: sqlite3.Connection, s: dict[str, str], rows: _Rows) -> dict[tuple
     return device_of
 
 
+def _times(s: dict[str, str], row: str) -> str:
+    """The joins that give a row (alias `row`) its start and end times: DS.value and DE.value."""
+    return "\n".join(f"LEFT JOIN {s['rocpd_timestamp']} {t} ON {t}.id = {row}.{end}_id AND {t}.guid = {row}.guid"
+                     for t, end in (("DS", "start"), ("DE", "end")))
+
+
 def _kernels(src: sqlite3.Connection, s: dict[str, str], rows: _Rows, device_of: dict[tuple[Any, Any], int]) -> None:
     symbol = s.get("rocpd_info_kernel_symbol")
     event = s.get("rocpd_event")
@@ -119,8 +125,7 @@ def _kernels(src: sqlite3.Connection, s: dict[str, str], rows: _Rows, device_of:
                K.grid_size_x, K.grid_size_y, K.grid_size_z, K.workgroup_size_x, K.workgroup_size_y,
                K.workgroup_size_z, K.group_segment_size, K.private_segment_size
         FROM {s['rocpd_kernel_dispatch']} K
-        LEFT JOIN {s['rocpd_timestamp']} DS ON DS.id = K.start_id AND DS.guid = K.guid
-        LEFT JOIN {s['rocpd_timestamp']} DE ON DE.id = K.end_id AND DE.guid = K.guid
+        {_times(s, 'K')}
         LEFT JOIN {s['rocpd_track']} T ON T.id = K.track_id AND T.guid = K.guid
         {f'LEFT JOIN {symbol} S ON S.id = K.kernel_id AND S.guid = K.guid' if symbol else ''}
         {f'LEFT JOIN {event} E ON E.id = K.event_id AND E.guid = K.guid' if event else ''}
@@ -147,8 +152,7 @@ def _regions(src: sqlite3.Connection, s: dict[str, str], rows: _Rows) -> None:
     sql = f"""
         SELECT DS.value, DE.value, N.string, C.string, {'TH.tid' if thread else 'T.tid'}, E.correlation_id
         FROM {s['rocpd_region']} R
-        LEFT JOIN {s['rocpd_timestamp']} DS ON DS.id = R.start_id AND DS.guid = R.guid
-        LEFT JOIN {s['rocpd_timestamp']} DE ON DE.id = R.end_id AND DE.guid = R.guid
+        {_times(s, 'R')}
         LEFT JOIN {s['rocpd_string']} N ON N.id = R.name_id AND N.guid = R.guid
         LEFT JOIN {s['rocpd_event']} E ON E.id = R.event_id AND E.guid = R.guid
         LEFT JOIN {s['rocpd_string']} C ON C.id = E.category_id AND C.guid = E.guid
@@ -173,8 +177,7 @@ def _copies(src: sqlite3.Connection, s: dict[str, str], rows: _Rows, device_of: 
         SELECT DS.value, DE.value, N.string, M.size, M.src_agent_id, M.dst_agent_id, M.guid,
                {'E.correlation_id' if event else 'NULL'}, T.queue_id
         FROM {s['rocpd_memory_copy']} M
-        LEFT JOIN {s['rocpd_timestamp']} DS ON DS.id = M.start_id AND DS.guid = M.guid
-        LEFT JOIN {s['rocpd_timestamp']} DE ON DE.id = M.end_id AND DE.guid = M.guid
+        {_times(s, 'M')}
         LEFT JOIN {s['rocpd_string']} N ON N.id = M.name_id AND N.guid = M.guid
         LEFT JOIN {s['rocpd_track']} T ON T.id = M.track_id AND T.guid = M.guid
         {f'LEFT JOIN {event} E ON E.id = M.event_id AND E.guid = M.guid' if event else ''}
