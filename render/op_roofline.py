@@ -11,6 +11,7 @@ figure; hover names every point. Like every figure it takes frames, never the st
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Mapping
 
@@ -42,12 +43,12 @@ def _names(frame: pl.DataFrame) -> list[str]:
     """'linear #17 bwd': the layer and its pass (the colour says the operation, hover all of it)."""
     short = {"forward": "fwd", "backward": "bwd"}
     layers = frame["layer"].cast(pl.String).fill_null("no layer").to_list()
-    return [f"{cut_middle(layer, 16)} {short.get(p or '', p or '')}".strip()
+    return [html.escape(f"{cut_middle(layer, 16)} {short.get(p or '', p or '')}".strip())
             for layer, p in zip(layers, frame["pass"].to_list())]
 
 
 def _hover(frame: pl.DataFrame) -> list[tuple]:
-    return [(f"{layer or 'no layer'} ({p or 'no pass'}), {op}", precision or "no FLOPs", kernels, ns / 1e3,
+    return [(html.escape(f"{layer or 'no layer'} ({p or 'no pass'}), {op}"), precision or "no FLOPs", kernels, ns / 1e3,
              pct if pct is not None else float("nan"))
             for layer, p, op, precision, kernels, ns, pct in frame.select(
                 "layer", "pass", "operation", "precision", "kernels", "total_ns", "achieved_pct").iter_rows()]
@@ -70,7 +71,7 @@ def op_roofline_chart(tables: Frames, peaks: Frames, notes: Mapping[str, str] | 
     (FLOP/s) and dram_bytes_per_s; `notes`: why a trace has no table; `gpus`: its GPU's name."""
     names = list(tables)
     n = max(len(names), 1)
-    titles = [*(names if n > 1 else [""] * n), *([""] * n)]
+    titles = [*(map(html.escape, names) if n > 1 else [""] * n), *([""] * n)]
     fig = make_subplots(rows=2, cols=n, row_heights=[0.62, 0.38], vertical_spacing=0.14, horizontal_spacing=0.06,
                         subplot_titles=titles)
     fig.update_layout(height=860)
@@ -85,7 +86,7 @@ def op_roofline_chart(tables: Frames, peaks: Frames, notes: Mapping[str, str] | 
         _flop_panel(fig, frame, roofs, dram, col, n, legend)
         _byte_panel(fig, frame, dram, col, n, legend)
         if gpus and gpus.get(name):
-            fig.add_annotation(text=gpus[name], xref=f"x{'' if col == 1 else col} domain",
+            fig.add_annotation(text=html.escape(gpus[name]), xref=f"x{'' if col == 1 else col} domain",
                                yref=f"y{'' if col == 1 else col} domain", x=0.02, y=1.0, yanchor="bottom",
                                showarrow=False, font=dict(size=11, color="#555"), xanchor="left")
     finish(fig, TITLE, "arithmetic intensity (FLOP per DRAM byte)", "achieved TFLOP/s", n)

@@ -6,6 +6,7 @@ lines. Like every figure it takes frames, never the store.
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -63,7 +64,7 @@ def _point_names(top: pl.DataFrame) -> list[str]:
     """Each point's layer, with its direction ('bconv2 wgrad') where the layer has two points."""
     layers = top["layer"].cast(pl.String).fill_null("no layer").to_list()
     directions = top["direction"].to_list() if "direction" in top.columns else [None] * top.height
-    return [cut_middle(layer, 18) + (f" {direction}" if direction and layers.count(layer) > 1 else "")
+    return [html.escape(cut_middle(layer, 18) + (f" {direction}" if direction and layers.count(layer) > 1 else ""))
             for layer, direction in zip(layers, directions)]
 
 
@@ -86,7 +87,8 @@ def roofline_chart(traffic: Frames, ceilings: Mapping[str, Ceilings | None],
             continue
         frame = frame.filter((pl.col("flops") > 0) & (pl.col("measured_ns") > 0)).with_columns(
             achieved=pl.col("flops") / pl.col("measured_ns") * 1e9 / 1e12,
-            label=pl.format("{} ({}, {})", "layer", "pass", "direction"))
+            label=pl.format("{} ({}, {})", "layer", "pass", "direction")
+            .map_elements(html.escape, return_dtype=pl.String))
         for level, column, symbol in (("DRAM", "dram_bytes", "circle"), ("L2", "l2_bytes", "circle-open")):
             for pass_, part in frame.filter(pl.col(column) > 0).group_by("pass", maintain_order=True):
                 key = f"{level}, {pass_[0]}"

@@ -100,3 +100,18 @@ def test_a_trace_without_flops_or_bytes_says_why(tmp_path) -> None:
     page = build_report(t.con, [t.id])
     assert 'id="fig-op-roofline"' not in page
     assert "Roofline per layer and operation (traceq roofline)</h2><p>Not drawn: no kernel has FLOPs or bytes" in page
+
+
+def test_layer_names_from_the_trace_reach_the_figure_escaped() -> None:
+    """A layer is a trace's string: both rooflines' point labels and hover text carry it
+    HTML-escaped (Plotly reads tags in text), never as markup."""
+    import polars as pl
+
+    from traceq.render.op_roofline import _hover, _names
+    from traceq.render.roofline import _point_names
+
+    frame = pl.DataFrame({"layer": ["<b>x</b>"], "pass": ["forward"], "operation": ["gemm"], "precision": ["bf16"],
+                          "kernels": [1], "total_ns": [1000], "achieved_pct": [50.0], "direction": [None]})
+    assert _names(frame) == ["&lt;b&gt;x&lt;/b&gt; fwd"]
+    assert _hover(frame)[0][0] == "&lt;b&gt;x&lt;/b&gt; (forward), gemm"
+    assert _point_names(frame) == ["&lt;b&gt;x&lt;/b&gt;"]
