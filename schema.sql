@@ -459,5 +459,9 @@ CREATE TABLE ncu_metrics (
     dram_read_bytes DOUBLE,                -- dram__bytes_read.sum
     dram_write_bytes DOUBLE,               -- dram__bytes_write.sum
     l2_bytes DOUBLE,                       -- lts__t_bytes.sum
-    l1_bytes DOUBLE                        -- l1tex__t_bytes.sum
+    l1_bytes DOUBLE,                       -- l1tex__t_bytes.sum
+    global_sectors DOUBLE,                 -- memory_l2_theoretical_sectors_global: the L2 sectors the kernel's global loads and stores asked for (ncu's SourceCounters)
+    global_sectors_ideal DOUBLE,           -- memory_l2_theoretical_sectors_global_ideal: the sectors the same accesses would need, coalesced
+    l2_cycles_active DOUBLE,               -- lts__cycles_active.sum
+    l2_cycles_elapsed DOUBLE               -- lts__cycles_elapsed.sum
 );

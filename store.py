@@ -61,15 +61,26 @@ def schema_sql() -> str:
     return resources.files("traceq").joinpath("schema.sql").read_text(encoding="utf-8")
 
 
+_COLUMN = re.compile(r"^    ([a-z_]\w*) ([A-Z]+)\b", re.MULTILINE)
+"""A column line of a schema.sql table: four spaces, the name (lower case: not a constraint), the type."""
+
+
 def ensure_tables(con: duckdb.DuckDBPyConnection, *names: str) -> None:
-    """Create schema.sql's tables `names` where the store lacks them: tables added since a store
-    was made (the ncu_* ones) without a new schema version, as nothing else reads them unasked."""
+    """Create schema.sql's tables `names` where the store lacks them, and add the columns they
+    gained since (nullable, so the rows a store has keep NULL there): tables added or widened since
+    a store was made (the ncu_* ones) without a new schema version, as nothing else reads them
+    unasked."""
     sql = schema_sql()
     for name in names:
         found = re.search(rf"^CREATE TABLE {re.escape(name)} \(.*?^\);", sql, re.MULTILINE | re.DOTALL)
         if found is None:
             raise ValueError(f"schema.sql has no table {name}")
         con.execute(found.group(0).replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
+        have = {c for (c,) in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = ?",
+                                          [name]).fetchall()}
+        for column, kind in _COLUMN.findall(found.group(0)):  # columns added to the table since
+            if column not in have:
+                con.execute(f'ALTER TABLE {name} ADD COLUMN "{column}" {kind}')
 
 
 def has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:

@@ -28,6 +28,7 @@ from traceq.analysis.advice.catalogue import (
     layout_transforms,
     recompilation,
 )
+from traceq.analysis.advice.coalescing import uncoalesced_access
 from traceq.analysis.advice.ranks import load_imbalance, straggler
 from traceq.analysis.structure.conventions import ITERATION_REGEX
 from traceq.analysis.timeline.gaps import CAUSE_LABELS
@@ -559,6 +560,7 @@ RULES: dict[str, Callable[[_Facts], list[Finding]]] = {
     "fp32_math": _fp32_math,
     "transposed_gemm": _transposed_gemms,
     "low_ru": _low_ru,
+    "uncoalesced_access": uncoalesced_access,
     "exposed_comm": exposed_comm,
     "straggler": straggler,
     "load_imbalance": load_imbalance,
