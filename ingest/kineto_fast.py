@@ -18,6 +18,7 @@ DuckDB's reader.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -41,9 +42,6 @@ class Unfit(Exception):
     """The batch holds something the typed parse does not take: DuckDB's reader parses it."""
 
 
-_COLLECTIVE_KEYS = (b'"Collective name"', b'"In msg nelems"', b'"Out msg nelems"', b'"In split size"',
-                    b'"Out split size"', b'"Group size"', b'"dtype"', b'"Process Group')
-"""Keys of collective args: a batch whose text holds none of them is decoded without them."""
 
 if AVAILABLE:
     _EMPTY = Raw()
@@ -57,8 +55,8 @@ if AVAILABLE:
         stream: int | None = None
         registers: int | None = field(default=None, name="registers per thread")
         smem: int | None = field(default=None, name="shared memory")
-        grid: list[int] | None = None
-        block: list[int] | None = None
+        grid: Raw = _EMPTY
+        block: Raw = _EMPTY
         occupancy: float | None = field(default=None, name="est. achieved occupancy %")
         bytes: int | None = None
         external_id: int | None = field(default=None, name="External id")
@@ -74,10 +72,7 @@ if AVAILABLE:
         mem_device: int | None = field(default=None, name="Device Id")
         mem_device_type: int | None = field(default=None, name="Device Type")
         label: Raw = field(default=_EMPTY, name="name")
-
-    class _CollectiveArgs(_Args, gc=False):
-        """The same with the collective args (NCCL/RCCL kernels, record_param_comms ops)."""
-
+        # collective args (NCCL/RCCL kernels, record_param_comms ops)
         collective: Raw = field(default=_EMPTY, name="Collective name")
         in_msg_nelems: Raw = field(default=_EMPTY, name="In msg nelems")
         out_msg_nelems: Raw = field(default=_EMPTY, name="Out msg nelems")
@@ -100,11 +95,8 @@ if AVAILABLE:
         dur: Raw = _EMPTY
         args: _Args | None = None
 
-    class _CollectiveEvent(_Event, gc=False):
-        args: _CollectiveArgs | None = None  # type: ignore[assignment]
-
-    _DECODERS = {False: msgspec.json.Decoder(list[_Event]), True: msgspec.json.Decoder(list[_CollectiveEvent])}
-    _NO_ARGS = _CollectiveArgs()
+    _DECODER = msgspec.json.Decoder(list[_Event])
+    _NO_ARGS = _Args()
 
 _X_KINDS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy", "Memcpy": "memcpy",
             "gpu_memset": "memset", "Memset": "memset", "cuda_runtime": "runtime", "Runtime": "runtime",
@@ -113,14 +105,14 @@ _X_KINDS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy", "Mem
             "cuda_profiler_range": "gpu_range"}
 """`kineto._KIND` for complete ('X') events, by category (any other casing of "kernel" too)."""
 
-_GPU_ARGS = ("correlation", "device", "context", "stream", "registers", "smem", "grid", "block", "occupancy", "bytes")
+_GPU_ARGS = ("correlation", "device", "context", "stream", "registers", "smem", "occupancy", "bytes")
+_GPU_LISTS = ("grid", "block")
 _OPERATOR_ARGS = ("external_id", "flops", "sequence_number")
 _OPERATOR_JSON = ("input_dims", "input_types", "concrete_inputs")
 _MEMORY_ARGS = ("mem_bytes", "total_allocated", "address", "mem_device", "mem_device_type")
 _COLLECTIVE_TEXT = ("collective", "in_split_size", "out_split_size", "dtype", "pg_desc", "pg_ranks", "pg_name", "pg_id")
 _COLLECTIVE_INT = ("in_msg_nelems", "out_msg_nelems", "group_size")
-_TYPES: dict[str, Any] = {"occupancy": pa.float64(), "address": pa.uint64(), "grid": pa.list_(pa.int64()),
-                          "block": pa.list_(pa.int64())}
+_TYPES: dict[str, Any] = {"occupancy": pa.float64(), "address": pa.uint64()}
 _STAGED = {"registers": "registers", "smem": "smem", "occupancy": "kineto_occupancy_pct"}
 """Staging columns named otherwise than the struct's fields."""
 
@@ -142,22 +134,22 @@ def insert_batch(con: duckdb.DuckDBPyConnection, chunks: list[list[bytes | memor
     """The staging rows of a batch's events (`chunks`, as `json_events.Batch` holds them) into
     `ev`, numbered from `first` on, in one transaction; Unfit (and nothing inserted) where the
     typed parse does not take them."""
-    texts = [b"".join(chunk) for chunk in chunks]
-    # a key may be written with escapes (`\\u0020`): then decoded with the collective keys too
-    collective = any(key in text for text in texts for key in _COLLECTIVE_KEYS + (b"\\u",))
-    decoder = _DECODERS[collective]
-    events: list[Any] = []
+    collecting = gc.isenabled()
+    gc.disable()  # the structs hold no cycles: collecting while they are made costs a third more
     try:
-        for text in texts:
-            events += decoder.decode(b"[" + text + b"]")
-    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        events: list[Any] = []
+        for chunk in chunks:
+            events += _DECODER.decode(b"".join([b"[", *chunk, b"]"]))
+        groups = _split(events, python_functions)
+        del events
+        tables = [(kind, _table(kind, rows, first)) for kind, rows in groups.items()]
+        del groups
+    except (msgspec.ValidationError, msgspec.DecodeError, pa.ArrowInvalid, pa.ArrowTypeError, OverflowError,
+            TypeError, UnicodeDecodeError) as e:
         raise Unfit(str(e)) from None
-    del texts
-    groups = _split(events, python_functions)
-    try:
-        tables = [(kind, _table(kind, rows, first, collective)) for kind, rows in groups.items()]
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as e:
-        raise Unfit(str(e)) from None
+    finally:
+        if collecting:
+            gc.enable()
     con.execute("BEGIN TRANSACTION")
     try:
         for kind, table in tables:
@@ -215,7 +207,7 @@ def _split(events: list[Any], python_functions: bool) -> dict[str, tuple[list[in
     return groups
 
 
-def _table(kind: str, group: tuple[list[int], list[Any]], first: int, collective: bool) -> pa.Table:
+def _table(kind: str, group: tuple[list[int], list[Any]], first: int) -> pa.Table:
     """The Arrow columns of one kind's events (their staging rows' inputs)."""
     places, events = group
     columns: dict[str, Any] = {"seq": pc.add(pa.array(places, pa.int64()), first)}
@@ -232,7 +224,7 @@ def _table(kind: str, group: tuple[list[int], list[Any]], first: int, collective
     keys: tuple[str, ...] = ()
     texts: tuple[str, ...] = ()
     if kind in ("kernel", "memcpy", "memset", "gpu_user_annotation", "gpu_range"):
-        keys = _GPU_ARGS
+        keys, texts = _GPU_ARGS, _GPU_LISTS
     elif kind in ("runtime", "driver"):
         keys = ("correlation",)
     elif kind in ("cpu_op", "nccl_annotation"):
@@ -244,7 +236,7 @@ def _table(kind: str, group: tuple[list[int], list[Any]], first: int, collective
         keys = _MEMORY_ARGS
     elif kind in ("process_name", "thread_name"):
         texts = ("label",)
-    if collective and kind in ("kernel", "memcpy", "memset", "gpu_user_annotation", "gpu_range", "cpu_op",
+    if kind in ("kernel", "memcpy", "memset", "gpu_user_annotation", "gpu_range", "cpu_op",
                                "nccl_annotation"):
         texts += _COLLECTIVE_TEXT + _COLLECTIVE_INT
     for key in keys:
@@ -254,13 +246,12 @@ def _table(kind: str, group: tuple[list[int], list[Any]], first: int, collective
     return pa.table(columns)
 
 
-def _texts(raws: list[Any]) -> pa.StringArray:
-    """Raw JSON texts as one string array (an absent key: the empty string), checked as UTF-8."""
-    ends = pc.cumulative_sum(pa.array(map(len, raws), pa.int64(), size=len(raws)))
-    offsets = pa.concat_arrays([pa.array([0], pa.int64()), ends]).buffers()[1]
-    array = pa.LargeStringArray.from_buffers(len(raws), offsets, pa.py_buffer(b"".join(raws)))
-    array.validate(full=True)
-    return array
+def _texts(raws: list[Any]) -> pa.Array:
+    """Raw JSON texts as one string array (an absent key: the empty string): joined by NUL,
+    which JSON text never holds (a NUL in a string is written `\\u0000`), decoded as UTF-8 and
+    split again."""
+    text = b"\0".join(raws).decode()
+    return pc.split_pattern(pa.array([text], pa.large_string()), "\0")[0].values
 
 
 def _insert_sql(kind: str, columns: list[str]) -> str:
@@ -282,6 +273,9 @@ def _insert_sql(kind: str, columns: list[str]) -> str:
                           "AS BIGINT)) AS external_id")
         elif key in have:
             select.append(f"{key} AS {_STAGED.get(key, key)}")
+    for key in _GPU_LISTS:
+        if key in have:
+            select.append(f"""json_transform(nullif({key}, ''), '"BIGINT[]"') AS {key}""")
     for key in _OPERATOR_JSON:
         if key in have:
             select.append(f"""json_transform(nullif({key}, ''), '"JSON"') AS {key}""")
