@@ -29,29 +29,24 @@ STAGE_THREADS = 2
 InsertSql = Callable[[list[Path], int], str]
 """The SQL inserting the events of chunk files (JSON arrays), given the files and the batch's number."""
 
-FastInsert = Callable[[duckdb.DuckDBPyConnection, Batch], bool]
-"""A parse of a batch other than DuckDB's reader, inserting its rows itself: False (and nothing
-inserted) where it does not take the batch, which DuckDB's reader then parses."""
-
 _UNREADABLE = (duckdb.InvalidInputException, duckdb.ConversionException)
 
 
 def stage(scratch: duckdb.DuckDBPyConnection, table: str, events: TraceEvents, folder: Path, insert: InsertSql,
-          progress: Callable[[int], None] | None, parallel: bool = True, fast: FastInsert | None = None) -> None:
+          progress: Callable[[int], None] | None, parallel: bool = True) -> None:
     """Every batch of `events` through `insert`'s SQL on `scratch` into `table` (empty at the
     start), its chunk files in `folder`, `STAGE_THREADS` batches at a time where `parallel`, else
-    one after the other; `progress` is given the bytes read since its last call. `fast`, where
-    given, is tried first on each batch.
+    one after the other; `progress` is given the bytes read since its last call.
     Raises TraceFormatError for a batch DuckDB cannot read even one event at a time; the table
     may then hold some batches' rows (the caller's scratch database is thrown away)."""
     report = _Progress(progress)
     if parallel and STAGE_THREADS > 1:
         try:
-            _parallel(scratch, events, folder, insert, report, fast)
+            _parallel(scratch, events, folder, insert, report)
             return
         except _UNREADABLE:
             scratch.execute(f"DELETE FROM {table}")  # the pass again, from the start
-    _serial(scratch, events, folder, insert, report, fast)
+    _serial(scratch, events, folder, insert, report)
 
 
 class _Progress:
@@ -67,15 +62,14 @@ class _Progress:
 
 
 def _parallel(scratch: duckdb.DuckDBPyConnection, events: TraceEvents, folder: Path, insert: InsertSql,
-              report: _Progress, fast: FastInsert | None = None) -> None:
+              report: _Progress) -> None:
     local = threading.local()
 
     def run(batch: Batch) -> None:
         if not hasattr(local, "con"):
             local.con = scratch.cursor()
             local.con.execute("SET enable_progress_bar = false")
-        if fast is None or not fast(local.con, batch):
-            _insert(local.con, folder, batch, insert)
+        _insert(local.con, folder, batch, insert)
 
     with ThreadPoolExecutor(STAGE_THREADS, thread_name_prefix="traceq-json-stage") as pool:
         running: set[Future[None]] = set()
@@ -95,11 +89,8 @@ def _parallel(scratch: duckdb.DuckDBPyConnection, events: TraceEvents, folder: P
 
 
 def _serial(scratch: duckdb.DuckDBPyConnection, events: TraceEvents, folder: Path, insert: InsertSql,
-            report: _Progress, fast: FastInsert | None = None) -> None:
+            report: _Progress) -> None:
     for batch in events:
-        if fast is not None and fast(scratch, batch):
-            report(events.bytes_read)
-            continue
         try:
             _insert(scratch, folder, batch, insert)
         except _UNREADABLE as e:

@@ -56,7 +56,6 @@ import pyarrow as pa
 from traceq.errors import TraceFormatError
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo
 from traceq.ingest.json_events import TraceEvents, uncompressed_size
-from traceq.ingest import kineto_fast
 from traceq.ingest.json_stage import stage
 from traceq.ingest.nvprof import base_name, demangle
 from traceq.ingest.scratch import forget_memory_scratch, memory_scratch, new_scratch
@@ -268,12 +267,9 @@ def _stage(scratch: duckdb.DuckDBPyConnection, events: TraceEvents, folder: Path
     def insert(paths: list[Path], number: int) -> str:
         return f"INSERT INTO ev {_stage_sql(paths, number << _ROW_BITS, options.python_functions)}"
 
-    fast = kineto_fast.inserter(_ROW_BITS, options.python_functions) if FAST_PARSE else None
-    stage(scratch, "ev", events, folder, insert, sink.progress, parallel, fast)
+    stage(scratch, "ev", events, folder, insert, sink.progress, parallel)
 
 
-FAST_PARSE = kineto_fast.AVAILABLE
-"""Pass 1 tries msgspec's typed parse on each batch (`kineto_fast`) before DuckDB's JSON reader."""
 _EV_TABLE: list[str] = []  # the staging table's CREATE TABLE, once a read has made it
 _ROW_BITS = 32
 """A staged event's seq is its batch's number, shifted by this, plus its place in the batch."""

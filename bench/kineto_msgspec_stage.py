@@ -1,37 +1,53 @@
-"""Pass 1 of the Kineto reader with msgspec: a batch's events decoded into typed structs (only
-the keys traceq reads; `ts`/`dur` and the JSON-valued args kept as their raw text), split by kind
-in one Python loop, and each kind's columns handed to DuckDB as Arrow, into the same staging
-table `ev` (`kineto._stage_sql`'s rows, row for row), without DuckDB parsing any JSON but those
-raw texts.
+"""Issue 38's msgspec pass 1, built and measured, not kept (run on demand; msgspec is no traceq
+dependency: `pip install msgspec`).
+
+    python bench/kineto_msgspec_stage.py --check sample_traces/*kineto*.json* ../shared/realtraces/kineto_json/*
+    python bench/kineto_parsers.py /tmp/traceq-bench/k100k.json --ways duckdb msgspec-stage --reps 3
+
+A batch's events decoded by msgspec into typed structs (only the keys traceq reads; `ts`/`dur`
+and the JSON-valued args kept as their raw text), split by kind in one Python loop, and each
+kind's columns handed to DuckDB as Arrow, into the reader's staging table `ev`
+(`kineto._stage_sql`'s rows, row for row), without DuckDB parsing any JSON but those raw texts.
 
 Typing is strict: a value of a type other than the one declared (a float where an integer is
-expected, Triton's `"grid": "grid(100,)"`, an integer past 64 bits, a time written as a string)
-makes the batch `Unfit`, and the caller parses that batch with DuckDB's JSON reader as before,
-whose rules (a mistyped arg NULL, a refused file) then hold. Where a batch fits, the values are
-those DuckDB's reader gives: integers as they are, the raw texts through the same casts
-(`CAST(text AS DECIMAL(38,9))` for the times, `json_transform(text, '"VARCHAR"')` and
-`'"JSON"'` for the args read as text or JSON), pid and tid strings through the same `TRY_CAST`.
+expected, a string `bytes` or `stream` as ROCm traces write them, an integer past 64 bits, a time
+written as a string) makes the batch `Unfit`, and `stage` parses that batch with DuckDB's JSON
+reader as the reader does, whose rules (a mistyped arg NULL, a refused file) then hold. Where a
+batch fits, the values are those DuckDB's reader gives: integers as they are, the raw texts
+through the same casts (`CAST(text AS DECIMAL(38,9))` for the times, `json_transform(text,
+'"BIGINT[]"')`, `'"VARCHAR"'` and `'"JSON"'` for the args read as lists, text or JSON), pid and
+tid strings through the same `TRY_CAST`.
 
-msgspec is optional (the `fast` extra): without it `AVAILABLE` is False and every batch goes to
-DuckDB's reader.
+`--check FILE...` stages each file both ways in one process (in memory, one batch at a time)
+and compares the staging rows, ordered by `seq`, printing each way's CPU seconds and the
+batches msgspec's types did not take. On 29 November the rows were equal on the 5 Kineto
+samples and the 37 Kineto realtraces (4 files with one unfit batch each: ROCm's string
+`bytes` and `stream`, Triton's `grid`), and the pass took 2 to 3 times DuckDB's CPU: see
+docs/performance.md, "Issue 38: msgspec's typed parse into the staging table".
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+import resource
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traceq.ingest.json_events import Batch
+from traceq.ingest import json_stage, kineto
+from traceq.ingest.base import LoadOptions
+from traceq.ingest.json_events import TraceEvents
+from traceq.store import connect
 
 try:
     import msgspec
     from msgspec import Raw, Struct, field
-except ImportError:  # pragma: no cover - the `fast` extra is not installed
+except ImportError:  # a bench dependency only
     msgspec = None  # type: ignore[assignment]
 
 AVAILABLE = msgspec is not None
@@ -115,18 +131,6 @@ _COLLECTIVE_INT = ("in_msg_nelems", "out_msg_nelems", "group_size")
 _TYPES: dict[str, Any] = {"occupancy": pa.float64(), "address": pa.uint64()}
 _STAGED = {"registers": "registers", "smem": "smem", "occupancy": "kineto_occupancy_pct"}
 """Staging columns named otherwise than the struct's fields."""
-
-
-def inserter(row_bits: int, python_functions: bool) -> Callable[[duckdb.DuckDBPyConnection, Batch], bool]:
-    """`json_stage.stage`'s `fast`: a batch's rows into `ev` (numbered from its number shifted by
-    `row_bits`), True; False, nothing inserted, where the typed parse does not take it."""
-    def fast(con: duckdb.DuckDBPyConnection, batch: Batch) -> bool:
-        try:
-            insert_batch(con, batch.chunks, batch.number << row_bits, python_functions)
-        except Unfit:
-            return False
-        return True
-    return fast
 
 
 def insert_batch(con: duckdb.DuckDBPyConnection, chunks: list[list[bytes | memoryview]], first: int,
@@ -293,3 +297,68 @@ def _insert_sql(kind: str, columns: list[str]) -> str:
 
 _NS = "CAST(CASE WHEN abs({0}) < 9000000000000000 THEN {0} ELSE sign({0}) * 9000000000000000 END * 1000 AS BIGINT)"
 """`kineto._NS`: a decimal time as integer ns (rounded half away from zero), held at +-9e18 ns."""
+
+
+def stage(scratch: duckdb.DuckDBPyConnection, events: TraceEvents, folder: Path, python_functions: bool = False) -> int:
+    """Pass 1 with msgspec: every batch into `ev` (made here, as `kineto._stage` makes it), one at a
+    time; a batch msgspec's types do not take through DuckDB's reader (`json_stage`, its exact
+    re-read included). Returns the number of such batches."""
+    (folder / "empty.json").write_bytes(b"[]")
+    scratch.execute(f"CREATE TABLE ev AS {kineto._stage_sql([folder / 'empty.json'], 0, True)}")
+    unfit = 0
+
+    def insert(paths: list[Path], number: int) -> str:
+        return f"INSERT INTO ev {kineto._stage_sql(paths, number << kineto._ROW_BITS, python_functions)}"
+
+    for batch in events:
+        try:
+            insert_batch(scratch, batch.chunks, batch.number << kineto._ROW_BITS, python_functions)
+            continue
+        except Unfit:
+            unfit += 1
+        try:
+            json_stage._insert(scratch, folder, batch, insert)
+        except json_stage._UNREADABLE:
+            json_stage._insert(scratch, folder, events.exact(batch), insert)
+    return unfit
+
+
+class _NoSink:
+    progress = None
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _staged(path: Path, fast: bool) -> tuple[list[tuple], float, int]:
+    """The staging rows of `path` by seq, the CPU seconds of the pass, the unfit batches."""
+    scratch = connect(":memory:", **kineto.SCRATCH_SETTINGS)
+    scratch.execute("SET enable_progress_bar = false")
+    with tempfile.TemporaryDirectory(prefix="traceq-msgspec-") as folder:
+        cpu, unfit = _cpu(), 0
+        if fast:
+            unfit = stage(scratch, TraceEvents(path), Path(folder))
+        else:
+            kineto._stage(scratch, TraceEvents(path), Path(folder), LoadOptions(), _NoSink(), parallel=False)
+        cpu = _cpu() - cpu
+    return scratch.execute("SELECT * FROM ev ORDER BY seq").fetchall(), cpu, unfit
+
+
+def main() -> None:
+    if sys.argv[1:2] != ["--check"] or not AVAILABLE:
+        sys.exit(__doc__.split("\n\n")[1] if AVAILABLE else "pip install msgspec first (bench only)")
+    differing = 0
+    for name in sys.argv[2:]:
+        duck, duck_cpu, _ = _staged(Path(name), fast=False)
+        fast, fast_cpu, unfit = _staged(Path(name), fast=True)
+        differing += duck != fast
+        print(f"{'equal' if duck == fast else 'DIFFERENT'} {len(duck):>9,} rows  DuckDB {duck_cpu:6.2f} CPU s  "
+              f"msgspec {fast_cpu:6.2f} ({unfit} batches unfit)  {Path(name).name}", flush=True)
+    print(f"{differing} of {len(sys.argv) - 2} files staged differently")
+    sys.exit(1 if differing else 0)
+
+
+if __name__ == "__main__":
+    main()
