@@ -185,46 +185,39 @@ class Decoder:
             self.rows.unfinished(len(stack))
 
     def packet(self, span: pb.Span) -> None:
-        buf = self.buf
         ts = clock = None
         seq_id = flags = 0
         cleared = False
         interned = defaults = event = descriptor = snapshot = None
-        for number, wire, value in pb.fields(buf, *span):
-            if number == 8:
-                _want(number, wire, _VARINT, "a packet's")
+        for number, wire, value in _scan(self.buf, *span):
+            expected = _PACKET_WIRES.get(number)
+            if expected is None:
+                continue
+            if wire != expected:
+                raise pb.WireError(f"a packet's field {number} has wire type {wire}")
+            if number == 11:
+                event = value
+            elif number == 8:
                 ts = value
-            elif number == 58:
-                _want(number, wire, _VARINT, "a packet's")
-                clock = value
             elif number == 10:
-                _want(number, wire, _VARINT, "a packet's")
                 seq_id = value
             elif number == 13:
-                _want(number, wire, _VARINT, "a packet's")
                 flags = value
+            elif number == 58:
+                clock = value
+            elif number == 12:
+                interned = value
             elif number == 41:
                 cleared = bool(value)
-            elif number == 12:
-                _want(number, wire, _LENGTH, "a packet's")
-                interned = value
             elif number == 59:
-                _want(number, wire, _LENGTH, "a packet's")
                 defaults = value
-            elif number == 11:
-                _want(number, wire, _LENGTH, "a packet's")
-                event = value
             elif number == 60:
-                _want(number, wire, _LENGTH, "a packet's")
                 descriptor = value
             elif number == 6:
-                _want(number, wire, _LENGTH, "a packet's")
                 snapshot = value
         seq = self.sequences.get(seq_id)  # type: ignore[arg-type]
-        if seq is None:
-            seq = self.sequences[seq_id] = Sequence()  # type: ignore[index]
-        if cleared or flags & INCREMENTAL_CLEARED:
-            self.sequences[seq_id] = seq = Sequence(valid=True)  # type: ignore[index]
+        if seq is None or cleared or flags & INCREMENTAL_CLEARED:
+            seq = self.sequences[seq_id] = Sequence(valid=cleared or bool(flags & INCREMENTAL_CLEARED))  # type: ignore[index]
         if defaults is not None:
             self._defaults(seq, defaults)
         if interned is not None:
@@ -360,29 +353,27 @@ class Decoder:
         name_iid = None
         categories: list[str] = []
         annotations: list[pb.Span] = []
-        for number, wire, value in pb.fields(buf, *span):
-            if number == 9:
-                _want(number, wire, _VARINT, "a track event's")
+        for number, wire, value in _scan(buf, *span):
+            expected = _EVENT_WIRES.get(number)
+            if expected is None:
+                continue
+            if wire != expected and not (number == 3 and wire == _LENGTH):  # category_iids may be packed
+                raise pb.WireError(f"a track event's field {number} has wire type {wire}")
+            if number == 4:
+                annotations.append(value)  # type: ignore[arg-type]
+            elif number == 9:
                 kind = value  # type: ignore[assignment]
             elif number == 11:
-                _want(number, wire, _VARINT, "a track event's")
                 track = value  # type: ignore[assignment]
             elif number == 10:
-                _want(number, wire, _VARINT, "a track event's")
                 name_iid = value
-            elif number == 23:
-                _want(number, wire, _LENGTH, "a track event's")
-                name = pb.text(buf, value)
-            elif number == 22:
-                _want(number, wire, _LENGTH, "a track event's")
-                categories.append(pb.text(buf, value))
             elif number == 3:
-                _want(number, wire, (_VARINT, _LENGTH), "a track event's")
                 for iid in _packed(buf, wire, value):
                     categories.append(seq.categories.get(iid, f"#{iid}"))
-            elif number == 4:
-                _want(number, wire, _LENGTH, "a track event's")
-                annotations.append(value)  # type: ignore[arg-type]
+            elif number == 23:
+                name = pb.text(buf, value)
+            elif number == 22:
+                categories.append(pb.text(buf, value))
         if kind == END:
             stack = self.open.get(track)
             if not stack:
@@ -398,7 +389,7 @@ class Decoder:
             return
         if name is None:
             name = seq.names.get(name_iid, f"#{name_iid}") if name_iid is not None else ""  # type: ignore[arg-type]
-        args = {k: v for k, v in (self._annotation(seq, a) for a in annotations) if k}
+        args = dict(self._annotation(seq, a) for a in annotations)
         if kind == INSTANT:
             self.rows.add(Slice(ts, None, name, tuple(categories), track, args), self)
             return
@@ -409,29 +400,81 @@ class Decoder:
 
     def _annotation(self, seq: Sequence, span: pb.Span) -> tuple[str, Any]:
         name, value = "", None
-        for number, wire, raw in pb.fields(self.buf, *span):
+        for number, wire, raw in _scan(self.buf, *span):
+            expected = _ANNOTATION_WIRES.get(number)
+            if expected is None:
+                continue
+            if wire != expected:
+                raise pb.WireError(f"a debug annotation's field {number} has wire type {wire}")
             if number == 1:
-                _want(number, wire, _VARINT, "a debug annotation's")
                 name = seq.annotation_names.get(raw, f"#{raw}")  # type: ignore[call-overload]
-            elif number == 10:
-                _want(number, wire, _LENGTH, "a debug annotation's")
-                name = pb.text(self.buf, raw)
-            elif number in (2, 3, 7):
-                _want(number, wire, _VARINT, "a debug annotation's")
-                value = bool(raw) if number == 2 else raw
+            elif number == 3 or number == 7:
+                value = raw
             elif number == 4:
-                _want(number, wire, _VARINT, "a debug annotation's")
                 value = pb.signed(raw)  # type: ignore[arg-type]
-            elif number == 5:
-                _want(number, wire, _FIXED64, "a debug annotation's")
-                value = pb.double(raw)
             elif number == 6:
-                _want(number, wire, _LENGTH, "a debug annotation's")
                 value = pb.text(self.buf, raw)
+            elif number == 10:
+                name = pb.text(self.buf, raw)
+            elif number == 2:
+                value = bool(raw)
+            elif number == 5:
+                value = pb.double(raw)
             elif number == 17:
-                _want(number, wire, _VARINT, "a debug annotation's")
                 value = seq.annotation_strings.get(raw)  # type: ignore[call-overload]
         return name, value
+
+
+_PACKET_WIRES = {8: _VARINT, 58: _VARINT, 10: _VARINT, 13: _VARINT, 41: _VARINT, 12: _LENGTH, 59: _LENGTH,
+                 11: _LENGTH, 60: _LENGTH, 6: _LENGTH}
+_EVENT_WIRES = {9: _VARINT, 11: _VARINT, 10: _VARINT, 23: _LENGTH, 22: _LENGTH, 3: _VARINT, 4: _LENGTH}
+_ANNOTATION_WIRES = {1: _VARINT, 10: _LENGTH, 2: _VARINT, 3: _VARINT, 7: _VARINT, 4: _VARINT, 5: _FIXED64,
+                     6: _LENGTH, 17: _VARINT}
+"""The wire type of each field read, by field number: another is a damaged file."""
+
+
+def _scan(buf: Any, pos: int, end: int) -> list[tuple[int, int, Any]]:
+    """The fields of the message in buf[pos:end], as `protobuf.fields` gives them, decoded in
+    one loop (one-byte keys, varints and lengths read inline: most of a trace's), for speed."""
+    out: list[tuple[int, int, Any]] = []
+    append = out.append
+    varint = pb.varint
+    try:
+        while pos < end:
+            key = buf[pos]
+            if key < 0x80:
+                pos += 1
+            else:
+                key, pos = varint(buf, pos)
+            wire = key & 7
+            if wire == 0:
+                value = buf[pos]
+                if value < 0x80:
+                    pos += 1
+                else:
+                    value, pos = varint(buf, pos)
+            elif wire == 2:
+                n = buf[pos]
+                if n < 0x80:
+                    pos += 1
+                else:
+                    n, pos = varint(buf, pos)
+                value = (pos, pos + n)
+                pos += n
+            elif wire == 1:
+                value = bytes(buf[pos:pos + 8])
+                pos += 8
+            elif wire == 5:
+                value = bytes(buf[pos:pos + 4])
+                pos += 4
+            else:
+                raise pb.WireError(f"wire type {wire} (field {key >> 3}) at byte {pos}: not a message")
+            if pos > end or key < 8:
+                raise pb.WireError(f"field {key >> 3} runs past the end of its message at byte {pos}")
+            append((key >> 3, wire, value))
+    except IndexError:
+        raise pb.WireError(f"the data ends inside a field at byte {pos}") from None
+    return out
 
 
 def _packed(buf: Any, wire: int, value: Any) -> list[int]:

@@ -80,6 +80,7 @@ class Rows:
         self.damage = damage
         self.kernels: list[tuple[int, int, int | None, int, int, int]] = []
         self.names: dict[str, int] = {}
+        self.base_names: dict[str, str] = {}
         self.configs: dict[tuple[Any, ...], int] = {}
         self.queues: dict[tuple[Any, ...], int] = {}
         self.queue_numbers: dict[tuple[str, int], int] = {}
@@ -144,7 +145,9 @@ class Rows:
         config = (blocks, 1 if blocks else None, 1 if blocks else None, workgroup, 1 if workgroup else None,
                   1 if workgroup else None, None, _int(a.get("group_segment_size")), None, None, None,
                   _int(a.get("private_segment_size")), None, None)
-        name = _KD.sub("", s.name) or s.name
+        name = self.base_names.get(s.name)
+        if name is None:
+            name = self.base_names[s.name] = _KD.sub("", s.name) or s.name
         self.kernels.append((
             s.start_ns, s.end_ns, _int(a.get("corr_id")),  # type: ignore[arg-type]
             self.names.setdefault(name, len(self.names)),
