@@ -258,3 +258,36 @@ def test_fuzzing_the_pftrace_a_small_budget(traces: dict[str, Path], tmp_path: P
         outcomes = fuzz.run(fuzz.Harness([traces["queue"]], "ci-pftrace", work, commands=fuzz.FIRST_COMMANDS),
                             range(6))
     assert [o.problems for o in outcomes if o.problems] == []
+
+
+def test_state_clears_instants_and_counters(tmp_path: Path) -> None:
+    """A packet needing incremental state on a sequence that never set it (a ring buffer's start)
+    is skipped; after a clear, names interned before it are forgotten (the same iid names
+    another event); instants are marks, counters left out; detected by content, whatever the
+    file's name."""
+    from traceq.api.loading import load_trace
+    from traceq.store import open_store
+
+    def names(*pairs: tuple[int, str]) -> pb.InternedData:
+        return pb.InternedData(event_names=[pb.EventName(iid=i, name=n) for i, n in pairs])
+
+    track = pb.TrackDescriptor(uuid=5, thread=pb.ThreadDescriptor(pid=1, tid=2))
+    packets = [_packet(trusted_packet_sequence_id=9, timestamp=50, sequence_flags=2,  # before any clear: skipped
+                       track_event=pb.TrackEvent(type=3, track_uuid=5, name="lost")),
+               _packet(trusted_packet_sequence_id=9, sequence_flags=1, track_descriptor=track, interned_data=names((1, "old"))),
+               _packet(trusted_packet_sequence_id=9, timestamp=100, sequence_flags=2,
+                       track_event=pb.TrackEvent(type=3, track_uuid=5, name_iid=1)),
+               _packet(trusted_packet_sequence_id=9, sequence_flags=1, interned_data=names((1, "new"))),
+               _packet(trusted_packet_sequence_id=9, timestamp=200, sequence_flags=2,
+                       track_event=pb.TrackEvent(type=3, track_uuid=5, name_iid=1)),
+               _packet(trusted_packet_sequence_id=9, timestamp=300, sequence_flags=2,
+                       track_event=pb.TrackEvent(type=4, track_uuid=5, counter_value=7))]
+    path = tmp_path / "trace.bin"
+    path.write_bytes(b"".join(packets))
+    con = open_store(tmp_path / "s.duckdb", create=True)
+    result = load_trace(con, path)
+    assert con.execute("SELECT name, start_ns, end_ns, tid FROM nvtx ORDER BY start_ns").fetchall() == [
+        ("old", 100, None, 2), ("new", 200, None, 2)]
+    notes = " | ".join(result.notes)
+    assert "1 packet before its sequence's state was set skipped" in notes
+    assert "1 counter value (Perfetto counter tracks) left out" in notes
