@@ -449,10 +449,19 @@ def _scan(buf: Any, pos: int, end: int) -> list[tuple[int, int, Any]]:
             wire = key & 7
             if wire == 0:
                 value = buf[pos]
-                if value < 0x80:
-                    pos += 1
-                else:
-                    value, pos = varint(buf, pos)
+                pos += 1
+                if value >= 0x80:  # timestamps, ids: several bytes, read here rather than by a call
+                    value &= 0x7F
+                    shift = 7
+                    while True:
+                        b = buf[pos]
+                        pos += 1
+                        value |= (b & 0x7F) << shift
+                        if b < 0x80:
+                            break
+                        shift += 7
+                        if shift >= 70:
+                            raise pb.WireError(f"a varint longer than 10 bytes at byte {pos}")
             elif wire == 2:
                 n = buf[pos]
                 if n < 0x80:
