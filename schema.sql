@@ -27,7 +27,7 @@ CREATE TABLE traces (
     source_path VARCHAR NOT NULL,    -- absolute path of the file at load time
     sha256 VARCHAR NOT NULL,         -- hex digest of the file's bytes
     source_bytes BIGINT,             -- file size in bytes
-    format VARCHAR NOT NULL,         -- 'nsys' (Nsight Systems SQLite export), 'nvprof', 'kineto' (PyTorch profiler JSON), 'xplane' (JAX/TensorFlow XSpace protobuf), or AMD's (docs/amd.md): 'rocprofv3' (rocprofv3 JSON), 'rocprof-csv' (rocprofv3 kernel_trace.csv, rocprof v1 results.csv), 'rocprof-db' (rocprof v1 results.db), 'rpd' (rocmProfileData), 'rocpd' (rocprofv3's rocpd database)
+    format VARCHAR NOT NULL,         -- 'nsys' (Nsight Systems SQLite export), 'nvprof', 'kineto' (PyTorch profiler JSON), 'xplane' (JAX/TensorFlow XSpace protobuf), or AMD's (docs/amd.md): 'rocprofv3' (rocprofv3 JSON), 'rocprof-csv' (rocprofv3 kernel_trace.csv, rocprof v1 results.csv), 'rocprof-db' (rocprof v1 results.db), 'rpd' (rocmProfileData), 'rocpd' (rocprofv3's rocpd database); 'pftrace' (a Perfetto protobuf trace, rocprofv3's `--output-format pftrace` among them: docs/perfetto.md)
     tool VARCHAR,                    -- producer, e.g. 'NVIDIA Nsight Systems 2025.3.2.0'; Kineto: its versions, then after '; ' the profiler options its header records (record_shapes, with_stack, profile_memory, with_modules, with_flops); NULL when the file does not say
     source_schema_version VARCHAR,   -- export schema version (nsys EXPORT_SCHEMA_VERSION, nvprof Version, Kineto schemaVersion)
     gpus VARCHAR,                    -- the GPUs that ran kernels, e.g. '2x NVIDIA H200'

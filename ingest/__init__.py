@@ -35,6 +35,7 @@ from traceq.ingest.kineto import KinetoReader
 from traceq.ingest.nsys import NsysReader
 from traceq.ingest.nsys_arrow import NsysArrowReader
 from traceq.ingest.nvprof import NvprofReader
+from traceq.ingest.pftrace import PftraceReader
 from traceq.ingest.rocpd import RocpdReader
 from traceq.ingest.sqlite_source import source_damage
 from traceq.ingest.validate import unlink_shared_correlations
@@ -43,7 +44,7 @@ from traceq.store import delete_trace, first_row
 
 READERS: tuple[Reader, ...] = (NsysReader(), NvprofReader(), KinetoReader(), XPlaneReader(), NsysArrowReader(),
                                RocprofJsonReader(), RocprofCsvReader(), RocprofDbReader(), RpdReader(),
-                               RocpdReader())
+                               RocpdReader(), PftraceReader())
 
 LOAD_SETTINGS = {"memory_limit": "400MB", "threads": "1"}
 """DuckDB settings while a load runs (the connection's own are restored afterwards). Rows a load
