@@ -27,7 +27,7 @@ from traceq.errors import TraceFormatError
 from traceq.ingest import amd
 from traceq.ingest.amd import _copy_row, _int, _l, _marker_ranges, _o, _operation_names, _text, gpu_row, workgroups
 from traceq.ingest.base import (
-    KERNEL_CONFIG_COLUMNS,
+    AMD_CONFIG_COLUMNS,
     KERNEL_QUEUE_COLUMNS,
     LoadOptions,
     Names,
@@ -294,7 +294,8 @@ class RocprofJsonReader:
             device_of[_int(_o(agent.get("id")).get("handle"))] = index
             tables.gpus.append(gpu_row(index, _text(agent.get("product_name")) or _text(agent.get("name")),
                                        agent.get("cu_count"), agent.get("max_engine_clk_fcompute"),
-                                       agent.get("wave_front_size")))
+                                       agent.get("wave_front_size"), agent.get("name"), agent.get("max_waves_per_cu"),
+                                       agent.get("lds_size_in_kb")))
         metadata, strings = _o(data.get("metadata")), _o(data.get("strings"))
         pid = _int(metadata.get("pid")) or PID
         names = _operation_names(strings)
@@ -338,7 +339,8 @@ def _lookup(keys: pa.Array, value: Callable[[Any], Any], kind: pa.DataType) -> p
 
 def _configs(configs: dict[tuple[Any, ...], int], data: dict[str, Any], device_of: dict[int | None, int]) -> pa.Table:
     """A row per distinct dispatch configuration, in the order of their numbers, with the kernel's
-    name (dictionary-encoded) and registers and the device."""
+    name (dictionary-encoded), registers (arch and accumulation VGPRs, SGPRs: the kernel symbol's)
+    and the device."""
     keys = list(configs)
     table = pa.table({c: pa.array(list(v), pa.int64()) for c, v in zip(_CONFIG_COLUMNS, zip(*keys))} if keys
                      else {c: pa.array([], pa.int64()) for c in _CONFIG_COLUMNS})
@@ -353,8 +355,9 @@ def _configs(configs: dict[tuple[Any, ...], int], data: dict[str, Any], device_o
     kernel, agent = table["kernel"].combine_chunks(), table["agent"].combine_chunks()
     table = table.drop_columns(["kernel", "agent"])
     table = table.append_column("name", _lookup(kernel, name, pa.string()))
-    table = table.append_column("registers_per_thread", _lookup(
-        kernel, lambda k: _int(_o(symbols.get(k)).get("arch_vgpr_count")), pa.int64()))
+    for column, field in (("registers_per_thread", "arch_vgpr_count"), ("accum_vgprs", "accum_vgpr_count"),
+                          ("sgprs", "sgpr_count")):
+        table = table.append_column(column, _lookup(kernel, lambda k, f=field: _int(_o(symbols.get(k)).get(f)), pa.int64()))
     return table.append_column("device_id", _lookup(agent, lambda a: device_of.get(a, 0), pa.int64()))
 
 
@@ -451,11 +454,11 @@ def _write_kernels(kernels: pa.Table, shared_rows: pa.Table, kept: pa.Array, sin
             part = pa.table({**{c: part[c] for c in ("start_ns", "end_ns", "correlation_id")},
                              **{c: shared[c] for c in shared.column_names}})
             batch = pa.table({c: column(part, c) for c in ("start_ns", "end_ns", "correlation_id", "graph_node_id",
-                                                            *KERNEL_CONFIG_COLUMNS, *KERNEL_QUEUE_COLUMNS)})
+                                                            *AMD_CONFIG_COLUMNS, *KERNEL_QUEUE_COLUMNS)})
             batch = batch.set_column(batch.column_names.index("pid"), "pid", pa.array([PID] * part.num_rows, pa.int64()))
             yield numbered(kernel_batch(
                 batch, name_id=names.number(part["name"]),
-                config_id=configs.number(*[batch[c] for c in KERNEL_CONFIG_COLUMNS]),
+                config_id=configs.number(*[batch[c] for c in AMD_CONFIG_COLUMNS]),
                 queue_id=queues.number(*[batch[c] for c in KERNEL_QUEUE_COLUMNS])), first)
 
     progress, sink.progress = sink.progress, None  # the walk reported the file's bytes
@@ -463,7 +466,8 @@ def _write_kernels(kernels: pa.Table, shared_rows: pa.Table, kept: pa.Array, sin
         sink.append_all("kernel_events", chunks())
     finally:
         sink.progress = progress
-    sink.append("kernel_configs", kernel_configs(configs.keys, optin_code=1, launch_types={}), source_rows=0)
+    sink.append("kernel_configs", kernel_configs(configs.keys, optin_code=1, launch_types={}, names=AMD_CONFIG_COLUMNS),
+                source_rows=0)
     sink.append("kernel_queues", kernel_queues(queues.keys), source_rows=0)
     demangled = [key[0] for key in names.keys]
     sink.append("kernel_names", kernel_names(demangled, [_short(n) for n in demangled], [None] * len(demangled)),
