@@ -16,6 +16,7 @@ queues numbered in that order, calls in the file's order of kinds (HIP, HSA, RCC
 from __future__ import annotations
 
 import gc
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -94,6 +95,45 @@ class _Batches:
         return pa.table(columns)
 
 
+class _KernelColumns:
+    """The dispatches' start, end, correlation id and configuration number (_KERNEL_COLUMNS),
+    appended to typed arrays: 8 bytes a value, no Python object or tuple kept per row, and a value
+    past 64 bits refused by the array (OverflowError). A correlation id the record lacks is kept
+    as 0 and its row noted, to be null in the table."""
+
+    def __init__(self) -> None:
+        self.columns = {c: array("q") for c in _KERNEL_COLUMNS}
+        self.no_correlation: list[int] = []
+
+    def add(self, row: tuple[Any, ...]) -> None:
+        """One row of any values the store's BIGINT holds (the correlation id may be None)."""
+        if row[2] is None:
+            self.no_correlation.append(len(self.columns["start_ns"]))
+            row = (row[0], row[1], 0, row[3])
+        for values, value in zip(self.columns.values(), row):
+            values.append(value)
+
+    def __len__(self) -> int:
+        return len(self.columns["start_ns"])
+
+    def table(self) -> pa.Table:
+        """Every row, one contiguous int64 array a column (each array freed as it is copied)."""
+        out = {}
+        for name in _KERNEL_COLUMNS:
+            values = self.columns[name]
+            column = pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values.tobytes())])
+            self.columns[name] = array("q")
+            if name == "correlation_id" and self.no_correlation:
+                mask = bytearray(b"\x01") * len(column)
+                for row in self.no_correlation:
+                    mask[row] = 0
+                valid = pa.Array.from_buffers(pa.uint8(), len(mask), [None, pa.py_buffer(bytes(mask))])
+                column = pc.if_else(valid.cast(pa.bool_()), column, pa.scalar(None, pa.int64()))
+            out[name] = column
+        self.no_correlation = []
+        return pa.table(out)
+
+
 class _Records:
     """What the walk gathers: the small tables and the records' columns."""
 
@@ -103,7 +143,7 @@ class _Records:
 
     def restart(self) -> None:
         """No records yet (a `buffer_records` that comes again replaces the first, as in json.loads)."""
-        self.kernels = _Batches(_KERNEL_COLUMNS)
+        self.kernels = _KernelColumns()
         self.configs: dict[tuple[Any, ...], int] = {}
         self.seen: dict[tuple[int, ...], int] = {}  # a dispatch's fields as written -> its configuration's number
         self.calls = _Batches(_CALL_COLUMNS)
@@ -120,27 +160,44 @@ class _Records:
             number = self.configs[config] = len(self.configs)
         return number
 
-    def dispatch(self, record: Any) -> None:
-        """The common case read fast: every field there and an int (no bool, no float: they would
-        hash as ints); the fields a dispatch shares with others checked and converted once per
-        distinct tuple of them (64 bits, a grid of work-items, a workgroup size above 0)."""
-        try:
-            info = record["dispatch_info"]
-            size, grid = info["workgroup_size"], info["grid_size"]
-            start, end, correlation = record["start_timestamp"], record["end_timestamp"], record["correlation_id"]["internal"]
-            raw = (info["kernel_id"], info["agent_id"]["handle"], info["queue_id"]["handle"], grid["x"], grid["y"],
-                   grid["z"], size["x"], size["y"], size["z"], info["group_segment_size"], info["private_segment_size"])
-        except (KeyError, TypeError, IndexError):
-            raw = ()
-        if (raw and type(start) is int and type(end) is int and type(correlation) is int and set(map(type, raw)) == _INTS
-                and -_INT64 <= start < _INT64 and -_INT64 <= end < _INT64 and -_INT64 <= correlation < _INT64):
-            number = self.seen.get(raw)
+    def dispatches(self, records: list[Any]) -> None:
+        """The dispatch records of a slab, the common case read fast: every field there and an int
+        (no bool, no float: they would hash as ints; 64 bits, which the typed arrays check); the
+        fields a dispatch shares with others checked and converted once per distinct tuple of them
+        (a grid of work-items, a workgroup size above 0). Any other record goes to `_dispatch`."""
+        starts, ends, correlations, configs = self.kernels.columns.values()
+        seen, first, slow, ints = self.seen, self._first, self._dispatch, _INTS
+        for record in records:
+            try:
+                info = record["dispatch_info"]
+                size, grid = info["workgroup_size"], info["grid_size"]
+                start, end, correlation = (record["start_timestamp"], record["end_timestamp"],
+                                           record["correlation_id"]["internal"])
+                raw = (info["kernel_id"], info["agent_id"]["handle"], info["queue_id"]["handle"], grid["x"], grid["y"],
+                       grid["z"], size["x"], size["y"], size["z"], info["group_segment_size"],
+                       info["private_segment_size"])
+            except (KeyError, TypeError, IndexError):
+                slow(record)
+                continue
+            if not (type(start) is type(end) is type(correlation) is int and set(map(type, raw)) == ints):
+                slow(record)
+                continue
+            number = seen.get(raw)
             if number is None:
-                number = self._first(raw)
-            if number is not None:
-                self.kernels.add((start, end, correlation, number))
-                return
-        self._dispatch(record)
+                number = first(raw)
+                if number is None:
+                    slow(record)
+                    continue
+            rows = len(starts)
+            try:
+                starts.append(start)
+                ends.append(end)
+                correlations.append(correlation)
+            except OverflowError:  # past 64 bits: read as missing, as `_int` does
+                del starts[rows:], ends[rows:], correlations[rows:]
+                slow(record)
+                continue
+            configs.append(number)
 
     def _first(self, raw: tuple[int, ...]) -> int | None:
         """The configuration's number of fields seen for the first time, or None where they need
@@ -233,8 +290,11 @@ def _tool(walker: Walk, records: _Records, progress: Callable[[int], None] | Non
                     walker.skip()
                     continue
                 for slab in walker.slabs():
-                    for record in slab:
-                        read(record)
+                    if kind == "kernel_dispatch":
+                        records.dispatches(slab)
+                    else:
+                        for record in slab:
+                            read(record)
                     if progress is not None and walker.bytes_read - reported >= 1 << 20:
                         progress(walker.bytes_read - reported)
                         reported = walker.bytes_read
@@ -248,7 +308,7 @@ def _tool(walker: Walk, records: _Records, progress: Callable[[int], None] | Non
 
 def _reader(records: _Records, kind: str) -> Callable[[Any], None] | None:
     if kind == "kernel_dispatch":
-        return records.dispatch
+        return records.dispatches  # a slab at a time
     if kind in _CALL_KINDS:
         source = _CALL_KINDS.index(kind)
         return lambda record: records.call(source, record)
