@@ -98,31 +98,45 @@ class _Batches:
 class _KernelColumns:
     """The dispatches' start, end, correlation id and configuration number (_KERNEL_COLUMNS),
     appended to typed arrays: 8 bytes a value, no Python object or tuple kept per row, and a value
-    past 64 bits refused by the array (OverflowError). A correlation id the record lacks is kept
-    as 0 and its row noted, to be null in the table."""
+    past 64 bits refused by the array (OverflowError). Every BATCH_ROWS rows the arrays become
+    Arrow chunks and new ones start (arrays grown to millions of rows by reallocation left the
+    heap fragmented: 90 MB more at the peak of a 439K-dispatch load). A correlation id the record
+    lacks is kept as 0 and its row noted, to be null in the table."""
 
     def __init__(self) -> None:
         self.columns = {c: array("q") for c in _KERNEL_COLUMNS}
+        self.chunks: dict[str, list[pa.Array]] = {c: [] for c in _KERNEL_COLUMNS}
+        self.rows = 0  # in the chunks
         self.no_correlation: list[int] = []
 
     def add(self, row: tuple[Any, ...]) -> None:
         """One row of any values the store's BIGINT holds (the correlation id may be None)."""
         if row[2] is None:
-            self.no_correlation.append(len(self.columns["start_ns"]))
+            self.no_correlation.append(len(self))
             row = (row[0], row[1], 0, row[3])
         for values, value in zip(self.columns.values(), row):
             values.append(value)
 
     def __len__(self) -> int:
-        return len(self.columns["start_ns"])
+        return self.rows + len(self.columns["start_ns"])
+
+    def flush(self) -> None:
+        """The arrays' rows as Arrow chunks (their buffers, not copied), new arrays started."""
+        count = len(self.columns["start_ns"])
+        if count:
+            for name, values in self.columns.items():
+                self.chunks[name].append(pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(values)]))
+            self.columns = {c: array("q") for c in _KERNEL_COLUMNS}
+            self.rows += count
 
     def table(self) -> pa.Table:
-        """Every row, one contiguous int64 array a column (each array freed as it is copied)."""
+        """Every row, one contiguous int64 array a column (each column's chunks freed as it is joined)."""
+        self.flush()
         out = {}
         for name in _KERNEL_COLUMNS:
-            values = self.columns[name]
-            column = pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values.tobytes())])
-            self.columns[name] = array("q")
+            chunks, self.chunks[name] = self.chunks[name], []
+            column = pa.concat_arrays(chunks) if chunks else pa.array([], pa.int64())
+            del chunks
             if name == "correlation_id" and self.no_correlation:
                 mask = bytearray(b"\x01") * len(column)
                 for row in self.no_correlation:
@@ -130,7 +144,7 @@ class _KernelColumns:
                 valid = pa.Array.from_buffers(pa.uint8(), len(mask), [None, pa.py_buffer(bytes(mask))])
                 column = pc.if_else(valid.cast(pa.bool_()), column, pa.scalar(None, pa.int64()))
             out[name] = column
-        self.no_correlation = []
+        self.rows, self.no_correlation = 0, []
         return pa.table(out)
 
 
@@ -165,6 +179,8 @@ class _Records:
         (no bool, no float: they would hash as ints; 64 bits, which the typed arrays check); the
         fields a dispatch shares with others checked and converted once per distinct tuple of them
         (a grid of work-items, a workgroup size above 0). Any other record goes to `_dispatch`."""
+        if len(self.kernels.columns["start_ns"]) >= BATCH_ROWS:
+            self.kernels.flush()
         starts, ends, correlations, configs = self.kernels.columns.values()
         seen, first, slow, ints = self.seen, self._first, self._dispatch, _INTS
         for record in records:
