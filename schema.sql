@@ -65,7 +65,8 @@ CREATE TABLE gpus (
     max_registers_per_block INTEGER,
     max_smem_per_sm_bytes INTEGER,         -- shared memory an SM can carve out at most
     max_smem_per_block_bytes INTEGER,      -- without opt-in (48 KiB)
-    max_smem_per_block_optin_bytes INTEGER -- with cudaFuncAttributeMaxDynamicSharedMemorySize; NULL when unknown
+    max_smem_per_block_optin_bytes INTEGER, -- with cudaFuncAttributeMaxDynamicSharedMemorySize; NULL when unknown
+    arch VARCHAR                           -- an AMD GPU's ISA target ('gfx942'), which sets its occupancy limits (rocprofv3 JSON and rocpd: the agent's name); NULL for NVIDIA GPUs and where the trace names none (rocprof v1, RPD, CSV)
 );
 
 -- table kernel_events: one row per kernel launch that ran on a GPU, its names, launch configuration and queue as ids (read the `kernels` view: it adds them).
@@ -108,7 +109,9 @@ CREATE TABLE kernel_configs (
     local_memory_per_thread_bytes INTEGER,
     local_memory_total_bytes BIGINT,
     launch_type VARCHAR,                   -- 'regular', 'cooperative', 'cooperative_multi_device' or NULL
-    kineto_occupancy_pct DOUBLE            -- Kineto's own `est. achieved occupancy %` of the launch, as the trace wrote it; NULL for other formats
+    kineto_occupancy_pct DOUBLE,           -- Kineto's own `est. achieved occupancy %` of the launch, as the trace wrote it; NULL for other formats
+    accum_vgprs INTEGER,                   -- AMD: accumulation VGPRs (AGPRs) per work-item, beside the arch VGPRs in registers_per_thread (rocprofv3 JSON and rocpd: the kernel symbol's accum_vgpr_count; rocprof v1: accum_vgpr; rocprofv3 CSV: Accum_VGPR_Count); NULL for NVIDIA, RPD and where the trace lacks them
+    sgprs INTEGER                          -- AMD: scalar registers per wavefront (rocprofv3 JSON and rocpd: sgpr_count; rocprof v1: sgpr; rocprofv3 CSV: SGPR_Count); NULL as accum_vgprs
 );
 
 -- table kernel_queues: the distinct places each trace's kernels were queued on: device, context, stream and launching process (a launch stores the id).
@@ -131,7 +134,7 @@ SELECT e.trace_id, e.kernel_id, e.start_ns, e.end_ns, e.end_ns - e.start_ns AS d
        c.block_x * c.block_y * c.block_z AS block_threads,
        c.registers_per_thread, c.smem_static_bytes, c.smem_dynamic_bytes, c.smem_carveout_bytes,
        c.smem_optin, c.local_memory_per_thread_bytes, c.local_memory_total_bytes, c.launch_type,
-       e.graph_node_id, c.kineto_occupancy_pct,
+       e.graph_node_id, c.kineto_occupancy_pct, c.accum_vgprs, c.sgprs,
        e.launch_start_ns, e.launch_end_ns, e.launch_name_id, e.launch_thread_id
 FROM kernel_events e
 JOIN kernel_names n ON n.trace_id = e.trace_id AND n.name_id = e.name_id

@@ -25,7 +25,7 @@ from traceq.errors import NotFoundError, StoreError
 A = TypeVar("A")
 B = TypeVar("B")
 
-SCHEMA_VERSION = "10"
+SCHEMA_VERSION = "11"
 DEFAULT_STORE = "traceq.duckdb"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 
@@ -423,7 +423,7 @@ def schema_markdown() -> str:
     for paragraph in "\n".join(intro).split("\n\n"):
         if paragraph.strip():
             out += [" ".join(paragraph.split()), ""]
-    columns = re.compile(r"^\s+(\w+) ([A-Z]+)[^,]*,?\s*(?:--\s*(.*))?$")
+    columns = re.compile(r"^\s+(\w+) ([A-Z]+)(?:(?!--)[^,])*,?\s*(?:--\s*(.*))?$")
     multi = re.compile(r"^\s+(\w+ [A-Z]+, ?)+\w+ [A-Z]+,?\s*$")
     for line in lines[i:]:
         if line.startswith("-- table ") or line.startswith("-- view "):

@@ -27,6 +27,7 @@ from traceq.ingest.xplane import _Tables
 from traceq.ingest.xplane_tables import PID
 
 _KD = re.compile(r"(\s*\[clone \.kd\]|\.kd)$")
+_ARCH = re.compile(r"gfx[0-9a-f]{2,5}")
 _V1_CSV = ('"KernelName"', '"gpu-id"')
 _V3_CSV = ('"Kernel_Name"', '"Agent_Id"')
 
@@ -34,15 +35,15 @@ _V3_CSV = ('"Kernel_Name"', '"Agent_Id"')
 def kernel_row(name: str, start: int, end: int, device: int, stream: int | None, *, correlation: int | None = None,
                pid: int = PID, grid: tuple[Any, Any, Any] = (None, None, None),
                block: tuple[Any, Any, Any] = (None, None, None), registers: Any = None, lds: Any = None,
-               scratch: Any = None) -> dict[str, Any]:
-    """A kernel row in the XPlane writer's form."""
+               scratch: Any = None, accum_vgprs: Any = None, sgprs: Any = None) -> dict[str, Any]:
+    """A kernel row in the XPlane writer's form, with AMD's registers (`registers` the arch VGPRs)."""
     return {"start_ns": int(start), "end_ns": int(end), "name": _KD.sub("", name), "correlation_id": correlation,
             "graph_node_id": None, "device_id": device, "context_id": None, "stream_id": stream, "pid": pid,
             "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2], "block_x": block[0], "block_y": block[1],
             "block_z": block[2], "registers_per_thread": registers, "smem_static_bytes": lds,
             "smem_dynamic_bytes": None, "smem_carveout_bytes": None, "smem_optin": None,
             "local_memory_per_thread_bytes": scratch, "local_memory_total_bytes": None, "launch_type": None,
-            "hlo_op": None, "hlo_module": None, "program_id": None}
+            "hlo_op": None, "hlo_module": None, "program_id": None, "accum_vgprs": accum_vgprs, "sgprs": sgprs}
 
 
 def workgroups(items: Any, size: Any) -> int | None:
@@ -53,12 +54,20 @@ def workgroups(items: Any, size: Any) -> int | None:
 
 
 def gpu_row(device: int, name: str | None, compute_units: Any = None, clock_mhz: Any = None,
-            wave: Any = 64) -> dict[str, Any]:
+            wave: Any = 64, arch: Any = None, waves_per_cu: Any = None, lds_kib: Any = None) -> dict[str, Any]:
+    """An AMD GPU: `arch` its ISA target ('gfx942', kept where it is one), `waves_per_cu` and
+    `lds_kib` the agent's wave slots and LDS per CU, as max_warps_per_sm and max_smem_per_sm_bytes."""
+    def positive(value: Any) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 31 else None
+
+    lds = positive(lds_kib)
     return {"device_id": device, "name": name or f"AMD GPU {device}", "vendor": "AMD", "cc_major": None,
             "cc_minor": None, "sm_count": compute_units if isinstance(compute_units, int) else None,
             "clock_hz": int(clock_mhz) * 1_000_000 if isinstance(clock_mhz, int) and clock_mhz > 0 else None,
             "memory_bytes": None, "memory_bandwidth_bytes_per_s": None,
-            "threads_per_warp": wave if isinstance(wave, int) and wave > 0 else 64}
+            "threads_per_warp": wave if isinstance(wave, int) and wave > 0 else 64,
+            "max_warps_per_sm": positive(waves_per_cu), "max_smem_per_sm_bytes": lds * 1024 if lds else None,
+            "arch": arch if isinstance(arch, str) and _ARCH.fullmatch(arch) else None}
 
 
 def _int(value: Any) -> int | None:
@@ -230,13 +239,15 @@ class RocprofCsvReader:
                 grid = tuple(workgroups(_int(r.get(f"Grid_Size_{k}")), s) for k, s in zip("XYZ", size))
                 extra = {"correlation": _int(r.get("Correlation_Id")), "lds": _int(r.get("Group_Segment_Size")),
                          "scratch": _int(r.get("Private_Segment_Size")),
-                         "registers": _int(r.get("Arch_VGPR_Count") or r.get("VGPR_Count"))}
+                         "registers": _int(r.get("Arch_VGPR_Count") or r.get("VGPR_Count")),
+                         "accum_vgprs": _int(r.get("Accum_VGPR_Count")), "sgprs": _int(r.get("SGPR_Count"))}
             else:
                 name, start, end = r.get("KernelName"), _int(r.get("BeginNs")), _int(r.get("EndNs"))
                 agent, stream = _int(r.get("gpu-id")), _int(r.get("queue-id"))
                 size = (_int(r.get("wgr")), 1, 1)
                 grid = (workgroups(_int(r.get("grd")), size[0]), 1, 1)
-                extra = {"lds": _int(r.get("lds")), "scratch": _int(r.get("scr")), "registers": _int(r.get("arch_vgpr"))}
+                extra = {"lds": _int(r.get("lds")), "scratch": _int(r.get("scr")), "registers": _int(r.get("arch_vgpr")),
+                         "accum_vgprs": _int(r.get("accum_vgpr")), "sgprs": _int(r.get("sgpr"))}
             if not name or start is None or end is None:
                 rows.skipped += 1
                 continue

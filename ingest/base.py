@@ -352,6 +352,10 @@ KERNEL_CONFIG_COLUMNS = (
 """The columns of a reader's kernel rows that make a launch's configuration (kernel_configs), the
 opt-in flag and the launch type as the source's codes: a reader numbers them with `Names`."""
 
+AMD_CONFIG_COLUMNS = (*KERNEL_CONFIG_COLUMNS, "accum_vgprs", "sgprs")
+"""KERNEL_CONFIG_COLUMNS and the registers an AMD kernel has besides its arch VGPRs
+(`registers_per_thread`): accumulation VGPRs per work-item and SGPRs per wavefront."""
+
 
 def kernel_batch(batch: pa.Table, *, name_id: pa.Array, config_id: pa.Array, queue_id: pa.Array) -> pa.Table:
     """The `kernel_events` columns but kernel_id for one batch of a reader's kernel rows.
@@ -411,12 +415,14 @@ def nvtx_attributes(keys: Sequence[tuple[Any, ...]]) -> pa.Table:
 
 def kernel_configs(
     keys: Sequence[tuple[Any, ...]], *, optin_code: int, launch_types: dict[int, str],
+    names: Sequence[str] = KERNEL_CONFIG_COLUMNS,
 ) -> pa.Table:
-    """`kernel_configs` rows for configuration ids 0, 1, ...: `keys` are the values of
-    KERNEL_CONFIG_COLUMNS, with the source's codes for the opt-in flag (`optin_code` means opted
-    in) and the launch type (named by `launch_types`; an unknown code is NULL)."""
-    columns = list(zip(*keys)) or [() for _ in KERNEL_CONFIG_COLUMNS]
-    values = dict(zip(KERNEL_CONFIG_COLUMNS, columns))
+    """`kernel_configs` rows for configuration ids 0, 1, ...: `keys` are the values of `names`
+    (KERNEL_CONFIG_COLUMNS, or AMD_CONFIG_COLUMNS), with the source's codes for the opt-in flag
+    (`optin_code` means opted in) and the launch type (named by `launch_types`; an unknown code
+    is NULL)."""
+    columns = list(zip(*keys)) or [() for _ in names]
+    values = dict(zip(names, columns))
     table = {"config_id": pa.array(range(len(keys)), pa.int32())}
     for name, column in values.items():
         if name == "smem_optin":

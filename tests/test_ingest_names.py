@@ -94,7 +94,8 @@ KERNELS = ["trace_id", "kernel_id", "start_ns", "end_ns", "dur_ns", "device_id",
            "block_x", "block_y", "block_z", "grid_blocks", "block_threads", "registers_per_thread",
            "smem_static_bytes", "smem_dynamic_bytes", "smem_carveout_bytes", "smem_optin",
            "local_memory_per_thread_bytes", "local_memory_total_bytes", "launch_type", "graph_node_id",
-           "kineto_occupancy_pct"]  # schema 6 appends Kineto's own estimate
+           "kineto_occupancy_pct",  # schema 6 appends Kineto's own estimate
+           "accum_vgprs", "sgprs"]  # schema 11, AMD's AGPRs and SGPRs
 API_CALLS = ["trace_id", "start_ns", "end_ns", "dur_ns", "api", "name", "correlation_id", "pid", "tid",
              "global_tid", "return_value"]
 
