@@ -497,6 +497,7 @@ def key_rows(*columns: pa.Array | pa.ChunkedArray) -> pa.DictionaryArray:
     import pyarrow.compute as pc
 
     columns = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
+    names = [f"k{i}" for i in range(len(columns))]
     code: pa.Array | None = None
     bits = 0
     for column in columns:
@@ -510,12 +511,27 @@ def key_rows(*columns: pa.Array | pa.ChunkedArray) -> pa.DictionaryArray:
                 values, width = _dense(values)
         code = values if code is None else pc.add(pc.shift_left(code, pa.scalar(width, pa.int64())), values)
         bits += width
-    if code is None:  # every column holds one value: one key
-        code = pa.array([0] * len(columns[0]), pa.int64())
+    if code is None:  # every column holds one value: one key, the first row's
+        rows = len(columns[0])
+        keys = pa.StructArray.from_arrays([c.slice(0, min(rows, 1)) for c in columns], names)
+        return pa.DictionaryArray.from_arrays(pa.repeat(pa.scalar(0, pa.int32()), rows), keys)
     encoded = pc.dictionary_encode(code)
-    first = pc.index_in(encoded.dictionary, value_set=code)  # the row where each key first appears
-    keys = pa.StructArray.from_arrays([c.take(first) for c in columns], [f"k{i}" for i in range(len(columns))])
+    keys = pa.StructArray.from_arrays([c.take(_first_rows(encoded.indices, len(encoded.dictionary)))
+                                       for c in columns], names)
     return pa.DictionaryArray.from_arrays(encoded.indices, keys)
+
+
+def _first_rows(indices: pa.Array, keys: int) -> pa.Array:
+    """The row where each of `keys` dictionary indices first appears: `dictionary_encode` numbers
+    keys in the order they first appear, so a key first appears where the running maximum of the
+    indices rises (cheaper than a hash lookup of every row)."""
+    import pyarrow.compute as pc
+
+    if keys <= 1:
+        return pa.array([0] * keys, pa.int64())
+    highest = pc.cumulative_max(indices)
+    rises = pc.indices_nonzero(pc.not_equal(highest.slice(1), highest.slice(0, len(highest) - 1)))
+    return pa.concat_arrays([pa.array([0], pa.uint64()), pc.add(rises, pa.scalar(1, pa.uint64()))])
 
 
 _KEY_BITS = 63
@@ -534,6 +550,8 @@ def _key_part(column: pa.Array) -> tuple[pa.Array, int] | None:
         if bounds["min"] is None or (bounds["min"] == bounds["max"] and nulls == 0):
             return None
         span = bounds["max"] - bounds["min"] + 1  # codes 1..span, NULL 0
+        if (bounds["min"] >= 1 or (bounds["min"] == 0 and not nulls)) and bounds["max"].bit_length() <= span.bit_length():
+            return (pc.fill_null(values, 0) if nulls else values), span.bit_length()  # as compact unshifted
         if span.bit_length() < _KEY_BITS:
             shifted = pc.subtract(values, pa.scalar(bounds["min"] - 1, pa.int64()))  # a typed scalar: 3x faster
             return (pc.fill_null(shifted, 0) if nulls else shifted), span.bit_length()
