@@ -470,8 +470,7 @@ class Names:
         a Python step per distinct key of the batch, and one `take`."""
         import pyarrow.compute as pc
 
-        if isinstance(keys, pa.ChunkedArray):
-            keys = keys.combine_chunks()
+        keys = whole(keys)
         ids = [self._id(tuple(row.values())) for row in keys.dictionary.to_pylist()]
         return pc.take(pa.array(ids, pa.int32()), keys.indices)
 
@@ -496,7 +495,7 @@ def key_rows(*columns: pa.Array | pa.ChunkedArray) -> pa.DictionaryArray:
     """
     import pyarrow.compute as pc
 
-    columns = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
+    columns = [whole(c) for c in columns]
     names = [f"k{i}" for i in range(len(columns))]
     code: pa.Array | None = None
     bits = 0
@@ -587,6 +586,14 @@ def numbered(kernels: pa.Table, first_id: int) -> pa.Table:
 
     ids = pc.add(row_numbers(kernels.num_rows), pa.scalar(first_id, type=pa.int64()))
     return kernels.add_column(0, "kernel_id", ids)
+
+
+def whole(a: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """`a` as one array: a chunked array's only chunk as it is (`combine_chunks` copies even one:
+    half a megabyte per column of a 65,536-row batch), its chunks combined where it has several."""
+    if not isinstance(a, pa.ChunkedArray):
+        return a
+    return a.chunk(0) if a.num_chunks == 1 else a.combine_chunks()
 
 
 def decoded(a: pa.Array) -> pa.Array:
