@@ -187,8 +187,12 @@ def kernel_precisions(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl
              .select(pl.col("name").cast(kernels.schema["name"]), "operation", "tensor_cores",
                      name_precision="precision"))
     dtypes = kernel_op_rows(con, trace_id).select("kernel_id", "dtype")
-    k = kernels.select("kernel_id", "name").join(names, on="name", how="left").join(dtypes, on="kernel_id", how="left")
-    return _with_precision(k, None).select("kernel_id", "tensor_cores", "precision", "precision_from")
+    k = kernels.select("kernel_id", "name").join(dtypes, on="kernel_id", how="left", maintain_order="left")
+    # a precision depends on the name and the dtype alone: worked out once per pair, a few hundred
+    pairs = _with_precision(k.select("name", "dtype").unique().join(names, on="name", how="left"), None)
+    return k.join(pairs.select("name", "dtype", "tensor_cores", "precision", "precision_from"), on=["name", "dtype"],
+                  how="left", nulls_equal=True, maintain_order="left").select(
+        "kernel_id", "tensor_cores", "precision", "precision_from")
 
 
 def kernel_launch_table(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl.DataFrame,

@@ -218,8 +218,9 @@ def _copy_context(index: pl.Series, doubled: int) -> pl.Expr:
 
 def kernel_launches(
     con: duckdb.DuckDBPyConnection, trace_id: int, columns: tuple[str, ...] = (), *, ordered: bool = True,
+    between: tuple[int, int] | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Every kernel with the call that launched it, and its names apart.
+    """Every kernel with the call that launched it (`between`: of kernel_id lo to hi), and its names apart.
 
     Returns (kernels, names). kernels: id (kernel_id), pid, tid, t (the launching call's thread
     and start, null without one: the points `point_contexts` takes), `columns` of the kernels
@@ -228,9 +229,9 @@ def kernel_launches(
     hashes per kernel (or as themselves, should two share a hash); `names[...].gather(name_row)`
     gives columns that share the strings.
     """
-    t = int(trace_id)
+    t, only = int(trace_id), "" if between is None else f" AND kernel_id BETWEEN {int(between[0])} AND {int(between[1])}"
     names = con.sql(f"SELECT DISTINCT hash(name) AS name_h, hash(short_name) AS short_h, name, short_name "
-                    f"FROM kernels WHERE trace_id = {t}").pl()
+                    f"FROM kernels WHERE trace_id = {t}{only}").pl()
     if names.select("name_h", "short_h").is_duplicated().any():
         names = names.with_columns(name_h=pl.col("name"), short_h=pl.col("short_name"))
         hashes = "name AS name_h, short_name AS short_h"
@@ -238,7 +239,7 @@ def kernel_launches(
         hashes = "hash(name) AS name_h, hash(short_name) AS short_h"
     kernels = con.sql(f"SELECT kernel_id AS id, pid, point_tid AS tid, point_ns AS t, time_ns AS time, "
                       f"launch_tid AS time_tid"
-                      f"{''.join(', ' + c for c in columns)}, {hashes} FROM ({kernel_points_sql(con, t)})"
+                      f"{''.join(', ' + c for c in columns)}, {hashes} FROM ({kernel_points_sql(con, t)}) WHERE true{only}"
                       f"{' ORDER BY kernel_id' if ordered else ''}").pl()
     key = pl.struct("name_h", "short_h")  # a lookup, not a join: joins copy every column
     rows = pl.int_range(0, names.height, dtype=pl.UInt32, eager=True)
