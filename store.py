@@ -263,12 +263,12 @@ def few_rows(few: bool = True) -> Iterator[None]:
 
 
 def sql_frame(con: duckdb.DuckDBPyConnection, sql: str, params: object = None) -> pl.DataFrame:
-    """The rows of a query (with `params`) as a Polars frame: `con.sql(sql).pl()`, whose relation DuckDB binds
-    (plans) when it is made and again when it runs. Inside `few_rows` the statement is run
-    once (`execute`) and its rows, held by DuckDB, copied into Arrow: one plan fewer, which on a
-    250-kernel trace costs more than the rows (the ~40 queries of its attribution, about a tenth
-    of its load: docs/scale-out.md, "Per-file cost"), and a copy of the rows, which on
-    millions would double the memory the result takes."""
+    """The rows of a query (with `params`) as a Polars frame: `con.sql(sql).pl()`, whose
+    relation DuckDB binds (plans) when it is made and again when it runs. Inside `few_rows` the
+    statement runs once (`execute`) and its rows, held by DuckDB, are copied into Arrow: one plan
+    fewer, which on a 250-kernel trace costs more than the rows (docs/scale-out.md, "Per-file
+    cost"), for a copy of the rows, which on millions would double the memory they take."""
+
     import polars as pl
 
     if not _few_rows.get():
