@@ -1,13 +1,16 @@
-"""store.sql_frame: the same frame inside `few_rows` (the query run once) as outside (a relation),
-every column type the analyses read; few_rows restored after its block, and not seen by other
-threads."""
+"""The load's fixed costs cut (docs/scale-out.md, "Per-file cost"): store.sql_frame gives the same
+frame inside `few_rows` (the query run once) as outside (a relation), in every column type the
+analyses read; few_rows is restored after its block and not seen by other threads; the load's
+settings are in force in its block and restored after it, whether or not they were already."""
 
 from __future__ import annotations
 
 import threading
 
 import polars as pl
+import pytest
 
+from traceq.ingest import LOAD_SETTINGS, load_settings
 from traceq.store import _few_rows, connect, few_rows, sql_frame
 
 QUERY = """
@@ -45,3 +48,20 @@ def test_few_rows_is_restored_and_stays_in_its_thread():
         worker.join()
     assert not _few_rows.get() and seen == [False]
     assert isinstance(sql_frame(connect(), "SELECT 1 AS one"), pl.DataFrame)
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_the_load_settings_are_in_force_and_restored(threads):
+    con = connect(threads=threads, memory_limit="1GB")
+
+    def now():
+        return con.execute("SELECT current_setting('threads')::VARCHAR, "
+                           "current_setting('memory_limit')").fetchall()[0]
+
+    assert now() == (threads, "953.6 MiB")
+    with load_settings(con) as saved:
+        inside = now()
+    after = now()
+    assert inside[0] == LOAD_SETTINGS["threads"] and inside[1] == "381.4 MiB"  # DuckDB's 400MB
+    assert str(saved["threads"]) == threads and after[0] == threads
+    assert after[1].startswith("953.")  # 1GB as DuckDB prints it (a restore may round it by 0.1 MiB)
