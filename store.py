@@ -8,19 +8,24 @@ caller commits: loads run in one transaction (see traceq.ingest).
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import os
 import re
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import duckdb
 
 from traceq.errors import NotFoundError, StoreError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -252,6 +257,38 @@ def first_row(con: duckdb.DuckDBPyConnection, sql: str, params: object = None) -
     """The first row of a query, or None; fetches everything so the connection is free again."""
     rows = con.execute(sql, params).fetchall() if params is not None else con.execute(sql).fetchall()
     return rows[0] if rows else None
+
+
+_few_rows: contextvars.ContextVar[bool] = contextvars.ContextVar("traceq_few_rows", default=False)
+
+
+@contextmanager
+def few_rows(few: bool = True) -> Iterator[None]:
+    """`sql_frame`'s queries in the block return few rows (a small trace's: its load's summary,
+    attribution and rank summary), where `few`: each is then planned once, not twice."""
+    token = _few_rows.set(few)
+    try:
+        yield
+    finally:
+        _few_rows.reset(token)
+
+
+def sql_frame(con: duckdb.DuckDBPyConnection, sql: str, params: object = None) -> pl.DataFrame:
+    """The rows of a query (with `params`) as a Polars frame: `con.sql(sql).pl()`, whose
+    relation DuckDB binds (plans) when it is made and again when it runs. Inside `few_rows` the
+    statement runs once (`execute`) and its rows, held by DuckDB, are copied into Arrow: one plan
+    fewer, which on a 250-kernel trace costs more than the rows (docs/scale-out.md, "Per-file
+    cost"), for a copy of the rows, which on millions would double the memory they take."""
+
+    import polars as pl
+
+    if not _few_rows.get():
+        return con.sql(sql, params=params).pl()
+    con.execute(sql, params)
+    with warnings.catch_warnings():  # the copy is the point: the rows are few
+        warnings.simplefilter("ignore", UserWarning)
+        table = con.to_arrow_table()
+    return pl.from_arrow(table, rechunk=False)
 
 
 _unique = itertools.count()
