@@ -399,6 +399,12 @@ _LIMITER_FIX = {
     "warps": "smaller blocks, so more of them fit an SM",
     "blocks": "larger blocks: the SM's block limit binds before its threads do",
     "barriers": "fewer blocks with barriers per SM",
+    # AMD's (analysis.efficiency.cdna): per CU, wavefronts for warps, workgroups for blocks
+    "waves": "smaller workgroups, so more of them fit a CU",
+    "vgprs": "fewer vector registers per work-item (__launch_bounds__, fewer live values; VGPRs and AGPRs share a file)",
+    "sgprs": "fewer scalar registers per wavefront",
+    "lds": "less LDS per workgroup (a smaller tile)",
+    "workgroups": "larger workgroups: the CU's workgroup limit binds before its wavefronts do",
 }
 
 
