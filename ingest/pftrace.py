@@ -22,7 +22,6 @@ counted and left out. Tracks (`TrackDescriptor`) give a slice's process and thre
 
 from __future__ import annotations
 
-import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -83,19 +82,8 @@ class Slice:
     args: dict[str, Any]
 
 
-class PftraceSource:
-    def __init__(self, path: Path):
-        self.path = path
-        self._file = path.open("rb")
-        try:
-            self.buf: Any = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:  # an empty file cannot be mapped
-            self._file.close()
-            raise TraceFormatError(f"{path} is empty (0 bytes), not a trace") from None
-
-    def close(self) -> None:
-        self.buf.close()
-        self._file.close()
+class PftraceSource(pb.MappedFile):
+    """The Perfetto file, mapped."""
 
 
 def looks_like_trace(head: bytes) -> bool:
