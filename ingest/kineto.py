@@ -233,10 +233,10 @@ class KinetoReader:
             events = TraceEvents(src.path)
             _stage(scratch, events, src.scratch, src.options, sink, parallel=small)
             meta = events.metadata
-            counts = dict(scratch.execute("SELECT kind, count(*) FROM ev GROUP BY kind").fetchall())
+            counts = _counts(scratch)
             _check(scratch, events, counts)
             _valid_times(scratch, sink.damage)
-            _write_tables(scratch, sink, meta, counts)
+            _write_tables(scratch, sink, meta, counts, in_order=not small)
             base = _int(meta.get("baseTimeNanoseconds"))
             if base is not None and not 0 <= base < 2**63:
                 sink.damage.add("baseTimeNanoseconds", "out of range ignored (times kept as the trace has them)")
@@ -268,6 +268,18 @@ def _stage(scratch: duckdb.DuckDBPyConnection, events: TraceEvents, folder: Path
         return f"INSERT INTO ev {_stage_sql(paths, number << _ROW_BITS, options.python_functions)}"
 
     stage(scratch, "ev", events, folder, insert, sink.progress, parallel)
+
+
+def _counts(scratch: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """The staged events of each kind; under "collective" the rows `_COLLECTIVES` reads (most
+    traces have none) and under "kernel collective" the kernels among them."""
+    rows = scratch.execute("SELECT kind, count(*), count(collective) FROM ev GROUP BY kind").fetchall()
+    counts = {kind: n for kind, n, _ in rows}
+    with_args = {kind: c for kind, _, c in rows}
+    nccl = scratch.execute("SELECT count(*) FROM ev WHERE kind = 'user_annotation' AND starts_with(name, 'nccl:')"
+                           ).fetchall()[0][0] if counts.get("user_annotation") else 0
+    return {**counts, "collective": with_args.get("kernel", 0) + with_args.get("cpu_op", 0) + nccl,
+            "kernel collective": with_args.get("kernel", 0)}
 
 
 _EV_TABLE: list[str] = []  # the staging table's CREATE TABLE, once a read has made it
@@ -447,7 +459,9 @@ _OPERATORS = """
     SELECT pid, tid, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns, name, sequence_number, external_id,
            CAST(input_dims AS VARCHAR) AS input_dims, CAST(input_types AS VARCHAR) AS input_types,
            CAST(concrete_inputs AS VARCHAR) AS concrete_inputs, flops
-    FROM ev WHERE kind = 'cpu_op' AND (input_dims IS NOT NULL OR flops IS NOT NULL) ORDER BY seq"""
+    FROM ev WHERE kind = 'cpu_op' AND (input_dims IS NOT NULL OR flops IS NOT NULL)"""
+"""Wide rows (a name, three JSON texts), in `seq` order as `ev` holds them when it was staged one
+batch after the other: a filtered scan keeps that order (`_in_order`)."""
 
 _MEMORY_EVENTS = """
     WITH m AS (SELECT * FROM ev WHERE kind = 'memory'),
@@ -465,8 +479,13 @@ _MEMORY_EVENTS = """
         SELECT seq, ts_ns, 'alloc', bytes, NULL, 'Device', mem_device, pid, NULL FROM before WHERE bytes > 0
     ) ORDER BY seq"""
 
+_KERNEL_IDS = "SELECT seq, row_number() OVER (ORDER BY seq) - 1 AS kernel_id FROM ev WHERE kind = 'kernel'"
+_NO_KERNEL_IDS = "SELECT NULL::BIGINT AS seq, NULL::BIGINT AS kernel_id WHERE false"
+"""Each kernel's id, for the collectives of kernels: numbering every kernel only where some are
+(`_counts`: "kernel collective")."""
+
 _COLLECTIVES = """
-    WITH kernel_ids AS (SELECT seq, row_number() OVER (ORDER BY seq) - 1 AS kernel_id FROM ev WHERE kind = 'kernel')
+    WITH kernel_ids AS ({kernel_ids})
     SELECT * EXCLUDE (seq) FROM (
         SELECT seq, k.kernel_id, kind AS event, CASE WHEN kind = 'kernel' THEN NULL ELSE pid END AS pid,
                CASE WHEN kind = 'kernel' THEN NULL ELSE tid END AS tid, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns,
@@ -492,17 +511,26 @@ _TABLES = (("kernel_events", _KERNELS), ("kernel_configs", _KERNEL_CONFIGS), ("k
 
 
 _SOURCE_KINDS = {"memops": ("memcpy", "memset"), "operators": ("cpu_op",), "memory_events": ("memory",),
-                 "processes": ("process_name",), "threads": ("thread_name",)}
-"""Tables made of these kinds of staged events alone: not queried when the trace has none."""
+                 "collectives": ("collective",), "processes": ("process_name",), "threads": ("thread_name",)}
+"""Tables made of these kinds of staged events alone (`_counts`): not queried when the trace has none."""
+_IN_ORDER = {"operators"}
+"""Tables whose query scans `ev` alone (no join, no aggregate): in `seq` order, without a sort, where
+`ev` was staged one batch after the other (DuckDB keeps a table's insertion order through a
+filtered scan, `preserve_insertion_order`); else sorted by `seq`."""
 
 
-def _write_tables(scratch: duckdb.DuckDBPyConnection, sink: Sink, meta: dict[str, Any], counts: dict[str, int]) -> None:
-    """Pass 2: each store table from the staging rows (`counts` of each kind), streamed to the sink."""
+def _write_tables(scratch: duckdb.DuckDBPyConnection, sink: Sink, meta: dict[str, Any], counts: dict[str, int],
+                  in_order: bool = False) -> None:
+    """Pass 2: each store table from the staging rows (`counts` of each kind), streamed to the
+    sink; `in_order`: `ev` holds its rows in `seq` order (staged one batch after the other)."""
     for sql in _PREPARE:
         scratch.execute(sql)
     for table, sql in _TABLES:
         if table not in _SOURCE_KINDS or any(counts.get(kind) for kind in _SOURCE_KINDS[table]):
-            sink.append_all(table, _batches(scratch, sql))
+            sort = "" if in_order or table not in _IN_ORDER else " ORDER BY seq"
+            if table == "collectives":
+                sql = sql.format(kernel_ids=_KERNEL_IDS if counts.get("kernel collective") else _NO_KERNEL_IDS)
+            sink.append_all(table, _batches(scratch, sql + sort))
     names = [r[1] for r in scratch.execute(_KERNEL_NAMES).fetchall()]
     shorts = [_short_name(n) for n in names]
     sink.append("kernel_names", pa.table({
