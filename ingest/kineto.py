@@ -449,7 +449,7 @@ _OPERATORS = """
            CAST(concrete_inputs AS VARCHAR) AS concrete_inputs, flops
     FROM ev WHERE kind = 'cpu_op' AND (input_dims IS NOT NULL OR flops IS NOT NULL)"""
 """Wide rows (a name, three JSON texts), in `seq` order as `ev` holds them when it was staged one
-batch after the other: a filtered scan keeps that order (`_in_order`)."""
+batch after the other: a filtered scan keeps that order (`_IN_ORDER`)."""
 
 _MEMORY_EVENTS = """
     WITH m AS (SELECT * FROM ev WHERE kind = 'memory'),
