@@ -346,13 +346,13 @@ class Decoder:
         if name is None:
             name = seq.names.get(name_iid, f"#{name_iid}") if name_iid is not None else ""  # type: ignore[arg-type]
         args = {}
-        names = seq.annotation_names
         for a in annotations:
-            at = a[0]
-            if a[1] - at > 1 and buf[at] == 0x08 and buf[at + 1] < 0x80 and names.get(buf[at + 1]) not in ARGS:
-                continue  # named by a one-byte iid, a name no row reads: its value is not decoded
-            key, value = self._annotation(seq, a)
-            args[key] = value
+            found = _annotation_by_iid(buf, a, seq.annotation_names)
+            if found is None:
+                key, value = self._annotation(seq, a)
+                args[key] = value
+            elif found is not _SKIP:
+                args[found[0]] = found[1]
         if kind == INSTANT:
             self.rows.add(Slice(ts, None, name, tuple(categories), track, args), self)
             return
@@ -381,6 +381,48 @@ class Decoder:
             else:
                 value = seq.annotation_strings.get(raw)
         return name, value
+
+
+_SKIP = ("", None)
+
+
+def _annotation_by_iid(buf: Any, span: pb.Span, names: dict[int, str]) -> tuple[str, Any] | None:
+    """The common debug annotation read without a scan: its name interned (field 1, an iid of one
+    or two bytes, as the SDK writes it first) and, for a name the rows read (ARGS), an integer
+    value (uint_value 3 or int_value 4) ending the annotation. _SKIP for a name no row reads (its
+    value is not decoded, nor checked); None for any other layout, which `Decoder._annotation`
+    reads field by field."""
+    at, stop = span
+    if stop - at < 3 or buf[at] != 0x08:
+        return None
+    iid = buf[at + 1]
+    at += 2
+    if iid >= 0x80:
+        high = buf[at]
+        if high >= 0x80:
+            return None
+        iid = iid & 0x7F | high << 7
+        at += 1
+    name = names.get(iid)
+    if name not in ARGS:
+        return _SKIP
+    key = buf[at] if at < stop else 0
+    if key != 0x18 and key != 0x20:
+        return None
+    value = shift = 0
+    at += 1
+    while at < stop:
+        b = buf[at]
+        at += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += 7
+    else:
+        return None  # the varint does not end inside the annotation
+    if at != stop or shift >= 70:
+        return None
+    return name, pb.signed(value) if key == 0x20 else value  # type: ignore[return-value]
 
 
 _V, _F64, _L = 1 << 0, 1 << 1, 1 << 2
