@@ -175,3 +175,20 @@ def test_a_damaged_parquet_event_table_is_refused_in_one_line(damage: str, tmp_p
         traceq.load(export, store)
     assert "\n" not in str(e.value) and "damaged.parquetdir" in str(e.value)
     assert store.read_bytes() == before
+
+
+def test_fuzzing_the_exports_a_small_budget() -> None:
+    """3 mutants of the Parquet and Arrow exports (tools/fuzz.py --columnar: a column dropped,
+    values NULL, times out of range), each loaded and the first commands run on
+    it: refused in one line with the store as before, or loaded with every command working."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import fuzz
+
+    files = fuzz.corpus(include_shared=False, samples=(), columnar=True)
+    assert [fuzz.trace_format(f) for f in files] == ["parquetdir", "arrow"]
+    with fuzz.scratch() as work:
+        outcomes = fuzz.run(fuzz.Harness(files, "ci-exports", work, commands=fuzz.FIRST_COMMANDS), range(3))
+    assert [o.problems for o in outcomes if o.problems] == []
+    assert {o.source for o in outcomes} == {f.name for f in files}
