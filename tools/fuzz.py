@@ -1353,11 +1353,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--format", action="append", choices=("sqlite", "json", "json.gz", "protobuf", "csv", "parquetdir", "arrow"),
                         help="only corpus files in this container (repeatable)")
     parser.add_argument("--amd", action="store_true", help="the AMD profiles of ../shared/realtraces/rocpd too")
+    parser.add_argument("--xplane", action="store_true",
+                        help="the XPlane profiles of ../shared/realtraces/xplane too (as --format protobuf, unfiltered)")
     parser.add_argument("--rocpd", action="store_true",
                         help="a rocprofv3 rocpd database too, built from the rocprofv3 JSON (tests/test_rocpd.py)")
     parser.add_argument("--columnar", action="store_true", help="nsys's Parquet and Arrow exports of a sample too")
     parser.add_argument("--added-only", action="store_true",
-                        help="only the files --amd, --rocpd, --columnar, --pftrace, --format protobuf add")
+                        help="only the files --amd, --rocpd, --columnar, --pftrace, --xplane (or --format protobuf) add")
     parser.add_argument("--pftrace", action="store_true",
                         help="a Perfetto trace too, built from the rocprofv3 JSON (tools/make_pftrace.py; needs perfetto)")
     parser.add_argument("--jsonl", type=Path, help="append each mutant's outcome here as a JSON line")
@@ -1374,7 +1376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     indexes = args.only or range(args.start, args.start + args.mutants)
     started = time.perf_counter()
     with scratch() as work:
-        files = [p for p in corpus(not args.no_shared, protobuf="protobuf" in (args.format or ()), amd=args.amd,
+        files = [p for p in corpus(not args.no_shared, protobuf=args.xplane or "protobuf" in (args.format or ()), amd=args.amd,
                                    columnar=args.columnar, base=not args.added_only)
                  if not args.format or trace_format(p) in args.format]
         if args.pftrace:
