@@ -240,6 +240,16 @@ def _as(column: pa.ChunkedArray | pa.Array, kind: pa.DataType) -> pa.ChunkedArra
     return pc.cast(column, kind)
 
 
+def _column_as(batch: pa.Table, table: str, name: str, kind: pa.DataType) -> pa.ChunkedArray | pa.Array:
+    """`_as` of a batch's column; a column of another type than nsys writes, whose values the
+    store's type cannot hold (a float column with -inf or 2.5, text), refuses the file."""
+    try:
+        return _as(batch[name], kind)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise TraceFormatError(f"the export's {table}.{name} holds a value of another type than nsys writes "
+                               f"({_first_line(e)})") from None
+
+
 class ColumnarScanner:
     """`scan_table` for the event tables of an Arrow or Parquet export (see sqlite_source.scan_table);
     the staged tables are read from the SQLite file."""
@@ -274,7 +284,7 @@ class ColumnarScanner:
                 batch = batch.filter(pc.fill_null(pc.is_in(batch[condition[0]], pa.array(condition[1], batch[
                     condition[0]].type)), False))
             rows = pa.Table.from_arrays([
-                pa.nulls(batch.num_rows, field.type) if name is None else _as(batch[name], field.type)
+                pa.nulls(batch.num_rows, field.type) if name is None else _column_as(batch, table, name, field.type)
                 for name, field in zip(sources, schema)], schema=schema)
             return rows if transform is None else transform(rows)
 

@@ -192,3 +192,47 @@ def test_fuzzing_the_exports_a_small_budget() -> None:
         outcomes = fuzz.run(fuzz.Harness(files, "ci-exports", work, commands=fuzz.FIRST_COMMANDS), range(3))
     assert [o.problems for o in outcomes if o.problems] == []
     assert {o.source for o in outcomes} == {f.name for f in files}
+
+
+@pytest.mark.parametrize("form", ["parquetdir", "arrow"])
+@pytest.mark.parametrize("value", [float("-inf"), 2.5, "12x"])
+def test_a_column_of_another_type_is_refused_in_one_line(form: str, value: object, tmp_path: Path) -> None:
+    """An event table's integer column holding floats or text (the fuzzer's seed fuzz35-col,
+    mutant 29: CUPTI_ACTIVITY_KIND_MEMSET.correlationId = -inf escaped as ArrowInvalid): refused
+    in one line naming the table and column, the store unchanged."""
+    import shutil
+
+    import traceq
+
+    source = sample(f"{EXPORTS}.{form}")
+    if form == "parquetdir":
+        tables = [(p.stem, pq.read_table(p)) for p in sorted(source.glob("*.parquet"))]
+    else:
+        tables, reader_source = [], pa.BufferReader(source.read_bytes())
+        while reader_source.tell() < reader_source.size():
+            reader = ipc.open_stream(reader_source)
+            tables.append((reader.schema.metadata[b"table_name"].decode(), reader.read_all()))
+    name = "CUPTI_ACTIVITY_KIND_MEMSET"
+    i = next(i for i, (n, _) in enumerate(tables) if n == name)
+    table = tables[i][1]
+    values = table["correlationId"].to_pylist()
+    values[0] = value
+    column = pa.array(values, pa.string() if isinstance(value, str) else pa.float64())
+    changed = table.set_column(table.schema.get_field_index("correlationId"), "correlationId", column)
+    tables[i] = (name, changed.replace_schema_metadata(table.schema.metadata))
+    damaged = tmp_path / f"damaged.{form}"
+    if form == "parquetdir":
+        shutil.copytree(source, damaged)
+        pq.write_table(tables[i][1], damaged / f"{name}.parquet")
+    else:
+        with damaged.open("wb") as f:
+            for _, t in tables:
+                with ipc.new_stream(f, t.schema) as writer:
+                    writer.write_table(t)
+    store = tmp_path / "s.duckdb"
+    traceq.load(sample(f"{EXPORTS}.sqlite"), store)
+    before = store.read_bytes()
+    with pytest.raises(TraceFormatError) as e:
+        traceq.load(damaged, store)
+    assert "\n" not in str(e.value) and f"{name}.correlationId" in str(e.value) and "damaged" in str(e.value)
+    assert store.read_bytes() == before
