@@ -192,14 +192,22 @@ def _sqlite_type(kind: pa.DataType) -> str:
 
 def _storable(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
     """A column as SQLite holds it: unsigned 64-bit as the signed value of the same bits (as nsys
-    writes its SQLite export), anything not a number or a string as its text."""
+    writes its SQLite export), anything not a number or a string as its text; bytes that are not
+    UTF-8 (a binary column where nsys writes text) with U+FFFD for the bad bytes, as the SQLite
+    export's reader reads them."""
     if pa.types.is_uint64(kind):
         return pc.cast(column, pa.int64(), safe=False)
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
         return column
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return column
-    return column.cast(pa.string())
+    try:
+        return column.cast(pa.string())
+    except pa.ArrowInvalid:
+        if not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+            raise
+        return pa.chunked_array([pa.array([None if v is None else v.decode("utf-8", "replace")
+                                           for v in column.to_pylist()], pa.string())])
 
 
 _NAME = re.compile(r'^(?:"((?:[^"]|"")+)"|([A-Za-z_][A-Za-z0-9_]*))$')
