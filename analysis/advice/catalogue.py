@@ -49,7 +49,9 @@ def is_communication(facts: object) -> pl.Expr:
 
 def exposed_comm(facts: object) -> list[Finding]:
     """Communication the GPU ran with no computation beside it (per device, the time a
-    communication kernel ran and no other kernel did), as `traceq overlap` counts it."""
+    communication kernel ran and no other kernel did), as `traceq overlap` counts it; on a rank of
+    a run (`load --run`), less the time it waited inside collectives for later ranks (the
+    `straggler` rule's, so the two do not count one wait twice)."""
     names = communication(facts)
     if not names:
         return []
@@ -62,7 +64,11 @@ def exposed_comm(facts: object) -> list[Finding]:
                                 .otherwise(pl.lit("compute")))
     sums = interval_sums(work.select("device_id", "work", "start_ns", "end_ns"), ["device_id"])
     comm, overlap = float(sums["comm_ns"].fill_null(0).sum()), float(sums["overlap_ns"].fill_null(0).sum())
-    exposed = comm - overlap
+    from traceq.analysis.advice.ranks import run_ranks
+
+    found = run_ranks(facts)  # a rank of a run: its wait in collectives for later ranks is `straggler`'s
+    waited = float(found[1].filter(pl.col("rank") == found[0])["wait_ns"].sum()) if found else 0.0
+    exposed = comm - overlap - min(waited, comm - overlap)
     if exposed <= 0:
         return []
     heavy = (work.filter(pl.col("work") == "comm").group_by("name")
@@ -71,7 +77,8 @@ def exposed_comm(facts: object) -> list[Finding]:
     evidence = (f"communication kernels ran {_ms(comm)}, {100 * overlap / comm:.0f} % of it beside computation: "
                 f"{_ms(exposed)} exposed, the step waits for it; heaviest: {top}. A communication kernel's time "
                 f"includes waiting for the slowest rank: `traceq ranks RUN --by collective` names the rank that "
-                f"arrives last")
+                f"arrives last" + (f"; this rank's {_ms(waited)} waiting for later ranks left out (`straggler`)"
+                                   if waited else ""))
     fix = ("Overlap communication with computation (DDP's gradient buckets: bucket_cap_mb, "
            "gradient_as_bucket_view; FSDP prefetch), make the slowest rank faster (an even load across "
            "ranks), or communicate less (gradient compression, a larger batch per collective)")
