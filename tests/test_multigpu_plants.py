@@ -12,6 +12,7 @@ at stake within 25 % of that cost.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 import statistics
@@ -41,7 +42,7 @@ def periods(path: Path) -> list[float]:
         starts = [s for (s,) in con.execute(
             "SELECT n.start FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
             "WHERE coalesce(n.text, s.value) LIKE 'iteration %' ORDER BY n.start")]
-    return [b - a for a, b in zip(starts, starts[1:])]
+    return [b - a for a, b in itertools.pairwise(starts)]
 
 
 def median_iteration(run: str) -> float:

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import record_training as rt  # noqa: E402  (the single-GPU recorder's annotations)
+import record_training as rt  # the single-GPU recorder's annotations
 
 
 def main() -> None:
