@@ -87,3 +87,29 @@ def test_straggler_is_first_and_costs_what_its_absence_saves(db: Path) -> None:
     # the capture's first iteration is left out (its skews are when each rank's capture began)
     per_iteration = first["time_ns"] / (iterations("straggler") - 1)
     assert abs(per_iteration / cost - 1) <= TOLERANCE, (per_iteration, cost)
+
+
+def gpu_ns(run: str, collectives: bool) -> int:
+    """Rank 0's kernel time of one kind: the collectives (NCCL) or all the others."""
+    with sqlite3.connect(f"file:{rank_file(run, 0)}?mode=ro", uri=True) as con:
+        (ns,) = con.execute(
+            "SELECT coalesce(sum(k.end - k.start), 0) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+            f"JOIN StringIds s ON s.id = k.shortName WHERE (s.value LIKE 'nccl%') = {int(collectives)}").fetchone()
+    return ns
+
+
+def test_overlap_comm_predicts_the_no_sync_run(db: Path) -> None:
+    """`whatif --overlap-comm` on the base run (collectives take no time) against the no_sync
+    run: +10.6 %, 0.6 points past the issue's 10 % (docs/whatif.md). no_sync() also drops DDP's
+    division of the gradients by the world size (12 element-wise kernels over 1.6 GB a step,
+    0.78 ms), which is computation: with that work added back to the no_sync run's time, the
+    prediction is within 10 %."""
+    result = CliRunner().invoke(app, ["whatif", "-t", "base", "--overlap-comm", "--db", str(db), "-f", "json"])
+    assert result.exit_code == 0, result.output
+    predicted = statistics.median(row["predicted_ns"] for row in json.loads(result.stdout))
+    truth = statistics.median(periods(rank_file("nosync", 0)))
+    error = predicted / truth - 1
+    assert 0.0 < error <= 0.12, error  # over, by the averaging kernels: below
+    dropped = (gpu_ns("base", False) - gpu_ns("nosync", False)) / iterations("base")
+    assert 5e5 < dropped < 1.5e6, dropped
+    assert abs(predicted / (truth + dropped) - 1) <= 0.10, (predicted, truth, dropped)

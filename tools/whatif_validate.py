@@ -14,6 +14,9 @@ Each pair predicts the second recording's median iteration time from the first's
   work at batch 128 scaled by that layer's measured growth from batch 64 to 128.
 - eager -> CUDA graphs (planted/smallkernels -> planted/smallkernels_graph: a launch-bound step,
   tools/record_planted.py): `--no-launch-overhead`.
+- DDP all-reduce -> no_sync() (multigpu/mgplants_base_2gpu -> mgplants_nosync_2gpu, rank 0: a
+  wide MLP whose one gradient all-reduce runs exposed, tools/record_multigpu_plants.py):
+  `--overlap-comm`.
 
 `gpu_pair` (run with `--gpu`): H100 <-> H200 through `--gpu` (the per-kernel roofline model),
 on a Qwen1.5-0.5B prefill recorded on each (AMD TraceLens' H100 sample in ../shared, and
@@ -106,6 +109,14 @@ def main(samples: Path) -> list[tuple[str, float, float, float]]:
         table, _, _ = predict(con, eager_id, Changes(no_launch_overhead=True), eager)
         results.append(("eager -> CUDA graphs, --no-launch-overhead", _median(eager),
                         float(table["predicted_ns"].median()), _median(graphed)))
+        ddp = samples / "multigpu" / "mgplants_base_2gpu_rank0.sqlite"
+        if ddp.exists():  # two GPUs: rank 0 of the DDP MLP, with and without no_sync()
+            base_id = load_trace(con, ddp).trace_id
+            base = build_graph(con, base_id)
+            alone = build_graph(con, load_trace(con, samples / "multigpu" / "mgplants_nosync_2gpu_rank0.sqlite").trace_id)
+            table, _, _ = predict(con, base_id, Changes(overlap_comm=True), base)
+            results.append(("DDP all-reduce -> no_sync(), --overlap-comm", _median(base),
+                            float(table["predicted_ns"].median()), _median(alone)))
         con.close()
     return results
 

@@ -14,6 +14,8 @@ memset. Edges (docs/critical.md):
   another stream of its device, later than its own stream and its launch allow, waited for it
   (an event wait, a stream wait, NCCL's stream coupling: the traces record no event ids, so the
   edge is read from the times).
+- `wait` of a host call: a thread idle for THREAD_IDLE_NS or more before it, woken within
+  THREAD_WAKE_NS of the end of another thread's call of its process, waited for that call.
 - `sync`: a synchronising call (`gaps.SYNC_CALL`, or a memcpy without `Async`) ends no earlier
   than the last GPU operation of its process that ended before it did and was issued before
   it began.
@@ -41,6 +43,12 @@ from traceq.analysis.timeline.gaps import COPY_CALL, SYNC_CALL
 from traceq.errors import MissingDataError
 
 WAIT_WINDOW_NS = 5_000
+THREAD_IDLE_NS = 100_000
+"""A host thread idle this long before a call (since its own previous call ended) was woken by
+another thread of its process (PyTorch's autograd thread by the main thread's `backward()`, the
+main thread by the backward's end): `wait` edge to the other thread's call that ended last
+before it, within THREAD_WAKE_NS."""
+THREAD_WAKE_NS = 2_000_000
 """A GPU operation that started this close after another stream's operation ended, and later
 than its own stream and launch explain, is taken to have waited for it."""
 
@@ -204,7 +212,13 @@ def _assemble(con: duckdb.DuckDBPyConnection, trace_id: int, host: pl.DataFrame,
     nodes = nodes.with_columns(prog=pl.repeat(None, nodes.height, dtype=pl.Int64, eager=True)
                                .scatter(in_lane["node"], previous))
     del in_lane, previous
-    host_rows = nodes.select("node", "thread", "start_ns").filter(nodes["kind"] == 0)
+    host_rows = nodes.select("node", "pid", "thread", "start_ns", "end_ns").filter(nodes["kind"] == 0)
+    # a host call's wait: the call of its process that ended last at or before its start (another
+    # thread's, `_gaps` checks)
+    woke = last_at_or_before(host_rows["pid"].cast(pl.Int64), host_rows["end_ns"], host_rows["pid"].cast(pl.Int64),
+                             host_rows["start_ns"])
+    host_wait = host_rows["node"].gather(woke)
+    del woke
     gpu_rows = nodes.select("node", "pid", "device", "start_ns", "end_ns", "call_thread", "call_start_ns"
                             ).filter(nodes["kind"] > 0)
 
@@ -228,7 +242,8 @@ def _assemble(con: duckdb.DuckDBPyConnection, trace_id: int, host: pl.DataFrame,
     # wait: another stream's operation of the device that ended last at or before the start
     ended = last_at_or_before(gpu_rows["device"].fill_null(-1), gpu_rows["end_ns"], gpu_rows["device"].fill_null(-1),
                               gpu_rows["start_ns"])
-    wait = none().scatter(gpu_rows["node"], gpu_rows["node"].gather(ended))
+    wait = none().scatter(gpu_rows["node"], gpu_rows["node"].gather(ended)).scatter(
+        nodes["node"].filter(nodes["kind"] == 0), host_wait)
     del ended, gpu_rows
     nodes = nodes.drop("thread", "call_thread", "call_start_ns", "sync").with_columns(
         launch=launch, awaited=awaited, wait=wait)
@@ -264,6 +279,11 @@ def _gaps(nodes: pl.DataFrame) -> pl.DataFrame:
     wait_ok = (gpu & nodes["wait"].is_not_null() & (at(nodes["wait"], nodes["lane"]) != nodes["lane"])
                & (wait_end > frame.select(pl.max_horizontal("p", "l")).to_series().fill_null(-(1 << 62)))
                & (start - wait_end <= WAIT_WINDOW_NS)).fill_null(False)
+    p_gap = start - frame["p"]
+    host_ok = (~gpu & nodes["wait"].is_not_null() & (at(nodes["wait"], nodes["lane"]) != nodes["lane"])
+               & (p_gap >= THREAD_IDLE_NS) & (wait_end > frame["p"]) & (start - wait_end <= THREAD_WAKE_NS)
+               ).fill_null(False)
+    wait_ok = wait_ok | host_ok
     frame = frame.with_columns(w=pl.when(wait_ok).then("w"))
     best = frame.select(pl.max_horizontal("p", "l", "w")).to_series()
     bind_p = frame["p"].is_not_null() & (frame["p"] == best)

@@ -128,12 +128,19 @@ def measured(nodes: pl.DataFrame) -> Replayed:
 
 
 def iteration_ends(nodes: pl.DataFrame, ends: list[int] | pl.Series, starts: list[int] | pl.Series) -> pl.DataFrame:
-    """Per iteration (in order of their first node), the node that ended last and when: iteration
+    """Per iteration (in order of their first node), the node that ended last and when (GPU work
+    and the calls of threads that launch it; a watchdog thread's polls end nothing): iteration
     (code, null: the whole trace when it has no iterations), first_ns (its first node's start),
     end_ns, last (row; ties: the last such row), then iteration_ns (end - the previous
     iteration's end; the first: end - its first start)."""
     frame = pl.DataFrame({"iteration": nodes["iteration"], "start": starts, "end": ends},
                          schema_overrides={"start": pl.Int64, "end": pl.Int64}).with_row_index("row")
+    if {"launch", "lane", "kind"} <= set(nodes.columns):  # threads that launch no GPU work do not end one
+        issued = nodes["launch"].filter(nodes["launch"] >= 0)
+        launching = nodes["lane"].gather(issued).unique() if issued.len() else nodes["lane"].head(0)
+        keep = (nodes["kind"] > 0) | nodes["lane"].is_in(launching.implode())
+        if not keep.all():
+            frame = frame.filter(keep)
     if frame["iteration"].null_count() < frame.height:
         frame = frame.filter(pl.col("iteration").is_not_null())
     else:
