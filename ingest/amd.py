@@ -14,19 +14,24 @@ launch call's grid, already in workgroups.
 from __future__ import annotations
 
 import csv
-import io
-import re
 import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from traceq.errors import TraceFormatError
+from traceq.ingest.amd_columns import BATCH_ROWS, Devices, Rows, either, grid_workgroups, ints, lookup, texts
+from traceq.ingest.amd_columns import KD as _KD
+from traceq.ingest.amd_columns import number as _int
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo, SqliteReader
 from traceq.ingest.validate import TIME_LIMIT_NS
 from traceq.ingest.xplane import _Tables
 from traceq.ingest.xplane_tables import PID
 
-_KD = re.compile(r"(\s*\[clone \.kd\]|\.kd)$")
 _V1_CSV = ('"KernelName"', '"gpu-id"')
 _V3_CSV = ('"Kernel_Name"', '"Agent_Id"')
 
@@ -59,18 +64,6 @@ def gpu_row(device: int, name: str | None, compute_units: Any = None, clock_mhz:
             "clock_hz": int(clock_mhz) * 1_000_000 if isinstance(clock_mhz, int) and clock_mhz > 0 else None,
             "memory_bytes": None, "memory_bandwidth_bytes_per_s": None,
             "threads_per_warp": wave if isinstance(wave, int) and wave > 0 else 64}
-
-
-def _int(value: Any) -> int | None:
-    """An integer the store's BIGINT holds, from a number or its text; else None."""
-    if isinstance(value, bool):
-        return None
-    if not isinstance(value, int):
-        try:
-            value = int(str(value).strip(), 0) if value not in (None, "") else None
-        except ValueError:
-            return None
-    return value if value is not None and -(1 << 63) <= value < (1 << 63) else None
 
 
 class _Rows:
@@ -200,6 +193,59 @@ def _operation_names(strings: dict[str, Any]) -> dict[tuple[int | None, int], st
 # rocprof v1's and rocprofv3's CSV
 
 
+def _dispatches(r: dict[str, Sequence[Any]], n: int, v3: bool, rows: Rows, devices: Devices, *,
+                quoted: bool = False) -> None:
+    """A batch of n dispatch rows (`r`: a column's values by the column's name) into `rows`:
+    rocprofv3's columns (`v3`) or rocprof v1's; `quoted`: values as rocprof v1's database holds
+    them (numbers, or texts in double quotes)."""
+    def column(key: str) -> pa.Array:
+        return ints(r.get(key), n, quoted=quoted)
+
+    ones = pa.repeat(pa.scalar(1, pa.int64()), n)
+    if v3:
+        name, start, end = texts(r.get("Kernel_Name"), n, quoted=quoted), column("Start_Timestamp"), column("End_Timestamp")
+        agent, stream = column("Agent_Id"), column("Queue_Id")
+        size = tuple(column(f"Workgroup_Size_{k}") for k in "XYZ")
+        grid = tuple(grid_workgroups(column(f"Grid_Size_{k}"), s) for k, s in zip("XYZ", size))
+        extra = {"correlation": column("Correlation_Id"), "lds": column("Group_Segment_Size"),
+                 "scratch": column("Private_Segment_Size"),
+                 "registers": ints(either(r.get("Arch_VGPR_Count"), r.get("VGPR_Count")), n, quoted=quoted)}
+    else:
+        name, start, end = texts(r.get("KernelName"), n, quoted=quoted), column("BeginNs"), column("EndNs")
+        agent, stream = column("gpu-id"), column("queue-id")
+        size = (column("wgr"), ones, ones)
+        grid = (grid_workgroups(column("grd"), size[0]), ones, ones)
+        extra = {"lds": column("lds"), "scratch": column("scr"), "registers": column("arch_vgpr")}
+    named = pc.and_(pc.is_valid(name), pc.not_equal(pc.fill_null(name, ""), ""))
+    good = pc.fill_null(pc.and_(named, pc.and_(pc.is_valid(start), pc.is_valid(end))), False)
+    kept = int(pc.sum(pc.cast(good, pa.int64())).as_py() or 0)
+    rows.kernels.skipped += n - kept
+    if not kept:
+        return
+    pick = (lambda a: a) if kept == n else (lambda a: a.filter(good))
+    correlation = extra.get("correlation")
+    rows.kernels.add(pick(start), pick(end), pick(correlation) if correlation is not None else pa.nulls(kept, pa.int64()),
+                     {"name": pick(name), "device_id": devices.number(pick(agent)), "stream_id": pick(stream),
+                      **{f"grid_{k}": pick(g) for k, g in zip("xyz", grid)},
+                      **{f"block_{k}": pick(b) for k, b in zip("xyz", size)},
+                      "registers_per_thread": pick(extra["registers"]), "smem_static_bytes": pick(extra["lds"]),
+                      "local_memory_per_thread_bytes": pick(extra["scratch"])})
+
+
+def _csv_batches(reader: Any, header: list[str]) -> Iterator[tuple[dict[str, Sequence[Any]], int]]:
+    """The rows after the header BATCH_ROWS at a time, as columns by name (as `csv.DictReader`
+    reads them: blank lines skipped, a short row's missing cells None, a long row's extra cells
+    left out, a name given twice its last column)."""
+    width = len(header)
+    while rows := list(islice(reader, BATCH_ROWS)):
+        if set(map(len, rows)) != {width}:
+            rows = [row + [None] * (width - len(row)) if len(row) < width else row for row in rows if row]
+            if not rows:
+                continue
+        columns = list(zip(*rows)) if width else []
+        yield {name: columns[i] for i, name in enumerate(header)}, len(rows)
+
+
 class RocprofCsvReader:
     """rocprof v1's `results.csv` and rocprofv3's `kernel_trace.csv`, told by their header."""
 
@@ -210,49 +256,39 @@ class RocprofCsvReader:
         return all(k in header for k in _V1_CSV) or all(k in header for k in _V3_CSV)
 
     def open(self, path: Path, options: LoadOptions) -> _CsvSource:
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            raise TraceFormatError(f"{path} is not UTF-8 text") from None
-        return _CsvSource(list(csv.DictReader(io.StringIO(text))))
+        return _CsvSource(Path(path))
 
     def estimate_rows(self, src: _CsvSource) -> int:
-        return len(src.rows)
+        """The file's bytes: the reading reports those it has read."""
+        return src.path.stat().st_size
 
     def read(self, src: _CsvSource, sink: Sink) -> SourceInfo:
-        rows, v3 = _Rows(), bool(src.rows) and "Kernel_Name" in src.rows[0]
-        devices: dict[int, int] = {}
-        for r in src.rows:
-            if v3:
-                name, start, end = r.get("Kernel_Name"), _int(r.get("Start_Timestamp")), _int(r.get("End_Timestamp"))
-                agent, stream = _int(r.get("Agent_Id")), _int(r.get("Queue_Id"))
-                size = tuple(_int(r.get(f"Workgroup_Size_{k}")) for k in "XYZ")
-                grid = tuple(workgroups(_int(r.get(f"Grid_Size_{k}")), s) for k, s in zip("XYZ", size))
-                extra = {"correlation": _int(r.get("Correlation_Id")), "lds": _int(r.get("Group_Segment_Size")),
-                         "scratch": _int(r.get("Private_Segment_Size")),
-                         "registers": _int(r.get("Arch_VGPR_Count") or r.get("VGPR_Count"))}
-            else:
-                name, start, end = r.get("KernelName"), _int(r.get("BeginNs")), _int(r.get("EndNs"))
-                agent, stream = _int(r.get("gpu-id")), _int(r.get("queue-id"))
-                size = (_int(r.get("wgr")), 1, 1)
-                grid = (workgroups(_int(r.get("grd")), size[0]), 1, 1)
-                extra = {"lds": _int(r.get("lds")), "scratch": _int(r.get("scr")), "registers": _int(r.get("arch_vgpr"))}
-            if not name or start is None or end is None:
-                rows.skipped += 1
-                continue
-            device = devices.setdefault(agent if agent is not None else -1, len(devices))
-            rows.tables.kernels.append(kernel_row(name, start, end, device, stream, grid=grid, block=size, **extra))
-        rows.tables.gpus.extend(gpu_row(index, None) for index in range(len(devices)))
+        rows, devices, v3, reported = Rows(), Devices(), False, 0
+        try:
+            with src.path.open(encoding="utf-8", newline="") as f:
+                reader = csv.reader(f)
+                header = next(reader, None) or []
+                for r, n in _csv_batches(reader, header):
+                    v3 = "Kernel_Name" in r
+                    _dispatches(r, n, v3, rows, devices)
+                    if sink.progress is not None:
+                        sink.progress(f.buffer.tell() - reported)
+                        reported = f.buffer.tell()
+        except UnicodeDecodeError:
+            raise TraceFormatError(f"{src.path} is not UTF-8 text") from None
+        except csv.Error as e:
+            raise TraceFormatError(f"{src.path} is not a well-formed CSV file ({e})") from None
+        rows.gpus.extend(gpu_row(index, None) for index in range(len(devices.numbers)))
         rows.write(sink)
         return SourceInfo(format="rocprof-csv", tool="rocprofv3 kernel trace (CSV)" if v3 else "rocprof v1 (CSV)")
 
 
 class _CsvSource:
-    def __init__(self, rows: list[dict[str, str]]):
-        self.rows = rows
+    def __init__(self, path: Path):
+        self.path = path
 
     def close(self) -> None:
-        self.rows = []
+        pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,18 +307,68 @@ class RocprofDbReader(SqliteReader):
         return int(src.execute("SELECT count(*) FROM KERN").fetchone()[0])
 
     def read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
+        """`KERN`'s rows a batch at a time, read as its CSV is (every value's text, double quotes
+        stripped)."""
         cursor = src.execute('SELECT * FROM KERN')
         columns = [c[0] for c in cursor.description]
-        rows = [dict(zip(columns, values)) for values in cursor]
-        RocprofCsvReader().read(_CsvSource([{k: "" if v is None else str(v).strip('"') for k, v in r.items()}
-                                            for r in rows]), sink)
+        rows, devices, v3 = Rows(), Devices(), False
+        while batch := cursor.fetchmany(BATCH_ROWS):
+            r = dict(zip(columns, zip(*batch)))
+            v3 = "Kernel_Name" in r
+            _dispatches(r, len(batch), v3, rows, devices, quoted=True)
+            if sink.progress is not None:
+                sink.progress(len(batch))
+        rows.gpus.extend(gpu_row(index, None) for index in range(len(devices.numbers)))
+        rows.write(sink)
         return SourceInfo(format="rocprof-db", tool="rocprof v1 (results.db)")
+
+
+class _Strings:
+    """`rocpd_string`'s texts, asked for by id as the reader needs them (not the whole table: an
+    RPD keeps every call's arguments there)."""
+
+    def __init__(self, src: sqlite3.Connection):
+        self.src = src
+        self.known: dict[Any, str | None] = {}
+
+    def get(self, ids: Iterable[Any]) -> dict[Any, str | None]:
+        missing = [i for i in dict.fromkeys(ids) if i is not None and i not in self.known]
+        for first in range(0, len(missing), 500):
+            part = missing[first:first + 500]
+            self.known.update(dict.fromkeys(part))
+            for i, text in self.src.execute(f"SELECT id, string FROM rocpd_string WHERE id IN ({', '.join('?' * len(part))})",
+                                            part):
+                if isinstance(text, str):
+                    self.known[i] = text
+        return self.known
+
+    def labels(self, ids: pa.Array, default: str) -> pa.Array:
+        """The text of each id (`default` for an unknown id or an empty text)."""
+        distinct = pc.unique(ids)
+        known = self.get(distinct.to_pylist())
+        values = pa.array([known.get(i) or default for i in distinct.to_pylist()], pa.string())
+        return values.take(pc.index_in(ids, value_set=distinct, skip_nulls=False))
+
+
+def _table(src: sqlite3.Connection, sql: str, columns: Sequence[str]) -> pa.Table:
+    """The rows `sql` selects, every column as `amd._int` of its values, read a batch at a time."""
+    parts = []
+    cursor = src.execute(sql)
+    while batch := cursor.fetchmany(BATCH_ROWS):
+        parts.append(pa.table({c: ints(v, len(batch)) for c, v in zip(columns, zip(*batch))}))
+    return pa.concat_tables(parts).combine_chunks() if parts else pa.table({c: pa.array([], pa.int64()) for c in columns})
+
+
+_RPD_COPIES = {"CopyHostToDevice": "Host-to-Device", "CopyDeviceToHost": "Device-to-Host",
+               "CopyDeviceToDevice": "Device-to-Device"}
 
 
 class RpdReader(SqliteReader):
     """rocmProfileData's RPD: `rocpd_op` (GPU operations: KernelExecution, Copy*, FillBuffer),
     `rocpd_api` (host calls, linked to their operations by `rocpd_api_ops`), `rocpd_kernelapi`
-    (a launch's grid and workgroup), `rocpd_string`."""
+    (a launch's grid and workgroup), `rocpd_string`. Read a batch of rows at a time into
+    columns; the links, launches and copy sizes are joined to the operations as columns, and the
+    strings are read by id as they are needed."""
 
     name: ClassVar[str] = "rpd"
 
@@ -294,53 +380,105 @@ class RpdReader(SqliteReader):
 
     def read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
         tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
-        strings = {i: v for i, v in src.execute("SELECT id, string FROM rocpd_string") if isinstance(v, str)}
-        links = ({op: _int(api) for op, api in src.execute("SELECT op_id, api_id FROM rocpd_api_ops")}
-                 if "rocpd_api_ops" in tables else {})
-        sizes = (dict(src.execute("SELECT api_ptr_id, size FROM rocpd_copyapi"))
-                 if "rocpd_copyapi" in tables else {})
-        launches = ({r[0]: [_int(v) for v in r[1:]] for r in src.execute(
-            "SELECT api_ptr_id, gridX, gridY, gridZ, workgroupX, workgroupY, workgroupZ, groupSegmentSize, "
-            "privateSegmentSize FROM rocpd_kernelapi")} if "rocpd_kernelapi" in tables else {})
-        rows, devices = _Rows(), {}
-        for op_id, gpu, queue, start, end, description, kind in src.execute(
-                "SELECT id, gpuId, queueId, start, \"end\", description_id, opType_id FROM rocpd_op ORDER BY start"):
-            kind_name, start, end = strings.get(kind, ""), _int(start), _int(end)
-            if start is None or end is None:
-                rows.skipped += 1
-                continue
-            device = devices.setdefault(_int(gpu), len(devices))
-            api = links.get(op_id)
-            if kind_name == "KernelExecution":
-                launch = launches.get(api) or [None] * 8
-                rows.tables.kernels.append(kernel_row(
-                    strings.get(description) or "kernel", start, end, device, _int(queue), correlation=api,
-                    grid=launch[0:3], block=launch[3:6], lds=launch[6], scratch=launch[7]))  # type: ignore[arg-type]
-            elif kind_name.startswith("Copy") or kind_name == "FillBuffer":
-                memset = kind_name == "FillBuffer"
-                copy = {"CopyHostToDevice": "Host-to-Device", "CopyDeviceToHost": "Device-to-Host",
-                        "CopyDeviceToDevice": "Device-to-Device"}.get(kind_name, "Other")
-                rows.tables.memops.append({"start_ns": start, "end_ns": end, "dur_ns": end - start,
-                                           "op": "memset" if memset else "memcpy",
-                                           "copy_kind": None if memset else copy,
-                                           "bytes": None if memset else _int(sizes.get(api)),
-                                           "device_id": device, "stream_id": _int(queue), "correlation_id": api,
-                                           "pid": PID})
+        strings, rows, devices = _Strings(src), Rows(), Devices(none=None)
+        ops = _operations(src, rows, devices, sink)
+        links = (_table(src, "SELECT op_id, api_id FROM rocpd_api_ops", ("op_id", "api_id"))
+                 if "rocpd_api_ops" in tables else pa.table({"op_id": pa.array([], pa.int64()),
+                                                             "api_id": pa.array([], pa.int64())}))
+        ops = ops.append_column("api", lookup(links["op_id"], links.select(["api_id"]), ops["id"])["api_id"])
+        del links
+        kind = strings.labels(ops["kind"], "")
+        kernels = ops.filter(pc.equal(kind, "KernelExecution"))
+        _rpd_kernels(src, tables, strings, kernels, rows)
+        del kernels
+        copying = pc.or_(pc.starts_with(kind, "Copy"), pc.equal(kind, "FillBuffer"))
+        rows.memops = _rpd_copies(src, tables, ops.filter(copying), kind.filter(copying))
+        del ops, kind, copying
         if "rocpd_api" in tables:
-            for api_id, tid, start, end, name, args in src.execute(
-                    "SELECT id, tid, start, \"end\", apiName_id, args_id FROM rocpd_api"):
-                name, start, end = strings.get(name) or "call", _int(start), _int(end)
-                if start is None or end is None:
-                    continue
-                if name == "UserMarker":  # a roctx range (its message the args) or mark (end = start)
-                    mark = end <= start
-                    rows.tables.ranges.append((start, None if mark else end, strings.get(args) or "roctx",
-                                               "mark" if mark else "pushpop", "roctx", PID, _int(tid)))
-                else:
-                    rows.tables.calls.append((start, end, name, _int(tid) or 0, _int(api_id)))
-        rows.tables.gpus.extend(gpu_row(index, None) for index in range(len(devices)))
+            _rpd_calls(src, strings, rows)
+        rows.gpus.extend(gpu_row(index, None) for index in range(len(devices.numbers)))
         rows.write(sink)
         version = dict(src.execute("SELECT tag, value FROM rocpd_metadata")).get("schema_version") \
             if "rocpd_metadata" in tables else None
         version = str(version) if isinstance(version, (str, int)) else None
         return SourceInfo(format="rpd", tool="rocmProfileData (RPD)", schema_version=version)
+
+
+def _operations(src: sqlite3.Connection, rows: Rows, devices: Devices, sink: Sink) -> pa.Table:
+    """`rocpd_op`'s rows with a start and an end, in start order, as columns; their GPUs numbered
+    in that order (`devices`), those without a time counted as skipped."""
+    columns = ("id", "gpu", "queue", "start", "end", "description", "kind")
+    parts = []
+    cursor = src.execute("SELECT id, gpuId, queueId, start, \"end\", description_id, opType_id FROM rocpd_op ORDER BY start")
+    while batch := cursor.fetchmany(BATCH_ROWS):
+        n = len(batch)
+        part = pa.table({c: ints(v, n) for c, v in zip(columns, zip(*batch))})
+        timed = pc.and_(pc.is_valid(part["start"]), pc.is_valid(part["end"]))
+        part = part.filter(timed)
+        rows.kernels.skipped += n - part.num_rows
+        parts.append(part.append_column("device", devices.number(part["gpu"].combine_chunks())))
+        if sink.progress is not None:
+            sink.progress(n)
+    schema = pa.schema([(c, pa.int64()) for c in (*columns, "device")])
+    return pa.concat_tables(parts).combine_chunks() if parts else schema.empty_table()
+
+
+def _rpd_kernels(src: sqlite3.Connection, tables: set[str], strings: _Strings, kernels: pa.Table, rows: Rows) -> None:
+    """The KernelExecution operations, with their launch's grid, workgroup, LDS and scratch
+    (`rocpd_kernelapi`, by the launching call's id) and their description as the name."""
+    launch_columns = ("api_ptr_id", "gridX", "gridY", "gridZ", "workgroupX", "workgroupY", "workgroupZ",
+                      "groupSegmentSize", "privateSegmentSize")
+    launches = (_table(src, f"SELECT {', '.join(launch_columns)} FROM rocpd_kernelapi", launch_columns)
+                if "rocpd_kernelapi" in tables else pa.table({c: pa.array([], pa.int64()) for c in launch_columns}))
+    launch = lookup(launches["api_ptr_id"], launches.drop_columns(["api_ptr_id"]), kernels["api"])
+    rows.kernels.add(kernels["start"].combine_chunks(), kernels["end"].combine_chunks(), kernels["api"].combine_chunks(), {
+        "name": strings.labels(kernels["description"].combine_chunks(), "kernel"),
+        "device_id": kernels["device"].combine_chunks(), "stream_id": kernels["queue"].combine_chunks(),
+        **{f"grid_{k}": launch[f"grid{k.upper()}"].combine_chunks() for k in "xyz"},
+        **{f"block_{k}": launch[f"workgroup{k.upper()}"].combine_chunks() for k in "xyz"},
+        "registers_per_thread": pa.nulls(kernels.num_rows, pa.int64()),
+        "smem_static_bytes": launch["groupSegmentSize"].combine_chunks(),
+        "local_memory_per_thread_bytes": launch["privateSegmentSize"].combine_chunks()})
+
+
+def _rpd_copies(src: sqlite3.Connection, tables: set[str], copies: pa.Table, kind: pa.Array) -> pa.Table:
+    """Copies and FillBuffers as memops rows: a copy's bytes from `rocpd_copyapi`, by the call's id."""
+    sizes = (_table(src, "SELECT api_ptr_id, size FROM rocpd_copyapi", ("api_ptr_id", "size"))
+             if "rocpd_copyapi" in tables else pa.table({"api_ptr_id": pa.array([], pa.int64()),
+                                                         "size": pa.array([], pa.int64())}))
+    size = lookup(sizes["api_ptr_id"], sizes.select(["size"]), copies["api"])["size"]
+    memset = pc.equal(kind, "FillBuffer")
+    names = pa.array(sorted({*_RPD_COPIES, "FillBuffer"}), pa.string())
+    copy_kind = pa.array([_RPD_COPIES.get(n) for n in names.to_pylist()], pa.string()).take(
+        pc.index_in(kind, value_set=names))
+    copy_kind = pc.if_else(memset, pa.scalar(None, pa.string()), pc.fill_null(copy_kind, "Other"))
+    start, end = copies["start"], copies["end"]
+    return pa.table({"start_ns": start, "end_ns": end, "dur_ns": pc.subtract(end, start),
+                     "op": pc.if_else(memset, "memset", "memcpy"), "copy_kind": copy_kind,
+                     "bytes": pc.if_else(memset, pa.scalar(None, pa.int64()), size), "device_id": copies["device"],
+                     "stream_id": copies["queue"], "correlation_id": copies["api"],
+                     "pid": pa.repeat(pa.scalar(PID, pa.int64()), copies.num_rows)})
+
+
+def _rpd_calls(src: sqlite3.Connection, strings: _Strings, rows: Rows) -> None:
+    """`rocpd_api`'s calls as API calls, its `UserMarker` rows (rpd_tracer's roctx ranges, their
+    message the args; a mark where end <= start) as ranges, a batch at a time."""
+    columns = ("id", "tid", "start", "end", "name", "args")
+    parts = []
+    cursor = src.execute("SELECT id, tid, start, \"end\", apiName_id, args_id FROM rocpd_api")
+    while batch := cursor.fetchmany(BATCH_ROWS):
+        part = pa.table({c: ints(v, len(batch)) for c, v in zip(columns, zip(*batch))})
+        part = part.filter(pc.and_(pc.is_valid(part["start"]), pc.is_valid(part["end"])))
+        name = strings.labels(part["name"].combine_chunks(), "call")
+        marker = pc.equal(name, "UserMarker")
+        if pc.any(marker).as_py():
+            marks = part.filter(marker)
+            args = strings.labels(marks["args"].combine_chunks(), "roctx").to_pylist()
+            for (start, end, tid), message in zip(zip(*(marks[c].to_pylist() for c in ("start", "end", "tid"))), args):
+                mark = end <= start
+                rows.ranges.append((start, None if mark else end, message, "mark" if mark else "pushpop", "roctx", PID,
+                                    tid))
+            part, name = part.filter(pc.invert(marker)), name.filter(pc.invert(marker))
+        parts.append(pa.table({"start_ns": part["start"], "end_ns": part["end"], "name": name,
+                               "tid": pc.fill_null(part["tid"], 0), "correlation_id": part["id"]}))
+    rows.calls = pa.concat_tables(parts).combine_chunks() if parts else None
