@@ -24,10 +24,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceq.errors import TraceFormatError
-from traceq.ingest.amd_columns import BATCH_ROWS, Devices, Rows, either, grid_workgroups, ints, lookup, texts
-from traceq.ingest.amd_columns import KD as _KD
-from traceq.ingest.amd_columns import number as _int
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo, SqliteReader
+from traceq.ingest.columns import BATCH_ROWS, Devices, Rows, either, grid_workgroups, ints, lookup, texts
+from traceq.ingest.columns import KD as _KD
+from traceq.ingest.columns import number as _int
 from traceq.ingest.validate import TIME_LIMIT_NS
 from traceq.ingest.xplane import _Tables
 from traceq.ingest.xplane_tables import PID

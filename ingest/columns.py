@@ -1,12 +1,13 @@
-"""AMD's row formats (RPD, rocprof v1's database and CSV, rocprofv3's kernel-trace CSV) read as
-Arrow columns a batch of rows at a time (docs/amd.md, "Memory and speed"): a dispatch keeps its
-start, end, correlation id and the number of its configuration (name, device, queue, grid,
-workgroup, registers, LDS, scratch: few distinct ones), 28 bytes, where the reader that read
-them whole kept a Python dict a row.
+"""A trace's rows gathered as Arrow columns a batch of rows at a time, for the readers of AMD's
+row formats (RPD, rocprof v1's database and CSV, rocprofv3's kernel-trace CSV: docs/amd.md,
+"Memory and speed") and of XPlane (docs/xplane.md). A dispatch keeps its start, end,
+correlation id and the number of its configuration (name, device, queue, grid, workgroup,
+registers, LDS, scratch: few distinct ones), 28 bytes, where the readers that read a file whole
+kept a Python dict a row.
 
-The store is the one those readers made (`tools/store_tables.py` compared them, table by table):
-the same rows dropped and counted (`Rows.write`), kernels in (start, device, stream) order with
-ties in the order read, names, configurations and queues numbered in that order.
+The stores are the ones those readers made (`tools/store_tables.py` compared them, table by
+table): the same rows dropped and counted (`Rows.write`), kernels in (start, device, stream)
+order with ties in the order read, names, configurations and queues numbered in that order.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from traceq.ingest.base import (
     kernel_names,
     kernel_queues,
     numbered,
+    nvtx_attributes,
     row_numbers,
 )
 from traceq.ingest.validate import TIME_LIMIT_NS
@@ -133,15 +135,20 @@ class Devices:
 
 
 class Kernels:
-    """Dispatches as columns: start, end, correlation id and their configuration's number."""
+    """Dispatches as columns: start, end, correlation id and their configuration's number (the
+    distinct tuples of `columns`, texts in `TEXT_COLUMNS`, `rename` applied to their names)."""
 
-    def __init__(self) -> None:
+    TEXT_COLUMNS = frozenset({"name", "hlo_op", "hlo_module"})
+
+    def __init__(self, columns: Sequence[str] = CONFIG_COLUMNS, rename: Callable[[str], str] | None = None) -> None:
+        self.columns = tuple(columns)
+        self.rename = rename
         self.configs = Names()
         self.parts: list[pa.Table] = []
         self.skipped = 0  # dispatches without a name or a start and end time
 
     def add(self, start: pa.Array, end: pa.Array, correlation: pa.Array, config: dict[str, pa.Array]) -> None:
-        ids = self.configs.number(*[config[c] for c in CONFIG_COLUMNS])
+        ids = self.configs.number(*[config[c] for c in self.columns])
         self.parts.append(pa.table({"start_ns": start, "end_ns": end, "correlation_id": correlation, "config": ids}))
 
     def table(self) -> pa.Table:
@@ -152,11 +159,17 @@ class Kernels:
         return table.combine_chunks()
 
     def config_table(self) -> pa.Table:
+        """A row per configuration, in the order of their numbers."""
         keys = self.configs.keys
-        columns = list(zip(*keys)) or [() for _ in CONFIG_COLUMNS]
-        names = [KD.sub("", n) if isinstance(n, str) else n for n in columns[0]]
-        return pa.table({"name": pa.array(names, pa.string()),
-                         **{c: pa.array(v, pa.int64()) for c, v in zip(CONFIG_COLUMNS[1:], columns[1:])}})
+        columns = dict(zip(self.columns, list(zip(*keys)) or [() for _ in self.columns]))
+        if self.rename is not None:
+            columns["name"] = tuple(self.rename(n) if isinstance(n, str) else n for n in columns["name"])
+        return pa.table({c: pa.array(v, pa.string() if c in self.TEXT_COLUMNS else pa.int64())
+                         for c, v in columns.items()})
+
+
+def _rename_kd(name: str) -> str:
+    return KD.sub("", name)
 
 
 def gpus_table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -170,7 +183,7 @@ class Rows:
     GPUs, API calls, kernels, copies, ranges."""
 
     def __init__(self) -> None:
-        self.kernels = Kernels()
+        self.kernels = Kernels(rename=_rename_kd)
         self.gpus: list[dict[str, Any]] = []
         self.calls: pa.Table | None = None  # start_ns, end_ns, name, tid, correlation_id
         self.memops: pa.Table | None = None
@@ -204,6 +217,33 @@ class Rows:
         if memops is not None and memops.num_rows:
             sink.append("memops", memops, source_rows=0)
         _write_ranges(ranges, sink)
+
+
+class RangeWriter:
+    """Ranges (start_ns, end_ns, name, kind, domain, pid, tid) into `nvtx_events` as they come, a
+    table at a time, their attributes numbered in that order; `close` writes the attributes."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.attributes = Names()
+
+    def add(self, ranges: pa.Table) -> None:
+        if not ranges.num_rows:
+            return
+        nulls = pa.nulls(ranges.num_rows, pa.int64())
+        tid = ranges["tid"]
+        ids = self.attributes.number(ranges["kind"], ranges["domain"], nulls, nulls, ranges["pid"], tid, nulls, tid)
+        self.sink.append("nvtx_events", pa.table({"start_ns": ranges["start_ns"], "end_ns": ranges["end_ns"],
+                                                  "name": ranges["name"], "attributes_id": ids}), source_rows=0)
+
+    def close(self) -> None:
+        if self.attributes.keys:
+            self.sink.append("nvtx_attributes", nvtx_attributes(self.attributes.keys), source_rows=0)
+
+
+RANGE_SCHEMA = pa.schema([("start_ns", pa.int64()), ("end_ns", pa.int64()), ("name", pa.string()),
+                          ("kind", pa.string()), ("domain", pa.string()), ("pid", pa.int64()), ("tid", pa.int64())])
+"""The columns `RangeWriter.add` takes."""
 
 
 def keep(table: pa.Table, middle: int, sink: Sink, noun: str, store_table: str) -> pa.Array:
@@ -303,15 +343,23 @@ def write_kernels(kernels: pa.Table, configs: pa.Table, kept: pa.Array, sink: Si
                 source_rows=0)
 
 
-def lookup(keys: pa.Array, values: pa.Table, at: pa.Array) -> pa.Table:
-    """The row of `values` (a row per key of `keys`) for each of `at`: the last one of its key, as
-    a dict built from the rows keeps the last; all NULL where the key is absent."""
+def last_index(keys: pa.Array, at: pa.Array) -> pa.Array:
+    """For each of `at`, the position in `keys` of the last key equal to it (as a dict built from
+    the keys keeps the last), NULL where none is (or `at` is NULL)."""
     n = len(keys)
     if not n:
-        return pa.table({c: pa.nulls(len(at), values.schema.field(c).type) for c in values.column_names})
+        return pa.nulls(len(at), pa.int64())
     backwards = pc.subtract(pa.scalar(n - 1, pa.int64()), row_numbers(n))
     position = pc.index_in(at, value_set=keys.take(backwards))  # the first from the end
-    return values.take(pc.subtract(pa.scalar(n - 1, pa.int64()), pc.cast(position, pa.int64())))
+    return pc.subtract(pa.scalar(n - 1, pa.int64()), pc.cast(position, pa.int64()))
+
+
+def lookup(keys: pa.Array, values: pa.Table, at: pa.Array) -> pa.Table:
+    """The row of `values` (a row per key of `keys`) for each of `at` (`last_index`); all NULL
+    where the key is absent."""
+    if not len(keys):
+        return pa.table({c: pa.nulls(len(at), values.schema.field(c).type) for c in values.column_names})
+    return values.take(last_index(keys, at))
 
 
 def progress_of(sink: Sink) -> Callable[[int], None]:
