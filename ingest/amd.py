@@ -25,7 +25,19 @@ import pyarrow.compute as pc
 
 from traceq.errors import TraceFormatError
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo, SqliteReader
-from traceq.ingest.columns import BATCH_ROWS, Devices, Rows, either, grid_workgroups, ints, lookup, texts
+from traceq.ingest.columns import (
+    BATCH_ROWS,
+    WRITE_ROWS,
+    Devices,
+    Rows,
+    either,
+    grid_workgroups,
+    ints,
+    last_index,
+    lookup,
+    no_collection,
+    texts,
+)
 from traceq.ingest.columns import KD as _KD
 from traceq.ingest.columns import number as _int
 from traceq.ingest.validate import TIME_LIMIT_NS
@@ -265,7 +277,7 @@ class RocprofCsvReader:
     def read(self, src: _CsvSource, sink: Sink) -> SourceInfo:
         rows, devices, v3, reported = Rows(), Devices(), False, 0
         try:
-            with src.path.open(encoding="utf-8", newline="") as f:
+            with no_collection(), src.path.open(encoding="utf-8", newline="") as f:
                 reader = csv.reader(f)
                 header = next(reader, None) or []
                 for r, n in _csv_batches(reader, header):
@@ -312,12 +324,13 @@ class RocprofDbReader(SqliteReader):
         cursor = src.execute('SELECT * FROM KERN')
         columns = [c[0] for c in cursor.description]
         rows, devices, v3 = Rows(), Devices(), False
-        while batch := cursor.fetchmany(BATCH_ROWS):
-            r = dict(zip(columns, zip(*batch)))
-            v3 = "Kernel_Name" in r
-            _dispatches(r, len(batch), v3, rows, devices, quoted=True)
-            if sink.progress is not None:
-                sink.progress(len(batch))
+        with no_collection():
+            while batch := cursor.fetchmany(BATCH_ROWS):
+                r = dict(zip(columns, zip(*batch)))
+                v3 = "Kernel_Name" in r
+                _dispatches(r, len(batch), v3, rows, devices, quoted=True)
+                if sink.progress is not None:
+                    sink.progress(len(batch))
         rows.gpus.extend(gpu_row(index, None) for index in range(len(devices.numbers)))
         rows.write(sink)
         return SourceInfo(format="rocprof-db", tool="rocprof v1 (results.db)")
@@ -350,17 +363,14 @@ class _Strings:
         return values.take(pc.index_in(ids, value_set=distinct, skip_nulls=False))
 
 
-def _table(src: sqlite3.Connection, sql: str, columns: Sequence[str]) -> pa.Table:
-    """The rows `sql` selects, every column as `amd._int` of its values, read a batch at a time."""
+def _table(src: sqlite3.Connection, sql: str, columns: Sequence[str], present: bool = True) -> pa.Table:
+    """The rows `sql` selects, every column as `amd._int` of its values, read a batch at a time
+    (none where the table is not `present`)."""
     parts = []
-    cursor = src.execute(sql)
+    cursor = src.execute(sql if present else "SELECT 1 WHERE 0")
     while batch := cursor.fetchmany(BATCH_ROWS):
         parts.append(pa.table({c: ints(v, len(batch)) for c, v in zip(columns, zip(*batch))}))
     return pa.concat_tables(parts).combine_chunks() if parts else pa.table({c: pa.array([], pa.int64()) for c in columns})
-
-
-_RPD_COPIES = {"CopyHostToDevice": "Host-to-Device", "CopyDeviceToHost": "Device-to-Host",
-               "CopyDeviceToDevice": "Device-to-Device"}
 
 
 class RpdReader(SqliteReader):
@@ -379,23 +389,24 @@ class RpdReader(SqliteReader):
         return int(src.execute("SELECT count(*) FROM rocpd_op").fetchone()[0])
 
     def read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
+        with no_collection():
+            return self._read(src, sink)
+
+    def _read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
         tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
         strings, rows, devices = _Strings(src), Rows(), Devices(none=None)
-        ops = _operations(src, rows, devices, sink)
-        links = (_table(src, "SELECT op_id, api_id FROM rocpd_api_ops", ("op_id", "api_id"))
-                 if "rocpd_api_ops" in tables else pa.table({"op_id": pa.array([], pa.int64()),
-                                                             "api_id": pa.array([], pa.int64())}))
-        ops = ops.append_column("api", lookup(links["op_id"], links.select(["api_id"]), ops["id"])["api_id"])
+        kernels, copies = _operations(src, strings, rows, devices, sink)
+        links = _table(src, "SELECT op_id, api_id FROM rocpd_api_ops", ("op_id", "api_id"), "rocpd_api_ops" in tables)
+        kernels = kernels.append_column("api", lookup(links["op_id"], links.select(["api_id"]), kernels["id"])["api_id"])
+        copies = copies.append_column("api", lookup(links["op_id"], links.select(["api_id"]), copies["id"])["api_id"])
         del links
-        kind = strings.labels(ops["kind"], "")
-        kernels = ops.filter(pc.equal(kind, "KernelExecution"))
         _rpd_kernels(src, tables, strings, kernels, rows)
         del kernels
-        copying = pc.or_(pc.starts_with(kind, "Copy"), pc.equal(kind, "FillBuffer"))
-        rows.memops = _rpd_copies(src, tables, ops.filter(copying), kind.filter(copying))
-        del ops, kind, copying
+        rows.memops = _rpd_copies(src, tables, copies)
+        rows.memop_columns = _memop_columns
+        del copies
         if "rocpd_api" in tables:
-            _rpd_calls(src, strings, rows)
+            rows.call_batches = lambda: _rpd_calls(src, strings, rows)
         rows.gpus.extend(gpu_row(index, None) for index in range(len(devices.numbers)))
         rows.write(sink)
         version = dict(src.execute("SELECT tag, value FROM rocpd_metadata")).get("schema_version") \
@@ -404,67 +415,90 @@ class RpdReader(SqliteReader):
         return SourceInfo(format="rpd", tool="rocmProfileData (RPD)", schema_version=version)
 
 
-def _operations(src: sqlite3.Connection, rows: Rows, devices: Devices, sink: Sink) -> pa.Table:
-    """`rocpd_op`'s rows with a start and an end, in start order, as columns; their GPUs numbered
-    in that order (`devices`), those without a time counted as skipped."""
+_OP_KINDS = ("FillBuffer", "CopyHostToDevice", "CopyDeviceToHost", "CopyDeviceToDevice")
+"""The copies' kinds by their code in `_operations`' copies; 4: another Copy*."""
+_COPY_CODES = (None, "Host-to-Device", "Device-to-Host", "Device-to-Device", "Other")
+
+
+def _operations(src: sqlite3.Connection, strings: _Strings, rows: Rows, devices: Devices, sink: Sink
+                ) -> tuple[pa.Table, pa.Table]:
+    """`rocpd_op`'s KernelExecutions (id, start, end, queue, device, description) and copies
+    (id, start, end, queue, device, code: `_OP_KINDS`) with a start and an end, in start order,
+    read a batch at a time; their GPUs numbered in that order (`devices`, every operation's),
+    those without a time counted as skipped."""
     columns = ("id", "gpu", "queue", "start", "end", "description", "kind")
-    parts = []
+    kernels, copies = [], []
+    kinds = pa.array(_OP_KINDS, pa.string())
     cursor = src.execute("SELECT id, gpuId, queueId, start, \"end\", description_id, opType_id FROM rocpd_op ORDER BY start")
     while batch := cursor.fetchmany(BATCH_ROWS):
         n = len(batch)
         part = pa.table({c: ints(v, n) for c, v in zip(columns, zip(*batch))})
-        timed = pc.and_(pc.is_valid(part["start"]), pc.is_valid(part["end"]))
-        part = part.filter(timed)
+        part = part.filter(pc.and_(pc.is_valid(part["start"]), pc.is_valid(part["end"])))
         rows.kernels.skipped += n - part.num_rows
-        parts.append(part.append_column("device", devices.number(part["gpu"].combine_chunks())))
+        part = part.append_column("device", devices.number(part["gpu"].combine_chunks()))
+        kind = strings.labels(part["kind"].combine_chunks(), "")
+        kernels.append(part.filter(pc.equal(kind, "KernelExecution")).select(
+            ["id", "start", "end", "queue", "device", "description"]))
+        copying = pc.or_(pc.starts_with(kind, "Copy"), pc.equal(kind, "FillBuffer"))
+        code = pc.cast(pc.fill_null(pc.index_in(kind.filter(copying), value_set=kinds), 4), pa.int8())
+        copies.append(part.filter(copying).select(["id", "start", "end", "queue", "device"]).append_column("code", code))
         if sink.progress is not None:
             sink.progress(n)
-    schema = pa.schema([(c, pa.int64()) for c in (*columns, "device")])
-    return pa.concat_tables(parts).combine_chunks() if parts else schema.empty_table()
+    kernel_schema = pa.schema([(c, pa.int64()) for c in ("id", "start", "end", "queue", "device", "description")])
+    copy_schema = pa.schema([*((c, pa.int64()) for c in ("id", "start", "end", "queue", "device")), ("code", pa.int8())])
+    return (pa.concat_tables(kernels).combine_chunks() if kernels else kernel_schema.empty_table(),
+            pa.concat_tables(copies).combine_chunks() if copies else copy_schema.empty_table())
 
 
 def _rpd_kernels(src: sqlite3.Connection, tables: set[str], strings: _Strings, kernels: pa.Table, rows: Rows) -> None:
     """The KernelExecution operations, with their launch's grid, workgroup, LDS and scratch
-    (`rocpd_kernelapi`, by the launching call's id) and their description as the name."""
+    (`rocpd_kernelapi`, by the launching call's id) and their description as the name, a slice
+    at a time."""
     launch_columns = ("api_ptr_id", "gridX", "gridY", "gridZ", "workgroupX", "workgroupY", "workgroupZ",
                       "groupSegmentSize", "privateSegmentSize")
-    launches = (_table(src, f"SELECT {', '.join(launch_columns)} FROM rocpd_kernelapi", launch_columns)
-                if "rocpd_kernelapi" in tables else pa.table({c: pa.array([], pa.int64()) for c in launch_columns}))
-    launch = lookup(launches["api_ptr_id"], launches.drop_columns(["api_ptr_id"]), kernels["api"])
-    rows.kernels.add(kernels["start"].combine_chunks(), kernels["end"].combine_chunks(), kernels["api"].combine_chunks(), {
-        "name": strings.labels(kernels["description"].combine_chunks(), "kernel"),
-        "device_id": kernels["device"].combine_chunks(), "stream_id": kernels["queue"].combine_chunks(),
-        **{f"grid_{k}": launch[f"grid{k.upper()}"].combine_chunks() for k in "xyz"},
-        **{f"block_{k}": launch[f"workgroup{k.upper()}"].combine_chunks() for k in "xyz"},
-        "registers_per_thread": pa.nulls(kernels.num_rows, pa.int64()),
-        "smem_static_bytes": launch["groupSegmentSize"].combine_chunks(),
-        "local_memory_per_thread_bytes": launch["privateSegmentSize"].combine_chunks()})
+    launches = _table(src, f"SELECT {', '.join(launch_columns)} FROM rocpd_kernelapi", launch_columns,
+                      "rocpd_kernelapi" in tables)
+    at = last_index(launches["api_ptr_id"], kernels["api"])
+    launches = launches.drop_columns(["api_ptr_id"])
+    for first in range(0, kernels.num_rows, WRITE_ROWS):
+        part = kernels.slice(first, WRITE_ROWS)
+        launch = launches.take(at.slice(first, WRITE_ROWS)) if len(launches) else pa.table(
+            {c: pa.nulls(part.num_rows, pa.int64()) for c in launches.column_names})
+        rows.kernels.add(part["start"], part["end"], part["api"], {
+            "name": strings.labels(part["description"].combine_chunks(), "kernel"),
+            "device_id": part["device"], "stream_id": part["queue"],
+            **{f"grid_{k}": launch[f"grid{k.upper()}"] for k in "xyz"},
+            **{f"block_{k}": launch[f"workgroup{k.upper()}"] for k in "xyz"},
+            "registers_per_thread": pa.nulls(part.num_rows, pa.int64()), "smem_static_bytes": launch["groupSegmentSize"],
+            "local_memory_per_thread_bytes": launch["privateSegmentSize"]})
 
 
-def _rpd_copies(src: sqlite3.Connection, tables: set[str], copies: pa.Table, kind: pa.Array) -> pa.Table:
-    """Copies and FillBuffers as memops rows: a copy's bytes from `rocpd_copyapi`, by the call's id."""
-    sizes = (_table(src, "SELECT api_ptr_id, size FROM rocpd_copyapi", ("api_ptr_id", "size"))
-             if "rocpd_copyapi" in tables else pa.table({"api_ptr_id": pa.array([], pa.int64()),
-                                                         "size": pa.array([], pa.int64())}))
+def _rpd_copies(src: sqlite3.Connection, tables: set[str], copies: pa.Table) -> pa.Table:
+    """Copies and FillBuffers in compact columns (`_memop_columns` makes the store's): a copy's
+    bytes from `rocpd_copyapi`, by the call's id."""
+    sizes = _table(src, "SELECT api_ptr_id, size FROM rocpd_copyapi", ("api_ptr_id", "size"), "rocpd_copyapi" in tables)
     size = lookup(sizes["api_ptr_id"], sizes.select(["size"]), copies["api"])["size"]
-    memset = pc.equal(kind, "FillBuffer")
-    names = pa.array(sorted({*_RPD_COPIES, "FillBuffer"}), pa.string())
-    copy_kind = pa.array([_RPD_COPIES.get(n) for n in names.to_pylist()], pa.string()).take(
-        pc.index_in(kind, value_set=names))
-    copy_kind = pc.if_else(memset, pa.scalar(None, pa.string()), pc.fill_null(copy_kind, "Other"))
-    start, end = copies["start"], copies["end"]
+    return pa.table({"start_ns": copies["start"], "end_ns": copies["end"], "code": copies["code"], "bytes": size,
+                     "device_id": copies["device"], "stream_id": copies["queue"], "correlation_id": copies["api"]})
+
+
+def _memop_columns(copies: pa.Table) -> pa.Table:
+    """`_rpd_copies`' columns as the store's memops (a FillBuffer a memset, without bytes)."""
+    memset = pc.equal(copies["code"], 0)
+    kind = pa.array(_COPY_CODES, pa.string()).take(copies["code"])
+    start, end = copies["start_ns"], copies["end_ns"]
     return pa.table({"start_ns": start, "end_ns": end, "dur_ns": pc.subtract(end, start),
-                     "op": pc.if_else(memset, "memset", "memcpy"), "copy_kind": copy_kind,
-                     "bytes": pc.if_else(memset, pa.scalar(None, pa.int64()), size), "device_id": copies["device"],
-                     "stream_id": copies["queue"], "correlation_id": copies["api"],
+                     "op": pc.if_else(memset, "memset", "memcpy"), "copy_kind": kind,
+                     "bytes": pc.if_else(memset, pa.scalar(None, pa.int64()), copies["bytes"]),
+                     "device_id": copies["device_id"], "stream_id": copies["stream_id"],
+                     "correlation_id": copies["correlation_id"],
                      "pid": pa.repeat(pa.scalar(PID, pa.int64()), copies.num_rows)})
 
 
-def _rpd_calls(src: sqlite3.Connection, strings: _Strings, rows: Rows) -> None:
-    """`rocpd_api`'s calls as API calls, its `UserMarker` rows (rpd_tracer's roctx ranges, their
-    message the args; a mark where end <= start) as ranges, a batch at a time."""
+def _rpd_calls(src: sqlite3.Connection, strings: _Strings, rows: Rows) -> Iterator[pa.Table]:
+    """`rocpd_api`'s calls as API calls, a batch at a time; its `UserMarker` rows (rpd_tracer's
+    roctx ranges, their message the args; a mark where end <= start) into `rows.ranges`."""
     columns = ("id", "tid", "start", "end", "name", "args")
-    parts = []
     cursor = src.execute("SELECT id, tid, start, \"end\", apiName_id, args_id FROM rocpd_api")
     while batch := cursor.fetchmany(BATCH_ROWS):
         part = pa.table({c: ints(v, len(batch)) for c, v in zip(columns, zip(*batch))})
@@ -479,6 +513,5 @@ def _rpd_calls(src: sqlite3.Connection, strings: _Strings, rows: Rows) -> None:
                 rows.ranges.append((start, None if mark else end, message, "mark" if mark else "pushpop", "roctx", PID,
                                     tid))
             part, name = part.filter(pc.invert(marker)), name.filter(pc.invert(marker))
-        parts.append(pa.table({"start_ns": part["start"], "end_ns": part["end"], "name": name,
-                               "tid": pc.fill_null(part["tid"], 0), "correlation_id": part["id"]}))
-    rows.calls = pa.concat_tables(parts).combine_chunks() if parts else None
+        yield pa.table({"start_ns": part["start"], "end_ns": part["end"], "name": name,
+                        "tid": pc.fill_null(part["tid"], 0), "correlation_id": part["id"]})

@@ -136,23 +136,25 @@ class XPlaneReader:
         """A plane at a time, a line at a time: each event decoded as its line is walked, its row
         gathered into Arrow columns a batch at a time (host ranges written to the store as they
         come); the kernels and calls are kept as columns for the XLA ranges made at the end."""
+        from traceq.ingest.columns import no_collection
         from traceq.ingest.xplane_rows import Gathered
 
         hosts: list[str] = []
         rows = Gathered(sink)
         try:
-            for number, wire, value in pb.fields(src.buf):
-                if number == 1 and wire == 2:
-                    plane = _plane(src.buf, value)  # type: ignore[arg-type]
-                    device = _DEVICE.match(plane.name)
-                    if device:
-                        _read_device(src.buf, plane, int(device.group(1)), rows)
-                    elif plane.name == "/host:metadata" and plane.span is not None:
-                        rows.op_names.update(op_names(src.buf, plane.span))
-                    elif plane.name.startswith("/host:"):
-                        _read_host(src.buf, plane, rows)
-                elif number == 4 and wire == 2:
-                    hosts.append(pb.text(src.buf, value))
+            with no_collection():
+                for number, wire, value in pb.fields(src.buf):
+                    if number == 1 and wire == 2:
+                        plane = _plane(src.buf, value)  # type: ignore[arg-type]
+                        device = _DEVICE.match(plane.name)
+                        if device:
+                            _read_device(src.buf, plane, int(device.group(1)), rows)
+                        elif plane.name == "/host:metadata" and plane.span is not None:
+                            rows.op_names.update(op_names(src.buf, plane.span))
+                        elif plane.name.startswith("/host:"):
+                            _read_host(src.buf, plane, rows)
+                    elif number == 4 and wire == 2:
+                        hosts.append(pb.text(src.buf, value))
         except pb.WireError as e:
             raise TraceFormatError(f"{src.path} is a damaged XPlane protobuf ({e})") from None
         rows.write()
