@@ -25,19 +25,7 @@ import pyarrow.compute as pc
 
 from traceq.errors import TraceFormatError
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo, SqliteReader
-from traceq.ingest.columns import (
-    BATCH_ROWS,
-    WRITE_ROWS,
-    Devices,
-    Rows,
-    either,
-    grid_workgroups,
-    ints,
-    last_index,
-    lookup,
-    no_collection,
-    texts,
-)
+from traceq.ingest.columns import BATCH_ROWS, Devices, Rows, either, grid_workgroups, ints, no_collection, texts
 from traceq.ingest.columns import KD as _KD
 from traceq.ingest.columns import number as _int
 from traceq.ingest.validate import TIME_LIMIT_NS
@@ -363,22 +351,12 @@ class _Strings:
         return values.take(pc.index_in(ids, value_set=distinct, skip_nulls=False))
 
 
-def _table(src: sqlite3.Connection, sql: str, columns: Sequence[str], present: bool = True) -> pa.Table:
-    """The rows `sql` selects, every column as `amd._int` of its values, read a batch at a time
-    (none where the table is not `present`)."""
-    parts = []
-    cursor = src.execute(sql if present else "SELECT 1 WHERE 0")
-    while batch := cursor.fetchmany(BATCH_ROWS):
-        parts.append(pa.table({c: ints(v, len(batch)) for c, v in zip(columns, zip(*batch))}))
-    return pa.concat_tables(parts).combine_chunks() if parts else pa.table({c: pa.array([], pa.int64()) for c in columns})
-
-
 class RpdReader(SqliteReader):
     """rocmProfileData's RPD: `rocpd_op` (GPU operations: KernelExecution, Copy*, FillBuffer),
     `rocpd_api` (host calls, linked to their operations by `rocpd_api_ops`), `rocpd_kernelapi`
     (a launch's grid and workgroup), `rocpd_string`. Read a batch of rows at a time into
-    columns; the links, launches and copy sizes are joined to the operations as columns, and the
-    strings are read by id as they are needed."""
+    columns; the links, launches and copy sizes joined to the operations in SQLite, the strings
+    read by id as they are needed."""
 
     name: ClassVar[str] = "rpd"
 
@@ -395,16 +373,8 @@ class RpdReader(SqliteReader):
     def _read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
         tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
         strings, rows, devices = _Strings(src), Rows(), Devices(none=None)
-        kernels, copies = _operations(src, strings, rows, devices, sink)
-        links = _table(src, "SELECT op_id, api_id FROM rocpd_api_ops", ("op_id", "api_id"), "rocpd_api_ops" in tables)
-        kernels = kernels.append_column("api", lookup(links["op_id"], links.select(["api_id"]), kernels["id"])["api_id"])
-        copies = copies.append_column("api", lookup(links["op_id"], links.select(["api_id"]), copies["id"])["api_id"])
-        del links
-        _rpd_kernels(src, tables, strings, kernels, rows)
-        del kernels
-        rows.memops = _rpd_copies(src, tables, copies)
+        rows.memops = _operations(src, tables, strings, rows, devices, sink)
         rows.memop_columns = _memop_columns
-        del copies
         if "rocpd_api" in tables:
             rows.call_batches = lambda: _rpd_calls(src, strings, rows)
         rows.gpus.extend(gpu_row(index, None) for index in range(len(devices.numbers)))
@@ -418,18 +388,28 @@ class RpdReader(SqliteReader):
 _OP_KINDS = ("FillBuffer", "CopyHostToDevice", "CopyDeviceToHost", "CopyDeviceToDevice")
 """The copies' kinds by their code in `_operations`' copies; 4: another Copy*."""
 _COPY_CODES = (None, "Host-to-Device", "Device-to-Host", "Device-to-Device", "Other")
+_LAUNCH = ("gridX", "gridY", "gridZ", "workgroupX", "workgroupY", "workgroupZ", "groupSegmentSize", "privateSegmentSize")
 
 
-def _operations(src: sqlite3.Connection, strings: _Strings, rows: Rows, devices: Devices, sink: Sink
-                ) -> tuple[pa.Table, pa.Table]:
-    """`rocpd_op`'s KernelExecutions (id, start, end, queue, device, description) and copies
-    (id, start, end, queue, device, code: `_OP_KINDS`) with a start and an end, in start order,
-    read a batch at a time; their GPUs numbered in that order (`devices`, every operation's),
-    those without a time counted as skipped."""
-    columns = ("id", "gpu", "queue", "start", "end", "description", "kind")
-    kernels, copies = [], []
+def _operations(src: sqlite3.Connection, tables: set[str], strings: _Strings, rows: Rows, devices: Devices,
+                sink: Sink) -> pa.Table:
+    """`rocpd_op`'s rows with a start and an end, in start order, a batch at a time, joined in
+    SQLite to the launching call (`rocpd_api_ops`), its launch (`rocpd_kernelapi`: grid,
+    workgroup, LDS, scratch) or copy (`rocpd_copyapi`: bytes): KernelExecutions into
+    `rows.kernels` (named by their description), copies and FillBuffers returned as compact
+    columns (`_memop_columns` makes the store's). GPUs are numbered in that order (`devices`,
+    every operation's); operations without a time are counted as skipped."""
+    linked, launched, sized = ("rocpd_api_ops" in tables, "rocpd_kernelapi" in tables, "rocpd_copyapi" in tables)
+    select = ", ".join(["o.id", "o.gpuId", "o.queueId", "o.start", 'o."end"', "o.description_id", "o.opType_id",
+                        "l.api_id" if linked else "NULL", *(f"k.{c}" if launched and linked else "NULL" for c in _LAUNCH),
+                        "c.size" if sized and linked else "NULL"])
+    joins = (" LEFT JOIN rocpd_api_ops l ON l.op_id = o.id" if linked else "") + (
+        " LEFT JOIN rocpd_kernelapi k ON k.api_ptr_id = l.api_id" if launched and linked else "") + (
+        " LEFT JOIN rocpd_copyapi c ON c.api_ptr_id = l.api_id" if sized and linked else "")
+    columns = ("id", "gpu", "queue", "start", "end", "description", "kind", "api", *_LAUNCH, "size")
+    copies = []
     kinds = pa.array(_OP_KINDS, pa.string())
-    cursor = src.execute("SELECT id, gpuId, queueId, start, \"end\", description_id, opType_id FROM rocpd_op ORDER BY start")
+    cursor = src.execute(f"SELECT {select} FROM rocpd_op o{joins} ORDER BY o.start")
     while batch := cursor.fetchmany(BATCH_ROWS):
         n = len(batch)
         part = pa.table({c: ints(v, n) for c, v in zip(columns, zip(*batch))})
@@ -437,49 +417,24 @@ def _operations(src: sqlite3.Connection, strings: _Strings, rows: Rows, devices:
         rows.kernels.skipped += n - part.num_rows
         part = part.append_column("device", devices.number(part["gpu"].combine_chunks()))
         kind = strings.labels(part["kind"].combine_chunks(), "")
-        kernels.append(part.filter(pc.equal(kind, "KernelExecution")).select(
-            ["id", "start", "end", "queue", "device", "description"]))
+        kernels = part.filter(pc.equal(kind, "KernelExecution"))
+        rows.kernels.add(kernels["start"], kernels["end"], kernels["api"], {
+            "name": strings.labels(kernels["description"].combine_chunks(), "kernel"),
+            "device_id": kernels["device"], "stream_id": kernels["queue"],
+            **{f"grid_{k}": kernels[f"grid{k.upper()}"] for k in "xyz"},
+            **{f"block_{k}": kernels[f"workgroup{k.upper()}"] for k in "xyz"},
+            "registers_per_thread": pa.nulls(kernels.num_rows, pa.int64()),
+            "smem_static_bytes": kernels["groupSegmentSize"], "local_memory_per_thread_bytes": kernels["privateSegmentSize"]})
         copying = pc.or_(pc.starts_with(kind, "Copy"), pc.equal(kind, "FillBuffer"))
         code = pc.cast(pc.fill_null(pc.index_in(kind.filter(copying), value_set=kinds), 4), pa.int8())
-        copies.append(part.filter(copying).select(["id", "start", "end", "queue", "device"]).append_column("code", code))
+        copy = part.filter(copying)
+        copies.append(pa.table({"start_ns": copy["start"], "end_ns": copy["end"], "code": code, "bytes": copy["size"],
+                                "device_id": copy["device"], "stream_id": copy["queue"], "correlation_id": copy["api"]}))
         if sink.progress is not None:
             sink.progress(n)
-    kernel_schema = pa.schema([(c, pa.int64()) for c in ("id", "start", "end", "queue", "device", "description")])
-    copy_schema = pa.schema([*((c, pa.int64()) for c in ("id", "start", "end", "queue", "device")), ("code", pa.int8())])
-    return (pa.concat_tables(kernels).combine_chunks() if kernels else kernel_schema.empty_table(),
-            pa.concat_tables(copies).combine_chunks() if copies else copy_schema.empty_table())
-
-
-def _rpd_kernels(src: sqlite3.Connection, tables: set[str], strings: _Strings, kernels: pa.Table, rows: Rows) -> None:
-    """The KernelExecution operations, with their launch's grid, workgroup, LDS and scratch
-    (`rocpd_kernelapi`, by the launching call's id) and their description as the name, a slice
-    at a time."""
-    launch_columns = ("api_ptr_id", "gridX", "gridY", "gridZ", "workgroupX", "workgroupY", "workgroupZ",
-                      "groupSegmentSize", "privateSegmentSize")
-    launches = _table(src, f"SELECT {', '.join(launch_columns)} FROM rocpd_kernelapi", launch_columns,
-                      "rocpd_kernelapi" in tables)
-    at = last_index(launches["api_ptr_id"], kernels["api"])
-    launches = launches.drop_columns(["api_ptr_id"])
-    for first in range(0, kernels.num_rows, WRITE_ROWS):
-        part = kernels.slice(first, WRITE_ROWS)
-        launch = launches.take(at.slice(first, WRITE_ROWS)) if len(launches) else pa.table(
-            {c: pa.nulls(part.num_rows, pa.int64()) for c in launches.column_names})
-        rows.kernels.add(part["start"], part["end"], part["api"], {
-            "name": strings.labels(part["description"].combine_chunks(), "kernel"),
-            "device_id": part["device"], "stream_id": part["queue"],
-            **{f"grid_{k}": launch[f"grid{k.upper()}"] for k in "xyz"},
-            **{f"block_{k}": launch[f"workgroup{k.upper()}"] for k in "xyz"},
-            "registers_per_thread": pa.nulls(part.num_rows, pa.int64()), "smem_static_bytes": launch["groupSegmentSize"],
-            "local_memory_per_thread_bytes": launch["privateSegmentSize"]})
-
-
-def _rpd_copies(src: sqlite3.Connection, tables: set[str], copies: pa.Table) -> pa.Table:
-    """Copies and FillBuffers in compact columns (`_memop_columns` makes the store's): a copy's
-    bytes from `rocpd_copyapi`, by the call's id."""
-    sizes = _table(src, "SELECT api_ptr_id, size FROM rocpd_copyapi", ("api_ptr_id", "size"), "rocpd_copyapi" in tables)
-    size = lookup(sizes["api_ptr_id"], sizes.select(["size"]), copies["api"])["size"]
-    return pa.table({"start_ns": copies["start"], "end_ns": copies["end"], "code": copies["code"], "bytes": size,
-                     "device_id": copies["device"], "stream_id": copies["queue"], "correlation_id": copies["api"]})
+    schema = pa.schema([("start_ns", pa.int64()), ("end_ns", pa.int64()), ("code", pa.int8()), ("bytes", pa.int64()),
+                        ("device_id", pa.int64()), ("stream_id", pa.int64()), ("correlation_id", pa.int64())])
+    return pa.concat_tables([c.cast(schema) for c in copies]).combine_chunks() if copies else schema.empty_table()
 
 
 def _memop_columns(copies: pa.Table) -> pa.Table:
