@@ -19,7 +19,8 @@ pair with their kernels; the copies for about `--mb` MB from the sizes of 1 and 
   as each file above, for the same-run comparison per kernel.
 
 Measuring: `load_trace` of each file into a new store, each in its own process, the formats
-interleaved, `--reps` times: wall, CPU seconds (user + system) and peak RSS (`ru_maxrss`) of the
+interleaved, `--reps` times (the first load of each file, made to count its kernels, is its
+first round): wall, CPU seconds (user + system) and peak RSS (`ru_maxrss`) of the
 child from `wait4`, kernels per CPU second, and that rate as a multiple of the nsys reader's on
 its file of the same kernel count. Medians. On a shared machine compare CPU seconds.
 `--against DIR` loads each file with the traceq in DIR/traceq too, in the same rounds (the code
@@ -345,11 +346,12 @@ def child(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, fl
             int(out.split()[-1]))
 
 
-def _kernels(path: Path) -> int:
-    """The file's kernel count, loaded once (the nsys file of the same count is made from it)."""
+def _first_load(path: Path) -> tuple[float, float, float, int]:
+    """A load of the file in a new process: its kernel count makes the nsys file of the same count,
+    and its figures count as the file's first round."""
     store = Path(tempfile.mkdtemp(prefix="traceq-bench-")) / "store.duckdb"
     try:
-        return child([sys.executable, "-c", _LOAD, str(path), str(store)])[3]
+        return child([sys.executable, "-c", _LOAD, str(path), str(store)])
     finally:
         shutil.rmtree(store.parent)
 
@@ -364,8 +366,10 @@ def measure(folder: Path, reps: int, only: list[str] | None, against: Path | Non
     runs: dict[str, list[str]] = {}
     envs: dict[str, dict[str, str]] = {}
     store = Path(tempfile.mkdtemp(prefix="traceq-bench-")) / "store.duckdb"
+    first: dict[str, tuple[float, float, float, int]] = {}
     for path in files:
-        n = _kernels(path)
+        first[path.name] = _first_load(path)
+        n = first[path.name][3]
         nsys = folder / f"nsys_{n}.sqlite"
         if not nsys.exists():
             scale(NSYS_SOURCE, nsys, kernels=max(n, 37_284))
@@ -374,9 +378,12 @@ def measure(folder: Path, reps: int, only: list[str] | None, against: Path | Non
             runs[f"{path.name} (against)"] = runs[path.name]
             envs[f"{path.name} (against)"] = {**os.environ, "PYTHONPATH": str(against)}
         runs[nsys.name] = [sys.executable, "-c", _LOAD, str(nsys), str(store)]
-    results: dict[str, list[tuple[float, float, float, int]]] = {name: [] for name in runs}
-    for _ in range(reps):
+    results: dict[str, list[tuple[float, float, float, int]]] = {name: [first[name]] if name in first else []
+                                                                 for name in runs}
+    for rep in range(reps):
         for name, argv in runs.items():
+            if rep == 0 and name in first:
+                continue
             results[name].append(child(argv, envs.get(name)))
             wall, cpu, rss, n = results[name][-1]
             print(f"  {name}: {wall:.1f} s, {cpu:.1f} CPU s, {rss:.0f} MiB, {n:,} kernels", flush=True)
