@@ -27,7 +27,7 @@ CREATE TABLE traces (
     source_path VARCHAR NOT NULL,    -- absolute path of the file at load time
     sha256 VARCHAR NOT NULL,         -- hex digest of the file's bytes
     source_bytes BIGINT,             -- file size in bytes
-    format VARCHAR NOT NULL,         -- 'nsys' (Nsight Systems SQLite export), 'nvprof', 'kineto' (PyTorch profiler JSON), 'xplane' (JAX/TensorFlow XSpace protobuf), or AMD's (docs/amd.md): 'rocprofv3' (rocprofv3 JSON), 'rocprof-csv' (rocprofv3 kernel_trace.csv, rocprof v1 results.csv), 'rocprof-db' (rocprof v1 results.db), 'rpd' (rocmProfileData), 'rocpd' (rocprofv3's rocpd database)
+    format VARCHAR NOT NULL,         -- 'nsys' (Nsight Systems SQLite export), 'nvprof', 'kineto' (PyTorch profiler JSON), 'xplane' (JAX/TensorFlow XSpace protobuf), or AMD's (docs/amd.md): 'rocprofv3' (rocprofv3 JSON), 'rocprof-csv' (rocprofv3 kernel_trace.csv, rocprof v1 results.csv), 'rocprof-db' (rocprof v1 results.db), 'rpd' (rocmProfileData), 'rocpd' (rocprofv3's rocpd database); 'pftrace' (a Perfetto protobuf trace, rocprofv3's `--output-format pftrace` among them: docs/perfetto.md)
     tool VARCHAR,                    -- producer, e.g. 'NVIDIA Nsight Systems 2025.3.2.0'; Kineto: its versions, then after '; ' the profiler options its header records (record_shapes, with_stack, profile_memory, with_modules, with_flops); NULL when the file does not say
     source_schema_version VARCHAR,   -- export schema version (nsys EXPORT_SCHEMA_VERSION, nvprof Version, Kineto schemaVersion)
     gpus VARCHAR,                    -- the GPUs that ran kernels, e.g. '2x NVIDIA H200'
@@ -65,7 +65,8 @@ CREATE TABLE gpus (
     max_registers_per_block INTEGER,
     max_smem_per_sm_bytes INTEGER,         -- shared memory an SM can carve out at most
     max_smem_per_block_bytes INTEGER,      -- without opt-in (48 KiB)
-    max_smem_per_block_optin_bytes INTEGER -- with cudaFuncAttributeMaxDynamicSharedMemorySize; NULL when unknown
+    max_smem_per_block_optin_bytes INTEGER, -- with cudaFuncAttributeMaxDynamicSharedMemorySize; NULL when unknown
+    arch VARCHAR                           -- an AMD GPU's ISA target ('gfx942'), which sets its occupancy limits (rocprofv3 JSON and rocpd: the agent's name); NULL for NVIDIA GPUs and where the trace names none (rocprof v1, RPD, CSV)
 );
 
 -- table kernel_events: one row per kernel launch that ran on a GPU, its names, launch configuration and queue as ids (read the `kernels` view: it adds them).
@@ -108,7 +109,9 @@ CREATE TABLE kernel_configs (
     local_memory_per_thread_bytes INTEGER,
     local_memory_total_bytes BIGINT,
     launch_type VARCHAR,                   -- 'regular', 'cooperative', 'cooperative_multi_device' or NULL
-    kineto_occupancy_pct DOUBLE            -- Kineto's own `est. achieved occupancy %` of the launch, as the trace wrote it; NULL for other formats
+    kineto_occupancy_pct DOUBLE,           -- Kineto's own `est. achieved occupancy %` of the launch, as the trace wrote it; NULL for other formats
+    accum_vgprs INTEGER,                   -- AMD: accumulation VGPRs (AGPRs) per work-item, beside the arch VGPRs in registers_per_thread (rocprofv3 JSON and rocpd: the kernel symbol's accum_vgpr_count; rocprof v1: accum_vgpr; rocprofv3 CSV: Accum_VGPR_Count); NULL for NVIDIA, RPD and where the trace lacks them
+    sgprs INTEGER                          -- AMD: scalar registers per wavefront (rocprofv3 JSON and rocpd: sgpr_count; rocprof v1: sgpr; rocprofv3 CSV: SGPR_Count); NULL as accum_vgprs
 );
 
 -- table kernel_queues: the distinct places each trace's kernels were queued on: device, context, stream and launching process (a launch stores the id).
@@ -131,7 +134,7 @@ SELECT e.trace_id, e.kernel_id, e.start_ns, e.end_ns, e.end_ns - e.start_ns AS d
        c.block_x * c.block_y * c.block_z AS block_threads,
        c.registers_per_thread, c.smem_static_bytes, c.smem_dynamic_bytes, c.smem_carveout_bytes,
        c.smem_optin, c.local_memory_per_thread_bytes, c.local_memory_total_bytes, c.launch_type,
-       e.graph_node_id, c.kineto_occupancy_pct,
+       e.graph_node_id, c.kineto_occupancy_pct, c.accum_vgprs, c.sgprs,
        e.launch_start_ns, e.launch_end_ns, e.launch_name_id, e.launch_thread_id
 FROM kernel_events e
 JOIN kernel_names n ON n.trace_id = e.trace_id AND n.name_id = e.name_id
@@ -459,5 +462,9 @@ CREATE TABLE ncu_metrics (
     dram_read_bytes DOUBLE,                -- dram__bytes_read.sum
     dram_write_bytes DOUBLE,               -- dram__bytes_write.sum
     l2_bytes DOUBLE,                       -- lts__t_bytes.sum
-    l1_bytes DOUBLE                        -- l1tex__t_bytes.sum
+    l1_bytes DOUBLE,                       -- l1tex__t_bytes.sum
+    global_sectors DOUBLE,                 -- memory_l2_theoretical_sectors_global: the L2 sectors the kernel's global loads and stores asked for (ncu's SourceCounters)
+    global_sectors_ideal DOUBLE,           -- memory_l2_theoretical_sectors_global_ideal: the sectors the same accesses would need, coalesced
+    l2_cycles_active DOUBLE,               -- lts__cycles_active.sum
+    l2_cycles_elapsed DOUBLE               -- lts__cycles_elapsed.sum
 );

@@ -8,24 +8,29 @@ caller commits: loads run in one transaction (see traceq.ingest).
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import os
 import re
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import duckdb
 
 from traceq.errors import NotFoundError, StoreError
 
+if TYPE_CHECKING:
+    import polars as pl
+
 A = TypeVar("A")
 B = TypeVar("B")
 
-SCHEMA_VERSION = "10"
+SCHEMA_VERSION = "11"
 DEFAULT_STORE = "traceq.duckdb"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 
@@ -61,15 +66,26 @@ def schema_sql() -> str:
     return resources.files("traceq").joinpath("schema.sql").read_text(encoding="utf-8")
 
 
+_COLUMN = re.compile(r"^    ([a-z_]\w*) ([A-Z]+)\b", re.MULTILINE)
+"""A column line of a schema.sql table: four spaces, the name (lower case: not a constraint), the type."""
+
+
 def ensure_tables(con: duckdb.DuckDBPyConnection, *names: str) -> None:
-    """Create schema.sql's tables `names` where the store lacks them: tables added since a store
-    was made (the ncu_* ones) without a new schema version, as nothing else reads them unasked."""
+    """Create schema.sql's tables `names` where the store lacks them, and add the columns they
+    gained since (nullable, so the rows a store has keep NULL there): tables added or widened since
+    a store was made (the ncu_* ones) without a new schema version, as nothing else reads them
+    unasked."""
     sql = schema_sql()
     for name in names:
         found = re.search(rf"^CREATE TABLE {re.escape(name)} \(.*?^\);", sql, re.MULTILINE | re.DOTALL)
         if found is None:
             raise ValueError(f"schema.sql has no table {name}")
         con.execute(found.group(0).replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
+        have = {c for (c,) in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = ?",
+                                          [name]).fetchall()}
+        for column, kind in _COLUMN.findall(found.group(0)):  # columns added to the table since
+            if column not in have:
+                con.execute(f'ALTER TABLE {name} ADD COLUMN "{column}" {kind}')
 
 
 def has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
@@ -243,6 +259,38 @@ def first_row(con: duckdb.DuckDBPyConnection, sql: str, params: object = None) -
     return rows[0] if rows else None
 
 
+_few_rows: contextvars.ContextVar[bool] = contextvars.ContextVar("traceq_few_rows", default=False)
+
+
+@contextmanager
+def few_rows(few: bool = True) -> Iterator[None]:
+    """`sql_frame`'s queries in the block return few rows (a small trace's: its load's summary,
+    attribution and rank summary), where `few`: each is then planned once, not twice."""
+    token = _few_rows.set(few)
+    try:
+        yield
+    finally:
+        _few_rows.reset(token)
+
+
+def sql_frame(con: duckdb.DuckDBPyConnection, sql: str, params: object = None) -> pl.DataFrame:
+    """The rows of a query (with `params`) as a Polars frame: `con.sql(sql).pl()`, whose
+    relation DuckDB binds (plans) when it is made and again when it runs. Inside `few_rows` the
+    statement runs once (`execute`) and its rows, held by DuckDB, are copied into Arrow: one plan
+    fewer, which on a 250-kernel trace costs more than the rows (docs/scale-out.md, "Per-file
+    cost"), for a copy of the rows, which on millions would double the memory they take."""
+
+    import polars as pl
+
+    if not _few_rows.get():
+        return con.sql(sql, params=params).pl()
+    con.execute(sql, params)
+    with warnings.catch_warnings():  # the copy is the point: the rows are few
+        warnings.simplefilter("ignore", UserWarning)
+        table = con.to_arrow_table()
+    return pl.from_arrow(table, rechunk=False)
+
+
 _unique = itertools.count()
 
 
@@ -412,7 +460,7 @@ def schema_markdown() -> str:
     for paragraph in "\n".join(intro).split("\n\n"):
         if paragraph.strip():
             out += [" ".join(paragraph.split()), ""]
-    columns = re.compile(r"^\s+(\w+) ([A-Z]+)[^,]*,?\s*(?:--\s*(.*))?$")
+    columns = re.compile(r"^\s+(\w+) ([A-Z]+)(?:(?!--)[^,])*,?\s*(?:--\s*(.*))?$")
     multi = re.compile(r"^\s+(\w+ [A-Z]+, ?)+\w+ [A-Z]+,?\s*$")
     for line in lines[i:]:
         if line.startswith("-- table ") or line.startswith("-- view "):

@@ -28,6 +28,7 @@ from traceq.analysis.advice.catalogue import (
     layout_transforms,
     recompilation,
 )
+from traceq.analysis.advice.coalescing import uncoalesced_access
 from traceq.analysis.advice.ranks import load_imbalance, straggler
 from traceq.analysis.structure.conventions import ITERATION_REGEX
 from traceq.analysis.timeline.gaps import CAUSE_LABELS
@@ -398,6 +399,12 @@ _LIMITER_FIX = {
     "warps": "smaller blocks, so more of them fit an SM",
     "blocks": "larger blocks: the SM's block limit binds before its threads do",
     "barriers": "fewer blocks with barriers per SM",
+    # AMD's (analysis.efficiency.cdna): per CU, wavefronts for warps, workgroups for blocks
+    "waves": "smaller workgroups, so more of them fit a CU",
+    "vgprs": "fewer vector registers per work-item (__launch_bounds__, fewer live values; VGPRs and AGPRs share a file)",
+    "sgprs": "fewer scalar registers per wavefront",
+    "lds": "less LDS per workgroup (a smaller tile)",
+    "workgroups": "larger workgroups: the CU's workgroup limit binds before its wavefronts do",
 }
 
 
@@ -559,6 +566,7 @@ RULES: dict[str, Callable[[_Facts], list[Finding]]] = {
     "fp32_math": _fp32_math,
     "transposed_gemm": _transposed_gemms,
     "low_ru": _low_ru,
+    "uncoalesced_access": uncoalesced_access,
     "exposed_comm": exposed_comm,
     "straggler": straggler,
     "load_imbalance": load_imbalance,

@@ -46,7 +46,7 @@ from traceq.dataset import (
     write_trace,
 )
 from traceq.errors import StoreError, TraceqError
-from traceq.store import SCHEMA_VERSION, connect, first_row, schema_sql
+from traceq.store import SCHEMA_VERSION, connect, few_rows, first_row, schema_sql
 
 if TYPE_CHECKING:
     from traceq.analysis.multigpu.runs import RankSummary
@@ -95,12 +95,13 @@ def load_rank(path: str, trace_id: int, name: str, dataset: str, python_function
         for key, value in WORKER_ENV.items():
             os.environ.setdefault(key, value)
     from traceq.analysis.multigpu.runs import rank_summary
-    from traceq.api.loading import load_trace
+    from traceq.api.loading import FEW_ROWS_KERNELS, load_trace
 
     con = worker_store()
     try:
         result = load_trace(con, Path(path), name=name, python_functions=python_functions, attribute=attribute)
-        summary = rank_summary(con, result.trace_id, as_trace_id=trace_id)
+        with few_rows(result.kernel_count <= FEW_ROWS_KERNELS):
+            summary = rank_summary(con, result.trace_id, as_trace_id=trace_id)
         write_trace(con, trace_id, Path(dataset))
         _write_summary(summary, trace_dir(Path(dataset), trace_id))
         sha, size = first_row(con, "SELECT sha256, source_bytes FROM traces")

@@ -15,8 +15,12 @@ from traceq.analysis.multigpu.runs import check_runs_whole, register_run
 from traceq.analysis.structure import stored
 from traceq.analysis.structure.keep import attribute_trace
 from traceq.errors import TraceqError
-from traceq.ingest import LoadResult, apply_settings, load_settings, read_trace
-from traceq.store import delete_trace, first_row
+from traceq.ingest import LOAD_SETTINGS, LoadResult, apply_settings, load_settings, read_trace
+from traceq.store import delete_trace, few_rows, first_row
+
+FEW_ROWS_KERNELS = 100_000
+"""Up to this many kernels, what a load keeps of a trace is computed with queries planned once
+(`store.few_rows`): their results are small, and planning a query costs more than its rows."""
 
 
 def load_trace(
@@ -55,7 +59,8 @@ def load_trace(
                     con.execute("ROLLBACK")
                 return result
             # the inserts are done: the summary may use every thread
-            apply_settings(con, {"threads": saved["threads"]})
+            if str(saved["threads"]) != LOAD_SETTINGS["threads"]:
+                apply_settings(con, {"threads": saved["threads"]})
             keep(con, result.trace_id, result.kernel_count, attribute)
             if transaction:
                 register_run(con, result.name, [result.trace_id])
@@ -72,9 +77,10 @@ def keep(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: int, attribute:
     """What the analyses keep of a trace just read: its kernel summary, and its attribution when
     `attribute` says so or (None) it has at most LOAD_MAX_KERNELS kernels and no user rules
     are in force."""
-    build_kernel_summary(con, trace_id)
-    if attribute or (attribute is None and kernels <= stored.LOAD_MAX_KERNELS and stored.fingerprint() is not None):
-        attribute_trace(con, trace_id)
+    with few_rows(kernels <= FEW_ROWS_KERNELS):
+        build_kernel_summary(con, trace_id)
+        if attribute or (attribute is None and kernels <= stored.LOAD_MAX_KERNELS and stored.fingerprint() is not None):
+            attribute_trace(con, trace_id)
 
 
 def load_run(

@@ -197,7 +197,7 @@ class Store:
         A file whose content is loaded already is not read again: its trace is returned, with
         `status` 'already_loaded' in `Trace.load_result` ('loaded' or 'replaced' otherwise).
         `name`, `replace`, `progress`, `python_functions`, `engine`, `attribute` (keep each
-        launch's attribution: default up to 1M kernels): see `traceq.api.loading.load_trace`.
+        launch's attribution: default up to 100M kernels): see `traceq.api.loading.load_trace`.
         Raises TraceFormatError for a file traceq cannot read, TraceqError for a name taken.
         """
         from traceq.api.loading import load_trace

@@ -28,6 +28,9 @@ are printed. On a shared machine compare CPU seconds. The ways:
   arrays kept as raw JSON text, `msgspec.Raw`, so not parsed twice) on the JSON array chunks,
   then one Python list per column: the parse alone, nothing stored. msgspec is not a traceq
   dependency; the way is skipped where it is not installed (`pip install msgspec`, bench only).
+- `msgspec-stage`: issue 38's msgspec pass 1 (`kineto_msgspec_stage.py`): typed structs of only
+  the keys traceq reads, split by kind, each kind's columns into the staging table `ev` as Arrow
+  (the rows equal `duckdb`'s: `kineto_msgspec_stage.py --check`), staged as `duckdb` stages.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ from traceq.ingest import json_events, kineto
 from traceq.ingest.base import LoadOptions
 from traceq.store import connect
 
-WAYS = ("duckdb", "duckdb-ndjson", "duckdb-batch256", "pyarrow", "pyarrow-insert", "polars", "msgspec")
+WAYS = ("duckdb", "duckdb-ndjson", "duckdb-batch256", "pyarrow", "pyarrow-insert", "polars", "msgspec",
+        "msgspec-stage")
 
 
 def parse(path: Path, way: str, folder: Path) -> str:
@@ -86,6 +90,10 @@ def parse(path: Path, way: str, folder: Path) -> str:
                 file.write_bytes(text)
             sql = kineto._stage_sql(files, batch.number << kineto._ROW_BITS, False)
             scratch.execute("INSERT INTO ev " + sql.replace("format = 'array'", "format = 'newline_delimited'"))
+    elif way == "msgspec-stage":
+        import kineto_msgspec_stage  # beside this file
+
+        kineto_msgspec_stage.stage(scratch, events, folder)
     elif way == "polars":
         import polars as pl
 
@@ -177,9 +185,10 @@ def main() -> None:
         finally:
             shutil.rmtree(folder)
         return
-    if "msgspec" in args.ways and importlib.util.find_spec("msgspec") is None:
-        print("msgspec is not installed: that way is skipped", flush=True)
-        args.ways.remove("msgspec")
+    if importlib.util.find_spec("msgspec") is None:
+        for way in {"msgspec", "msgspec-stage"} & set(args.ways):
+            print(f"msgspec is not installed: {way} is skipped", flush=True)
+            args.ways.remove(way)
     results: dict[str, list[tuple[float, float]]] = {way: [] for way in args.ways}
     for _ in range(args.reps):
         for way in args.ways:

@@ -18,6 +18,12 @@ are not known here (the tiny export has one of each per table).
 process `traceq load` into a fresh store, and prints each run's CPU seconds (user + system, from
 the kernel's rusage), wall seconds and peak RSS, then the medians and the same-run ratios of CPU
 seconds. `--no-attribute` leaves out what the load keeps beyond the tables (up to 1M kernels).
+The form `floor` is SQLite decoding the columns the reader reads (`bench/run.py`'s floor: the
+`SELECT max(col), ...` of each table, one thread); `--against DIR` also loads the forms of
+`--against-forms` with the `traceq` package in DIR (another revision's tree, `git archive REV`
+unpacked into DIR/traceq), in the same turns:
+
+    python bench/nsys_columnar.py measure big.sqlite --forms floor,sqlite,parquetdir,arrow --against /tmp/main
 """
 
 from __future__ import annotations
@@ -117,13 +123,21 @@ def forms(src: Path) -> dict[str, Path]:
     return {"sqlite": src, "parquetdir": src.with_suffix(".parquetdir"), "arrow": src.with_suffix(".arrow")}
 
 
-def load(trace: Path, attribute: bool) -> tuple[float, float, float]:
-    """(CPU s, wall s, peak RSS MiB) of one `traceq load` into a fresh store."""
+def load(trace: Path, attribute: bool, against: Path | None = None,
+         floor: bool = False) -> tuple[float, float, float]:
+    """(CPU s, wall s, peak RSS MiB) of one `traceq load` into a fresh store (with the package in
+    `against`), or with `floor` of SQLite decoding the columns the reader reads."""
+    env = dict(os.environ, PYTHONPATH=str(against)) if against is not None else None
     with tempfile.TemporaryDirectory(prefix="traceq-columnar-") as tmp:
         argv = [sys.executable, "-m", "traceq", "load", str(trace), "--db", f"{tmp}/s.duckdb"]
+        argv += [] if attribute else ["--no-attribute"]
+        if floor:
+            sys.path.insert(0, str(ROOT / "bench"))
+            from run import FLOOR
+
+            argv = [sys.executable, "-c", FLOOR, trace.resolve().as_uri() + "?mode=ro"]
         started = time.perf_counter()
-        proc = subprocess.Popen(argv + ([] if attribute else ["--no-attribute"]),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - started
         if status != 0:
@@ -131,12 +145,16 @@ def load(trace: Path, attribute: bool) -> tuple[float, float, float]:
     return usage.ru_utime + usage.ru_stime, wall, usage.ru_maxrss / 1024
 
 
-def measure(src: Path, runs: int, attribute: bool, only: list[str]) -> None:
-    results: dict[str, list[tuple[float, float, float]]] = {f: [] for f in only}
+def measure(src: Path, runs: int, attribute: bool, only: list[str], against: Path | None = None,
+            against_forms: tuple[str, ...] = ()) -> None:
+    turn = only + [f"against {f}" for f in against_forms if against is not None]
+    results: dict[str, list[tuple[float, float, float]]] = {f: [] for f in turn}
     paths = forms(src)
     for i in range(runs):
-        for form in only:
-            cpu, wall, rss = load(paths[form], attribute)
+        for form in turn:
+            other = form.startswith("against ")
+            base = form.removeprefix("against ")
+            cpu, wall, rss = load(paths.get(base, src), attribute, against if other else None, base == "floor")
             results[form].append((cpu, wall, rss))
             print(f"run {i + 1} {form}: {cpu:.2f} CPU s, {wall:.2f} s, {rss:.0f} MiB "
                   f"(load average {os.getloadavg()[0]:.1f})", flush=True)
@@ -145,8 +163,12 @@ def measure(src: Path, runs: int, attribute: bool, only: list[str]) -> None:
         print(f"{form}: median {cpu:.2f} CPU s, {wall:.2f} s, {rss:.0f} MiB")
     if "sqlite" in medians:
         for form in medians:
-            if form != "sqlite":
+            if form not in ("sqlite", "floor"):
                 print(f"sqlite / {form}: CPU {medians['sqlite'][0] / medians[form][0]:.2f} x")
+    if "floor" in medians:
+        for form in medians:
+            if form != "floor":
+                print(f"{form} / floor: CPU {medians[form][0] / medians['floor'][0]:.2f} x")
 
 
 def main() -> None:
@@ -155,7 +177,9 @@ def main() -> None:
     parser.add_argument("sqlite", type=Path, help="an nsys SQLite export (bench/scale.py makes big ones)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-attribute", dest="attribute", action="store_false")
-    parser.add_argument("--forms", default="sqlite,parquetdir,arrow")
+    parser.add_argument("--forms", default="sqlite,parquetdir,arrow", help="of floor,sqlite,parquetdir,arrow")
+    parser.add_argument("--against", type=Path, help="a folder holding another revision's traceq package")
+    parser.add_argument("--against-forms", default="sqlite,parquetdir,arrow")
     args = parser.parse_args()
     if args.action == "convert":
         paths = forms(args.sqlite)
@@ -164,7 +188,8 @@ def main() -> None:
             size = sum(p.stat().st_size for p in path.iterdir()) if path.is_dir() else path.stat().st_size
             print(f"{form}: {path} ({size / 2**20:,.0f} MiB)")
     else:
-        measure(args.sqlite, args.runs, args.attribute, args.forms.split(","))
+        measure(args.sqlite, args.runs, args.attribute, args.forms.split(","), args.against,
+                tuple(args.against_forms.split(",")))
 
 
 if __name__ == "__main__":

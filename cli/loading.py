@@ -45,7 +45,7 @@ def load(
         "--python-functions", help="Kineto traces: keep the python_function events (with_stack=True) as ranges")] = False,
     attribute: Annotated[bool | None, typer.Option(
         "--attribute/--no-attribute", show_default=False,
-        help="Keep each launch's layer, pass, library, ... in the store [default: for traces of up to 1M kernels; "
+        help="Keep each launch's layer, pass, library, ... in the store [default: for traces of up to 100M kernels; "
              "above, `traceq attribute` does]")] = None,
     run: Annotated[str | None, typer.Option(
         help="Load the files as the ranks of one run (one file per rank or node), in one transaction",

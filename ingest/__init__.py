@@ -35,6 +35,7 @@ from traceq.ingest.kineto import KinetoReader
 from traceq.ingest.nsys import NsysReader
 from traceq.ingest.nsys_arrow import NsysArrowReader
 from traceq.ingest.nvprof import NvprofReader
+from traceq.ingest.pftrace import PftraceReader
 from traceq.ingest.rocpd import RocpdReader
 from traceq.ingest.sqlite_source import source_damage
 from traceq.ingest.validate import unlink_shared_correlations
@@ -43,7 +44,7 @@ from traceq.store import delete_trace, first_row
 
 READERS: tuple[Reader, ...] = (NsysReader(), NvprofReader(), KinetoReader(), XPlaneReader(), NsysArrowReader(),
                                RocprofJsonReader(), RocprofCsvReader(), RocprofDbReader(), RpdReader(),
-                               RocpdReader())
+                               RocpdReader(), PftraceReader())
 
 LOAD_SETTINGS = {"memory_limit": "400MB", "threads": "1"}
 """DuckDB settings while a load runs (the connection's own are restored afterwards). Rows a load
@@ -188,12 +189,14 @@ def load_settings(con: duckdb.DuckDBPyConnection) -> Iterator[dict[str, str]]:
     """LOAD_SETTINGS in force on `con` for the block, which gets the connection's own; they are
     restored after it. Enter it outside the load's transaction: a failed transaction refuses
     settings until it is rolled back."""
-    saved = {k: first_row(con, f"SELECT current_setting('{k}')")[0] for k in LOAD_SETTINGS}
-    apply_settings(con, LOAD_SETTINGS)
+    saved = dict(zip(LOAD_SETTINGS, first_row(con, "SELECT " + ", ".join(
+        f"current_setting('{k}')" for k in LOAD_SETTINGS)), strict=True))
+    changed = {k: v for k, v in LOAD_SETTINGS.items() if str(saved[k]) != v}  # a warm worker's store: threads 1 already
+    apply_settings(con, changed)
     try:
         yield saved
     finally:
-        apply_settings(con, saved)
+        apply_settings(con, {k: saved[k] for k in changed})
 
 
 def _read(reader: Reader, src: Source, sink: Sink,

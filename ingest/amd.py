@@ -14,6 +14,7 @@ launch call's grid, already in workgroups.
 from __future__ import annotations
 
 import csv
+import re
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
@@ -32,6 +33,8 @@ from traceq.ingest.validate import TIME_LIMIT_NS
 from traceq.ingest.xplane import _Tables
 from traceq.ingest.xplane_tables import PID
 
+_ARCH = re.compile(r"gfx[0-9a-f]{2,5}")
+"""An AMD ISA target's name, as an agent's `name` gives it ('gfx942')."""
 _V1_CSV = ('"KernelName"', '"gpu-id"')
 _V3_CSV = ('"Kernel_Name"', '"Agent_Id"')
 
@@ -39,15 +42,15 @@ _V3_CSV = ('"Kernel_Name"', '"Agent_Id"')
 def kernel_row(name: str, start: int, end: int, device: int, stream: int | None, *, correlation: int | None = None,
                pid: int = PID, grid: tuple[Any, Any, Any] = (None, None, None),
                block: tuple[Any, Any, Any] = (None, None, None), registers: Any = None, lds: Any = None,
-               scratch: Any = None) -> dict[str, Any]:
-    """A kernel row in the XPlane writer's form."""
+               scratch: Any = None, accum_vgprs: Any = None, sgprs: Any = None) -> dict[str, Any]:
+    """A kernel row in the XPlane writer's form, with AMD's registers (`registers` the arch VGPRs)."""
     return {"start_ns": int(start), "end_ns": int(end), "name": _KD.sub("", name), "correlation_id": correlation,
             "graph_node_id": None, "device_id": device, "context_id": None, "stream_id": stream, "pid": pid,
             "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2], "block_x": block[0], "block_y": block[1],
             "block_z": block[2], "registers_per_thread": registers, "smem_static_bytes": lds,
             "smem_dynamic_bytes": None, "smem_carveout_bytes": None, "smem_optin": None,
             "local_memory_per_thread_bytes": scratch, "local_memory_total_bytes": None, "launch_type": None,
-            "hlo_op": None, "hlo_module": None, "program_id": None}
+            "hlo_op": None, "hlo_module": None, "program_id": None, "accum_vgprs": accum_vgprs, "sgprs": sgprs}
 
 
 def workgroups(items: Any, size: Any) -> int | None:
@@ -58,12 +61,20 @@ def workgroups(items: Any, size: Any) -> int | None:
 
 
 def gpu_row(device: int, name: str | None, compute_units: Any = None, clock_mhz: Any = None,
-            wave: Any = 64) -> dict[str, Any]:
+            wave: Any = 64, arch: Any = None, waves_per_cu: Any = None, lds_kib: Any = None) -> dict[str, Any]:
+    """An AMD GPU: `arch` its ISA target ('gfx942', kept where it is one), `waves_per_cu` and
+    `lds_kib` the agent's wave slots and LDS per CU, as max_warps_per_sm and max_smem_per_sm_bytes."""
+    def positive(value: Any) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 31 else None
+
+    lds = positive(lds_kib)
     return {"device_id": device, "name": name or f"AMD GPU {device}", "vendor": "AMD", "cc_major": None,
             "cc_minor": None, "sm_count": compute_units if isinstance(compute_units, int) else None,
             "clock_hz": int(clock_mhz) * 1_000_000 if isinstance(clock_mhz, int) and clock_mhz > 0 else None,
             "memory_bytes": None, "memory_bandwidth_bytes_per_s": None,
-            "threads_per_warp": wave if isinstance(wave, int) and wave > 0 else 64}
+            "threads_per_warp": wave if isinstance(wave, int) and wave > 0 else 64,
+            "max_warps_per_sm": positive(waves_per_cu), "max_smem_per_sm_bytes": lds * 1024 if lds else None,
+            "arch": arch if isinstance(arch, str) and _ARCH.fullmatch(arch) else None}
 
 
 class _Rows:
@@ -209,13 +220,15 @@ def _dispatches(r: dict[str, Sequence[Any]], n: int, v3: bool, rows: Rows, devic
         grid = tuple(grid_workgroups(column(f"Grid_Size_{k}"), s) for k, s in zip("XYZ", size))
         extra = {"correlation": column("Correlation_Id"), "lds": column("Group_Segment_Size"),
                  "scratch": column("Private_Segment_Size"),
-                 "registers": ints(either(r.get("Arch_VGPR_Count"), r.get("VGPR_Count")), n, quoted=quoted)}
+                 "registers": ints(either(r.get("Arch_VGPR_Count"), r.get("VGPR_Count")), n, quoted=quoted),
+                 "accum_vgprs": column("Accum_VGPR_Count"), "sgprs": column("SGPR_Count")}
     else:
         name, start, end = texts(r.get("KernelName"), n, quoted=quoted), column("BeginNs"), column("EndNs")
         agent, stream = column("gpu-id"), column("queue-id")
         size = (column("wgr"), ones, ones)
         grid = (grid_workgroups(column("grd"), size[0]), ones, ones)
-        extra = {"lds": column("lds"), "scratch": column("scr"), "registers": column("arch_vgpr")}
+        extra = {"lds": column("lds"), "scratch": column("scr"), "registers": column("arch_vgpr"),
+                 "accum_vgprs": column("accum_vgpr"), "sgprs": column("sgpr")}
     named = pc.and_(pc.is_valid(name), pc.not_equal(pc.fill_null(name, ""), ""))
     good = pc.fill_null(pc.and_(named, pc.and_(pc.is_valid(start), pc.is_valid(end))), False)
     kept = int(pc.sum(pc.cast(good, pa.int64())).as_py() or 0)
@@ -229,7 +242,8 @@ def _dispatches(r: dict[str, Sequence[Any]], n: int, v3: bool, rows: Rows, devic
                       **{f"grid_{k}": pick(g) for k, g in zip("xyz", grid)},
                       **{f"block_{k}": pick(b) for k, b in zip("xyz", size)},
                       "registers_per_thread": pick(extra["registers"]), "smem_static_bytes": pick(extra["lds"]),
-                      "local_memory_per_thread_bytes": pick(extra["scratch"])})
+                      "local_memory_per_thread_bytes": pick(extra["scratch"]),
+                      "accum_vgprs": pick(extra["accum_vgprs"]), "sgprs": pick(extra["sgprs"])})
 
 
 def _csv_batches(reader: Any, header: list[str]) -> Iterator[tuple[dict[str, Sequence[Any]], int]]:
@@ -424,7 +438,8 @@ def _operations(src: sqlite3.Connection, tables: set[str], strings: _Strings, ro
             **{f"grid_{k}": kernels[f"grid{k.upper()}"] for k in "xyz"},
             **{f"block_{k}": kernels[f"workgroup{k.upper()}"] for k in "xyz"},
             "registers_per_thread": pa.nulls(kernels.num_rows, pa.int64()),
-            "smem_static_bytes": kernels["groupSegmentSize"], "local_memory_per_thread_bytes": kernels["privateSegmentSize"]})
+            "smem_static_bytes": kernels["groupSegmentSize"], "local_memory_per_thread_bytes": kernels["privateSegmentSize"],
+            "accum_vgprs": pa.nulls(kernels.num_rows, pa.int64()), "sgprs": pa.nulls(kernels.num_rows, pa.int64())})
         copying = pc.or_(pc.starts_with(kind, "Copy"), pc.equal(kind, "FillBuffer"))
         code = pc.cast(pc.fill_null(pc.index_in(kind.filter(copying), value_set=kinds), 4), pa.int8())
         copy = part.filter(copying)

@@ -16,6 +16,7 @@ queues numbered in that order, calls in the file's order of kinds (HIP, HSA, RCC
 from __future__ import annotations
 
 import gc
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -27,7 +28,7 @@ from traceq.errors import TraceFormatError
 from traceq.ingest import amd
 from traceq.ingest.amd import _copy_row, _int, _l, _marker_ranges, _o, _operation_names, _text, gpu_row, workgroups
 from traceq.ingest.base import (
-    KERNEL_CONFIG_COLUMNS,
+    AMD_CONFIG_COLUMNS,
     KERNEL_QUEUE_COLUMNS,
     LoadOptions,
     Names,
@@ -94,6 +95,59 @@ class _Batches:
         return pa.table(columns)
 
 
+class _KernelColumns:
+    """The dispatches' start, end, correlation id and configuration number (_KERNEL_COLUMNS),
+    appended to typed arrays: 8 bytes a value, no Python object or tuple kept per row, and a value
+    past 64 bits refused by the array (OverflowError). Every BATCH_ROWS rows the arrays become
+    Arrow chunks and new ones start (arrays grown to millions of rows by reallocation left the
+    heap fragmented: 90 MB more at the peak of a 439K-dispatch load). A correlation id the record
+    lacks is kept as 0 and its row noted, to be null in the table."""
+
+    def __init__(self) -> None:
+        self.columns = {c: array("q") for c in _KERNEL_COLUMNS}
+        self.chunks: dict[str, list[pa.Array]] = {c: [] for c in _KERNEL_COLUMNS}
+        self.rows = 0  # in the chunks
+        self.no_correlation: list[int] = []
+
+    def add(self, row: tuple[Any, ...]) -> None:
+        """One row of any values the store's BIGINT holds (the correlation id may be None)."""
+        if row[2] is None:
+            self.no_correlation.append(len(self))
+            row = (row[0], row[1], 0, row[3])
+        for values, value in zip(self.columns.values(), row):
+            values.append(value)
+
+    def __len__(self) -> int:
+        return self.rows + len(self.columns["start_ns"])
+
+    def flush(self) -> None:
+        """The arrays' rows as Arrow chunks (their buffers, not copied), new arrays started."""
+        count = len(self.columns["start_ns"])
+        if count:
+            for name, values in self.columns.items():
+                self.chunks[name].append(pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(values)]))
+            self.columns = {c: array("q") for c in _KERNEL_COLUMNS}
+            self.rows += count
+
+    def table(self) -> pa.Table:
+        """Every row, one contiguous int64 array a column (each column's chunks freed as it is joined)."""
+        self.flush()
+        out = {}
+        for name in _KERNEL_COLUMNS:
+            chunks, self.chunks[name] = self.chunks[name], []
+            column = pa.concat_arrays(chunks) if chunks else pa.array([], pa.int64())
+            del chunks
+            if name == "correlation_id" and self.no_correlation:
+                mask = bytearray(b"\x01") * len(column)
+                for row in self.no_correlation:
+                    mask[row] = 0
+                valid = pa.Array.from_buffers(pa.uint8(), len(mask), [None, pa.py_buffer(bytes(mask))])
+                column = pc.if_else(valid.cast(pa.bool_()), column, pa.scalar(None, pa.int64()))
+            out[name] = column
+        self.rows, self.no_correlation = 0, []
+        return pa.table(out)
+
+
 class _Records:
     """What the walk gathers: the small tables and the records' columns."""
 
@@ -103,7 +157,7 @@ class _Records:
 
     def restart(self) -> None:
         """No records yet (a `buffer_records` that comes again replaces the first, as in json.loads)."""
-        self.kernels = _Batches(_KERNEL_COLUMNS)
+        self.kernels = _KernelColumns()
         self.configs: dict[tuple[Any, ...], int] = {}
         self.seen: dict[tuple[int, ...], int] = {}  # a dispatch's fields as written -> its configuration's number
         self.calls = _Batches(_CALL_COLUMNS)
@@ -120,27 +174,46 @@ class _Records:
             number = self.configs[config] = len(self.configs)
         return number
 
-    def dispatch(self, record: Any) -> None:
-        """The common case read fast: every field there and an int (no bool, no float: they would
-        hash as ints); the fields a dispatch shares with others checked and converted once per
-        distinct tuple of them (64 bits, a grid of work-items, a workgroup size above 0)."""
-        try:
-            info = record["dispatch_info"]
-            size, grid = info["workgroup_size"], info["grid_size"]
-            start, end, correlation = record["start_timestamp"], record["end_timestamp"], record["correlation_id"]["internal"]
-            raw = (info["kernel_id"], info["agent_id"]["handle"], info["queue_id"]["handle"], grid["x"], grid["y"],
-                   grid["z"], size["x"], size["y"], size["z"], info["group_segment_size"], info["private_segment_size"])
-        except (KeyError, TypeError, IndexError):
-            raw = ()
-        if (raw and type(start) is int and type(end) is int and type(correlation) is int and set(map(type, raw)) == _INTS
-                and -_INT64 <= start < _INT64 and -_INT64 <= end < _INT64 and -_INT64 <= correlation < _INT64):
-            number = self.seen.get(raw)
+    def dispatches(self, records: list[Any]) -> None:
+        """The dispatch records of a slab, the common case read fast: every field there and an int
+        (no bool, no float: they would hash as ints; 64 bits, which the typed arrays check); the
+        fields a dispatch shares with others checked and converted once per distinct tuple of them
+        (a grid of work-items, a workgroup size above 0). Any other record goes to `_dispatch`."""
+        if len(self.kernels.columns["start_ns"]) >= BATCH_ROWS:
+            self.kernels.flush()
+        starts, ends, correlations, configs = self.kernels.columns.values()
+        seen, first, slow, ints = self.seen, self._first, self._dispatch, _INTS
+        for record in records:
+            try:
+                info = record["dispatch_info"]
+                size, grid = info["workgroup_size"], info["grid_size"]
+                start, end, correlation = (record["start_timestamp"], record["end_timestamp"],
+                                           record["correlation_id"]["internal"])
+                raw = (info["kernel_id"], info["agent_id"]["handle"], info["queue_id"]["handle"], grid["x"], grid["y"],
+                       grid["z"], size["x"], size["y"], size["z"], info["group_segment_size"],
+                       info["private_segment_size"])
+            except (KeyError, TypeError, IndexError):
+                slow(record)
+                continue
+            if not (type(start) is type(end) is type(correlation) is int and set(map(type, raw)) == ints):
+                slow(record)
+                continue
+            number = seen.get(raw)
             if number is None:
-                number = self._first(raw)
-            if number is not None:
-                self.kernels.add((start, end, correlation, number))
-                return
-        self._dispatch(record)
+                number = first(raw)
+                if number is None:
+                    slow(record)
+                    continue
+            rows = len(starts)
+            try:
+                starts.append(start)
+                ends.append(end)
+                correlations.append(correlation)
+            except OverflowError:  # past 64 bits: read as missing, as `_int` does
+                del starts[rows:], ends[rows:], correlations[rows:]
+                slow(record)
+                continue
+            configs.append(number)
 
     def _first(self, raw: tuple[int, ...]) -> int | None:
         """The configuration's number of fields seen for the first time, or None where they need
@@ -233,8 +306,11 @@ def _tool(walker: Walk, records: _Records, progress: Callable[[int], None] | Non
                     walker.skip()
                     continue
                 for slab in walker.slabs():
-                    for record in slab:
-                        read(record)
+                    if kind == "kernel_dispatch":
+                        records.dispatches(slab)
+                    else:
+                        for record in slab:
+                            read(record)
                     if progress is not None and walker.bytes_read - reported >= 1 << 20:
                         progress(walker.bytes_read - reported)
                         reported = walker.bytes_read
@@ -248,7 +324,7 @@ def _tool(walker: Walk, records: _Records, progress: Callable[[int], None] | Non
 
 def _reader(records: _Records, kind: str) -> Callable[[Any], None] | None:
     if kind == "kernel_dispatch":
-        return records.dispatch
+        return records.dispatches  # a slab at a time
     if kind in _CALL_KINDS:
         source = _CALL_KINDS.index(kind)
         return lambda record: records.call(source, record)
@@ -294,7 +370,8 @@ class RocprofJsonReader:
             device_of[_int(_o(agent.get("id")).get("handle"))] = index
             tables.gpus.append(gpu_row(index, _text(agent.get("product_name")) or _text(agent.get("name")),
                                        agent.get("cu_count"), agent.get("max_engine_clk_fcompute"),
-                                       agent.get("wave_front_size")))
+                                       agent.get("wave_front_size"), agent.get("name"), agent.get("max_waves_per_cu"),
+                                       agent.get("lds_size_in_kb")))
         metadata, strings = _o(data.get("metadata")), _o(data.get("strings"))
         pid = _int(metadata.get("pid")) or PID
         names = _operation_names(strings)
@@ -338,7 +415,8 @@ def _lookup(keys: pa.Array, value: Callable[[Any], Any], kind: pa.DataType) -> p
 
 def _configs(configs: dict[tuple[Any, ...], int], data: dict[str, Any], device_of: dict[int | None, int]) -> pa.Table:
     """A row per distinct dispatch configuration, in the order of their numbers, with the kernel's
-    name (dictionary-encoded) and registers and the device."""
+    name (dictionary-encoded), registers (arch and accumulation VGPRs, SGPRs: the kernel symbol's)
+    and the device."""
     keys = list(configs)
     table = pa.table({c: pa.array(list(v), pa.int64()) for c, v in zip(_CONFIG_COLUMNS, zip(*keys))} if keys
                      else {c: pa.array([], pa.int64()) for c in _CONFIG_COLUMNS})
@@ -353,8 +431,9 @@ def _configs(configs: dict[tuple[Any, ...], int], data: dict[str, Any], device_o
     kernel, agent = table["kernel"].combine_chunks(), table["agent"].combine_chunks()
     table = table.drop_columns(["kernel", "agent"])
     table = table.append_column("name", _lookup(kernel, name, pa.string()))
-    table = table.append_column("registers_per_thread", _lookup(
-        kernel, lambda k: _int(_o(symbols.get(k)).get("arch_vgpr_count")), pa.int64()))
+    for column, field in (("registers_per_thread", "arch_vgpr_count"), ("accum_vgprs", "accum_vgpr_count"),
+                          ("sgprs", "sgpr_count")):
+        table = table.append_column(column, _lookup(kernel, lambda k, f=field: _int(_o(symbols.get(k)).get(f)), pa.int64()))
     return table.append_column("device_id", _lookup(agent, lambda a: device_of.get(a, 0), pa.int64()))
 
 
@@ -451,11 +530,11 @@ def _write_kernels(kernels: pa.Table, shared_rows: pa.Table, kept: pa.Array, sin
             part = pa.table({**{c: part[c] for c in ("start_ns", "end_ns", "correlation_id")},
                              **{c: shared[c] for c in shared.column_names}})
             batch = pa.table({c: column(part, c) for c in ("start_ns", "end_ns", "correlation_id", "graph_node_id",
-                                                            *KERNEL_CONFIG_COLUMNS, *KERNEL_QUEUE_COLUMNS)})
+                                                            *AMD_CONFIG_COLUMNS, *KERNEL_QUEUE_COLUMNS)})
             batch = batch.set_column(batch.column_names.index("pid"), "pid", pa.array([PID] * part.num_rows, pa.int64()))
             yield numbered(kernel_batch(
                 batch, name_id=names.number(part["name"]),
-                config_id=configs.number(*[batch[c] for c in KERNEL_CONFIG_COLUMNS]),
+                config_id=configs.number(*[batch[c] for c in AMD_CONFIG_COLUMNS]),
                 queue_id=queues.number(*[batch[c] for c in KERNEL_QUEUE_COLUMNS])), first)
 
     progress, sink.progress = sink.progress, None  # the walk reported the file's bytes
@@ -463,7 +542,8 @@ def _write_kernels(kernels: pa.Table, shared_rows: pa.Table, kept: pa.Array, sin
         sink.append_all("kernel_events", chunks())
     finally:
         sink.progress = progress
-    sink.append("kernel_configs", kernel_configs(configs.keys, optin_code=1, launch_types={}), source_rows=0)
+    sink.append("kernel_configs", kernel_configs(configs.keys, optin_code=1, launch_types={}, names=AMD_CONFIG_COLUMNS),
+                source_rows=0)
     sink.append("kernel_queues", kernel_queues(queues.keys), source_rows=0)
     demangled = [key[0] for key in names.keys]
     sink.append("kernel_names", kernel_names(demangled, [_short(n) for n in demangled], [None] * len(demangled)),

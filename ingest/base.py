@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Protocol
 import duckdb
 import pyarrow as pa
 
+from traceq.ingest.keys import key_rows, whole
 from traceq.ingest.sqlite_source import open_sqlite, source_damage
 from traceq.ingest.validate import EVENT_NOUNS, Damage
 
@@ -352,6 +353,10 @@ KERNEL_CONFIG_COLUMNS = (
 """The columns of a reader's kernel rows that make a launch's configuration (kernel_configs), the
 opt-in flag and the launch type as the source's codes: a reader numbers them with `Names`."""
 
+AMD_CONFIG_COLUMNS = (*KERNEL_CONFIG_COLUMNS, "accum_vgprs", "sgprs")
+"""KERNEL_CONFIG_COLUMNS and the registers an AMD kernel has besides its arch VGPRs
+(`registers_per_thread`): accumulation VGPRs per work-item and SGPRs per wavefront."""
+
 
 def kernel_batch(batch: pa.Table, *, name_id: pa.Array, config_id: pa.Array, queue_id: pa.Array) -> pa.Table:
     """The `kernel_events` columns but kernel_id for one batch of a reader's kernel rows.
@@ -411,12 +416,14 @@ def nvtx_attributes(keys: Sequence[tuple[Any, ...]]) -> pa.Table:
 
 def kernel_configs(
     keys: Sequence[tuple[Any, ...]], *, optin_code: int, launch_types: dict[int, str],
+    names: Sequence[str] = KERNEL_CONFIG_COLUMNS,
 ) -> pa.Table:
-    """`kernel_configs` rows for configuration ids 0, 1, ...: `keys` are the values of
-    KERNEL_CONFIG_COLUMNS, with the source's codes for the opt-in flag (`optin_code` means opted
-    in) and the launch type (named by `launch_types`; an unknown code is NULL)."""
-    columns = list(zip(*keys)) or [() for _ in KERNEL_CONFIG_COLUMNS]
-    values = dict(zip(KERNEL_CONFIG_COLUMNS, columns))
+    """`kernel_configs` rows for configuration ids 0, 1, ...: `keys` are the values of `names`
+    (KERNEL_CONFIG_COLUMNS, or AMD_CONFIG_COLUMNS), with the source's codes for the opt-in flag
+    (`optin_code` means opted in) and the launch type (named by `launch_types`; an unknown code
+    is NULL)."""
+    columns = list(zip(*keys)) or [() for _ in names]
+    values = dict(zip(names, columns))
     table = {"config_id": pa.array(range(len(keys)), pa.int32())}
     for name, column in values.items():
         if name == "smem_optin":
@@ -470,8 +477,7 @@ class Names:
         a Python step per distinct key of the batch, and one `take`."""
         import pyarrow.compute as pc
 
-        if isinstance(keys, pa.ChunkedArray):
-            keys = keys.combine_chunks()
+        keys = whole(keys)
         ids = [self._id(tuple(row.values())) for row in keys.dictionary.to_pylist()]
         return pc.take(pa.array(ids, pa.int32()), keys.indices)
 
@@ -481,71 +487,6 @@ class Names:
             found = self._ids[key] = len(self.keys)
             self.keys.append(key)
         return found
-
-
-def key_rows(*columns: pa.Array | pa.ChunkedArray) -> pa.DictionaryArray:
-    """Each row's key, the tuple of its values in `columns`, dictionary-encoded: int32 indices into
-    a struct array of the batch's distinct keys, in the order they first appear.
-
-    Vectorised, and safe on any thread: readers run it on their reading threads, so that the
-    thread writing the store only looks up each batch's few distinct keys (`Names.number_keys`).
-    The rows' values are packed into one int64 code (an integer column shifted by its minimum,
-    NULL as 0; any other column as its dictionary indices; a column of one value, nothing), and
-    the code is dictionary-encoded; where the code would pass 63 bits, it is replaced by its
-    dictionary indices first.
-    """
-    import pyarrow.compute as pc
-
-    columns = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
-    code: pa.Array | None = None
-    bits = 0
-    for column in columns:
-        part = _key_part(column)
-        if part is None:
-            continue
-        values, width = part
-        if code is not None and bits + width > _KEY_BITS:
-            code, bits = _dense(code)
-            if bits + width > _KEY_BITS:
-                values, width = _dense(values)
-        code = values if code is None else pc.add(pc.shift_left(code, pa.scalar(width, pa.int64())), values)
-        bits += width
-    if code is None:  # every column holds one value: one key
-        code = pa.array([0] * len(columns[0]), pa.int64())
-    encoded = pc.dictionary_encode(code)
-    first = pc.index_in(encoded.dictionary, value_set=code)  # the row where each key first appears
-    keys = pa.StructArray.from_arrays([c.take(first) for c in columns], [f"k{i}" for i in range(len(columns))])
-    return pa.DictionaryArray.from_arrays(encoded.indices, keys)
-
-
-_KEY_BITS = 63
-"""Bits of an int64 that `key_rows` packs a key into (the sign bit stays 0)."""
-
-
-def _key_part(column: pa.Array) -> tuple[pa.Array, int] | None:
-    """`column` as non-negative int64 codes, equal where the values are, and the bits they need;
-    None when every row has the same value (NULL included), which tells no key from another."""
-    import pyarrow.compute as pc
-
-    if pa.types.is_integer(column.type) or pa.types.is_boolean(column.type):
-        values = column if column.type == pa.int64() else pc.cast(column, pa.int64())
-        bounds = pc.min_max(values).as_py()
-        nulls = values.null_count
-        if bounds["min"] is None or (bounds["min"] == bounds["max"] and nulls == 0):
-            return None
-        span = bounds["max"] - bounds["min"] + 1  # codes 1..span, NULL 0
-        if span.bit_length() < _KEY_BITS:
-            shifted = pc.subtract(values, pa.scalar(bounds["min"] - 1, pa.int64()))  # a typed scalar: 3x faster
-            return (pc.fill_null(shifted, 0) if nulls else shifted), span.bit_length()
-    return _dense(column)
-
-
-def _dense(column: pa.Array) -> tuple[pa.Array, int]:
-    """`column`'s dictionary indices (NULL a value of its own) as int64, and the bits they need."""
-    import pyarrow.compute as pc
-
-    encoded = pc.dictionary_encode(column, null_encoding="encode")
-    return pc.cast(encoded.indices, pa.int64()), len(encoded.dictionary).bit_length()
 
 
 def api_names(apis: Sequence[str], names: Sequence[str | None]) -> pa.Table:

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from traceq.errors import TraceFormatError
 from traceq.ingest.base import (
+    AMD_CONFIG_COLUMNS,
     KERNEL_CONFIG_COLUMNS,
     KERNEL_QUEUE_COLUMNS,
     Names,
@@ -62,8 +63,9 @@ WRITE_ROWS = 1 << 18
 """Kernels sent to the store per Arrow table."""
 
 CONFIG_COLUMNS = ("name", "device_id", "stream_id", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
-                  "registers_per_thread", "smem_static_bytes", "local_memory_per_thread_bytes")
-"""What a dispatch shares with others of its kind, kept once per distinct tuple."""
+                  "registers_per_thread", "smem_static_bytes", "local_memory_per_thread_bytes", "accum_vgprs", "sgprs")
+"""What an AMD dispatch shares with others of its kind, kept once per distinct tuple (its registers
+AMD's: arch VGPRs as registers_per_thread, accumulation VGPRs, SGPRs)."""
 
 _INT64 = 1 << 63
 _PLAIN = r"^-?(0|[1-9][0-9]*)$"
@@ -191,7 +193,7 @@ def _rename_kd(name: str) -> str:
 
 def gpus_table(rows: list[dict[str, Any]]) -> pa.Table:
     columns = list(rows[0])
-    types = {"name": pa.string(), "vendor": pa.string()}
+    types = {"name": pa.string(), "vendor": pa.string(), "arch": pa.string()}
     return pa.table({c: pa.array([g[c] for g in rows], types.get(c, pa.int64())) for c in columns})
 
 
@@ -372,6 +374,7 @@ def write_kernels(kernels: pa.Table, configs: pa.Table, kept: pa.Array, sink: Si
                                                        ("stream_id", "ascending")]))
     del keys
     names, numbers, queues = Names(), Names(), Names()
+    config_columns = AMD_CONFIG_COLUMNS if "sgprs" in configs.column_names else KERNEL_CONFIG_COLUMNS  # AMD's readers'
 
     def column(part: pa.Table, c: str) -> pa.Array:
         return part[c].combine_chunks() if c in part.column_names else pa.nulls(part.num_rows, pa.int64())
@@ -383,11 +386,11 @@ def write_kernels(kernels: pa.Table, configs: pa.Table, kept: pa.Array, sink: Si
             part = pa.table({**{c: part[c] for c in ("start_ns", "end_ns", "correlation_id")},
                              **{c: shared[c] for c in shared.column_names}})
             batch = pa.table({c: column(part, c) for c in ("start_ns", "end_ns", "correlation_id", "graph_node_id",
-                                                            *KERNEL_CONFIG_COLUMNS, *KERNEL_QUEUE_COLUMNS)})
+                                                            *config_columns, *KERNEL_QUEUE_COLUMNS)})
             batch = batch.set_column(batch.column_names.index("pid"), "pid", pa.array([PID] * part.num_rows, pa.int64()))
             yield numbered(kernel_batch(
                 batch, name_id=names.number(part["name"]),
-                config_id=numbers.number(*[batch[c] for c in KERNEL_CONFIG_COLUMNS]),
+                config_id=numbers.number(*[batch[c] for c in config_columns]),
                 queue_id=queues.number(*[batch[c] for c in KERNEL_QUEUE_COLUMNS])), first)
 
     progress, sink.progress = sink.progress, None  # the reading reported the source's rows
@@ -395,7 +398,8 @@ def write_kernels(kernels: pa.Table, configs: pa.Table, kept: pa.Array, sink: Si
         sink.append_all("kernel_events", chunks())
     finally:
         sink.progress = progress
-    sink.append("kernel_configs", kernel_configs(numbers.keys, optin_code=1, launch_types={}), source_rows=0)
+    sink.append("kernel_configs", kernel_configs(numbers.keys, optin_code=1, launch_types={}, names=config_columns),
+                source_rows=0)
     sink.append("kernel_queues", kernel_queues(queues.keys), source_rows=0)
     demangled = [key[0] for key in names.keys]
     sink.append("kernel_names", kernel_names(demangled, [_short(n) for n in demangled], [None] * len(demangled)),

@@ -19,6 +19,7 @@ from traceq.ingest.nsys_arrow import looks_like_arrow_export, looks_like_parquet
 from traceq.ingest.sqlite_source import open_sqlite, table_names
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+PERFETTO_SUFFIXES = (".pftrace", ".perfetto-trace", ".perfetto")
 NSYS_REPORT_MAGIC = b"NVIDIA Tegra Profiler Re"  # .nsys-rep and .qdrep files
 
 
@@ -66,6 +67,8 @@ def reader_for(path: Path, readers: tuple[Reader, ...]) -> Reader:
         for reader in readers:
             if reader.container == "protobuf" and reader.sniff(probe):
                 return reader
+        if path.name.lower().endswith(PERFETTO_SUFFIXES):  # damaged from its first packet: the reader says where
+            return next(r for r in readers if r.name == "pftrace")
     if text is not None:
         for reader in readers:
             if reader.container == "json" and reader.sniff(text):
@@ -79,7 +82,8 @@ def reader_for(path: Path, readers: tuple[Reader, ...]) -> Reader:
     raise TraceFormatError(
         f"{path} is not a trace traceq can read: expected an Nsight Systems SQLite export "
         "(`nsys export --type sqlite`), an nvprof database, a PyTorch profiler (Kineto) JSON trace, "
-        "a JAX/TensorFlow profile (*.xplane.pb) or an AMD profile (rocprofv3 JSON or CSV, rocprof, RPD)"
+        "a JAX/TensorFlow profile (*.xplane.pb), a Perfetto protobuf trace (*.pftrace) "
+        "or an AMD profile (rocprofv3 JSON or CSV, rocprof, RPD)"
     )
 
 

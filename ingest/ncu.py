@@ -3,7 +3,8 @@ report, turned into that CSV by `ncu --import REPORT --csv --page raw`).
 
 The CSV has a header row of metric names, a row of their units ('byte', 'Kbyte', 'ns', 'ms', '%',
 ...) and one row per profiled kernel launch, in launch order ('ID'); ncu may print `==PROF==`
-notices before the header. Numbers carry thousands separators ('1,701,184'). `read_ncu` keeps
+notices before the header, and the profiled application's own output where it went to the same
+stream (the header is the first line that starts with `"ID",`). Numbers carry thousands separators ('1,701,184'). `read_ncu` keeps
 per launch its name, grid, block, the NVTX push/pop stack of its thread (recorded with
 `ncu --nvtx`) and the metrics of `METRICS`, converted by the unit row to bytes, nanoseconds and
 percent; a metric the report lacks is null. Anything else is refused in one TraceFormatError line
@@ -47,9 +48,16 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dram_write_bytes": ("bytes", ("dram__bytes_write.sum",)),
     "l2_bytes": ("bytes", ("lts__t_bytes.sum",)),
     "l1_bytes": ("bytes", ("l1tex__t_bytes.sum",)),
+    "global_sectors": ("count", ("memory_l2_theoretical_sectors_global",)),
+    "global_sectors_ideal": ("count", ("memory_l2_theoretical_sectors_global_ideal",)),
+    "l2_cycles_active": ("count", ("lts__cycles_active.sum",)),
+    "l2_cycles_elapsed": ("count", ("lts__cycles_elapsed.sum",)),
 }
 """The metrics kept per launch: the SpeedOfLight, Occupancy and memory-workload metrics a
-`ncu --set basic|full` report has, and the byte counters the traffic model is checked against."""
+`ncu --set basic|full` report has, the byte counters the traffic model is checked against, and
+the SourceCounters section's global-memory sectors against the ideal of the same accesses with
+the L2's active and elapsed cycles (what ncu's UncoalescedGlobalAccess rule weighs, and traceq's
+`uncoalesced_access` finding)."""
 
 _UNITS = {
     "time": {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9,
@@ -57,6 +65,8 @@ _UNITS = {
     "bytes": {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12, "KB": 1e3, "MB": 1e6,
               "GB": 1e9, "Kibyte": 1024.0, "Mibyte": 1024.0 ** 2, "Gibyte": 1024.0 ** 3},
     "pct": {"%": 1.0},
+    "count": {"": 1.0, "sector": 1.0, "sectors": 1.0, "cycle": 1.0, "cycles": 1.0, "Ksector": 1e3, "Msector": 1e6,
+              "Gsector": 1e9, "Kcycle": 1e3, "Mcycle": 1e6, "Gcycle": 1e9},
 }
 _KEPT = ("ID", "Kernel Name", "Grid Size", "Block Size")
 _NVTX_PUSHPOP = "thread Domain:Push/Pop_Range"
@@ -106,7 +116,10 @@ def parse_raw_csv(text: str, path: Path) -> tuple[pl.DataFrame, tuple[str, ...],
     """The launches of a `--csv --page raw` text (see `NcuReport`); TraceFormatError naming
     `path` when it is not one or is damaged."""
     lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if not line.startswith("==")), len(lines))
+    # before the header: ncu's `==PROF==` notices and, where the application's output went to the
+    # same stream (`ncu --csv ... python app.py > report.csv`), whatever the application printed
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID",')),
+                 next((i for i, line in enumerate(lines) if not line.startswith("==")), len(lines)))
     try:
         rows = list(csv.reader(io.StringIO("".join(lines[start:])), strict=True))
     except csv.Error as e:

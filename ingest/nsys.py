@@ -38,6 +38,7 @@ from traceq.ingest.base import (
     nvtx_attributes,
     nvtx_attributes_key,
     nvtx_batch,
+    whole,
 )
 from traceq.ingest.launches import LAUNCHING, CallIndex, call_keys
 from traceq.ingest.nsys_metrics import read_gpu_metrics
@@ -280,9 +281,9 @@ def _memcpy(src: sqlite3.Connection, sink: Sink) -> Iterator[pa.Table]:
         cols["pid"] = _pid(cols["pid"])
         cols["dur_ns"] = pc.subtract(cols["end_ns"], cols["start_ns"])
         cols["op"] = pa.array(["memcpy"] * batch.num_rows, type=STR)
-        cols["copy_kind"] = enum_lookup(cols["copy_kind"].combine_chunks(), cupti.MEMCPY_KIND)
-        cols["src_kind"] = enum_lookup(cols["src_kind"].combine_chunks(), cupti.MEMORY_KIND)
-        cols["dst_kind"] = enum_lookup(cols["dst_kind"].combine_chunks(), cupti.MEMORY_KIND)
+        cols["copy_kind"] = enum_lookup(whole(cols["copy_kind"]), cupti.MEMCPY_KIND)
+        cols["src_kind"] = enum_lookup(whole(cols["src_kind"]), cupti.MEMORY_KIND)
+        cols["dst_kind"] = enum_lookup(whole(cols["dst_kind"]), cupti.MEMORY_KIND)
         return pa.table(cols)
 
     yield from scan_table(src, MEMCPY, select_columns(have, wanted), schema, transform=columns)
@@ -306,7 +307,7 @@ def _memset(src: sqlite3.Connection, sink: Sink) -> Iterator[pa.Table]:
         cols["pid"] = _pid(cols["pid"])
         cols["dur_ns"] = pc.subtract(cols["end_ns"], cols["start_ns"])
         cols["op"] = pa.array(["memset"] * batch.num_rows, type=STR)
-        cols["dst_kind"] = enum_lookup(cols["dst_kind"].combine_chunks(), cupti.MEMORY_KIND)
+        cols["dst_kind"] = enum_lookup(whole(cols["dst_kind"]), cupti.MEMORY_KIND)
         return pa.table(cols)
 
     yield from scan_table(src, MEMSET, select_columns(have, wanted), schema, transform=columns)
@@ -354,9 +355,9 @@ def _nvtx(src: sqlite3.Connection, strings: Strings, attributes: Names, sink: Si
         rows = pa.table({
             "start_ns": batch["start_ns"],
             "end_ns": batch["end_ns"],
-            "kind": enum_lookup(batch["event_type"].combine_chunks(), NVTX_KIND),
-            "name": coalesce_text(batch["text"].combine_chunks(),
-                                  strings.dictionary(batch["text_id"].combine_chunks())),
+            "kind": enum_lookup(whole(batch["event_type"]), NVTX_KIND),
+            "name": coalesce_text(whole(batch["text"]),
+                                  strings.dictionary(whole(batch["text_id"]))),
             "domain": domain,
             "category": batch["category"],
             "color": batch["color"],
@@ -389,8 +390,8 @@ def _memory_events(src: sqlite3.Connection, sink: Sink) -> Iterator[pa.Table]:
         batch = valid_times(batch, "memory_events", sink.damage)
         cols = {c: batch[c] for c in batch.column_names}
         cols["pid"] = _pid(cols["pid"])
-        cols["op"] = enum_lookup(cols["op"].combine_chunks(), cupti.MEMORY_OPERATION)
-        cols["mem_kind"] = enum_lookup(cols["mem_kind"].combine_chunks(), cupti.MEMORY_KIND)
+        cols["op"] = enum_lookup(whole(cols["op"]), cupti.MEMORY_OPERATION)
+        cols["mem_kind"] = enum_lookup(whole(cols["mem_kind"]), cupti.MEMORY_KIND)
         cols["address"] = pc.cast(cols["address"], pa.uint64(), safe=False)
         return pa.table(cols)
 
@@ -474,7 +475,7 @@ def _read_processes(src: sqlite3.Connection, tables: set[str], strings: Strings,
             gtid = batch["global_tid"]
             sink.append("threads", pa.table({
                 "pid": _pid(gtid), "tid": _tid(gtid),
-                "name": strings.lookup(batch["name_id"].combine_chunks()),
+                "name": strings.lookup(whole(batch["name_id"])),
             }))
 
 

@@ -233,7 +233,11 @@ def _as(column: pa.ChunkedArray | pa.Array, kind: pa.DataType) -> pa.ChunkedArra
     the SQLite export), text as string."""
     if column.type == kind:
         return column
-    return pc.cast(column, kind, safe=not (pa.types.is_uint64(column.type) and pa.types.is_int64(kind)))
+    if pa.types.is_uint64(column.type) and pa.types.is_int64(kind):  # the same bits: a view, no copy
+        if isinstance(column, pa.ChunkedArray):
+            return pa.chunked_array([chunk.view(kind) for chunk in column.chunks], kind)
+        return column.view(kind)
+    return pc.cast(column, kind)
 
 
 class ColumnarScanner:

@@ -10,14 +10,37 @@ WireError naming the byte offset; the caller turns it into one line about the fi
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from traceq.errors import TraceFormatError
 
 Span = tuple[int, int]
 
 
 class WireError(ValueError):
     """The bytes are not well-formed protobuf wire format."""
+
+
+class MappedFile:
+    """A protobuf file mapped read-only (`buf`), for readers that walk it in place; an empty file
+    (which cannot be mapped) is refused in one line."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = path.open("rb")
+        try:
+            self.buf: Any = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            self._file.close()
+            raise TraceFormatError(f"{path} is empty (0 bytes), not a trace") from None
+
+    def close(self) -> None:
+        self.buf.close()
+        self._file.close()
 
 
 def varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:

@@ -6,8 +6,8 @@ column; rocprofiler-sdk adds views without the uuid (`rocpd_kernel_dispatch`, ..
 read where they exist, else the tables of each name (several uuids, as `rocpd merge` leaves
 them, read together). Rows join on id and guid.
 
-Kernels: `rocpd_kernel_dispatch` with its two `rocpd_timestamp`s, its kernel symbol (name, VGPRs,
-LDS), its track (agent: the device, queue: the stream) and its event (correlation id). API
+Kernels: `rocpd_kernel_dispatch` with its two `rocpd_timestamp`s, its kernel symbol (name, arch
+and accumulation VGPRs, SGPRs), its track (agent: the device, queue: the stream) and its event (correlation id). API
 calls: the `rocpd_region`s whose event's category is not a marker's (HIP, HSA, RCCL...), named by
 their `rocpd_string`; roctx ranges: the regions of category `MARKER_CORE_RANGE_API`. Copies:
 `rocpd_memory_copy`. The rows are those the rocprofv3 JSON reader (`amd.RocprofJsonReader`) makes
@@ -105,7 +105,8 @@ def _gpus(src: sqlite3.Connection, s: dict[str, str], rows: _Rows) -> dict[tuple
         extra = _json(extdata)
         device_of[(agent, guid)] = index
         rows.tables.gpus.append(gpu_row(index, _text(product) or _text(name), extra.get("cu_count"),
-                                        extra.get("max_engine_clk_fcompute"), extra.get("wave_front_size")))
+                                        extra.get("max_engine_clk_fcompute"), extra.get("wave_front_size"), name,
+                                        extra.get("max_waves_per_cu"), extra.get("lds_size_in_kb")))
     return device_of
 
 
@@ -119,8 +120,8 @@ def _kernels(src: sqlite3.Connection, s: dict[str, str], rows: _Rows, device_of:
     symbol = s.get("rocpd_info_kernel_symbol")
     event = s.get("rocpd_event")
     sql = f"""
-        SELECT DS.value, DE.value, {'S.display_name, S.kernel_name, S.extdata, S.arch_vgpr_count' if symbol
-                                    else 'NULL, NULL, NULL, NULL'},
+        SELECT DS.value, DE.value, {'S.display_name, S.kernel_name, S.extdata, S.arch_vgpr_count, S.accum_vgpr_count, S.sgpr_count'
+                                    if symbol else 'NULL, NULL, NULL, NULL, NULL, NULL'},
                K.kernel_id, T.agent_id, K.guid, T.queue_id, {'E.correlation_id' if event else 'NULL'},
                K.grid_size_x, K.grid_size_y, K.grid_size_z, K.workgroup_size_x, K.workgroup_size_y,
                K.workgroup_size_z, K.group_segment_size, K.private_segment_size
@@ -130,7 +131,7 @@ def _kernels(src: sqlite3.Connection, s: dict[str, str], rows: _Rows, device_of:
         {f'LEFT JOIN {symbol} S ON S.id = K.kernel_id AND S.guid = K.guid' if symbol else ''}
         {f'LEFT JOIN {event} E ON E.id = K.event_id AND E.guid = K.guid' if event else ''}
         ORDER BY K.guid, K.id"""
-    for (start, end, display, mangled, extdata, vgprs, kernel_id, agent, guid, queue, correlation,
+    for (start, end, display, mangled, extdata, vgprs, agprs, sgprs, kernel_id, agent, guid, queue, correlation,
          gx, gy, gz, wx, wy, wz, lds, scratch) in src.execute(sql):
         start, end = _int(start), _int(end)
         if start is None or end is None:
@@ -142,7 +143,8 @@ def _kernels(src: sqlite3.Connection, s: dict[str, str], rows: _Rows, device_of:
         rows.tables.kernels.append(kernel_row(
             name, start, end, device_of.get((agent, guid), 0), _int(queue), correlation=_int(correlation), pid=PID,
             grid=tuple(workgroups(_int(g), w) for g, w in zip((gx, gy, gz), size)),  # type: ignore[arg-type]
-            block=size, registers=_int(vgprs), lds=_int(lds), scratch=_int(scratch)))
+            block=size, registers=_int(vgprs), lds=_int(lds), scratch=_int(scratch), accum_vgprs=_int(agprs),
+            sgprs=_int(sgprs)))
 
 
 def _regions(src: sqlite3.Connection, s: dict[str, str], rows: _Rows) -> None:

@@ -26,7 +26,6 @@ correlation id within it).
 
 from __future__ import annotations
 
-import mmap
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -76,19 +75,8 @@ class Event:
     stats: dict[str, Any]
 
 
-class XPlaneSource:
-    def __init__(self, path: Path):
-        self.path = path
-        self._file = path.open("rb")
-        try:
-            self.buf: Any = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:  # an empty file cannot be mapped
-            self._file.close()
-            raise TraceFormatError(f"{path} is empty (0 bytes), not a trace") from None
-
-    def close(self) -> None:
-        self.buf.close()
-        self._file.close()
+class XPlaneSource(pb.MappedFile):
+    """The XPlane file, mapped."""
 
 
 def looks_like_xspace(head: bytes) -> bool:

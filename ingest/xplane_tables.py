@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from traceq.ingest.base import (
+    AMD_CONFIG_COLUMNS,
     KERNEL_CONFIG_COLUMNS,
     KERNEL_QUEUE_COLUMNS,
     Names,
@@ -206,7 +207,7 @@ def write_tables(tables: _Tables, sink: Sink) -> None:
     """Every table of the profile into the sink, in the order the store's loads do."""
     if tables.gpus:
         columns = list(tables.gpus[0])
-        types = {"name": pa.string(), "vendor": pa.string()}
+        types = {"name": pa.string(), "vendor": pa.string(), "arch": pa.string()}
         sink.append("gpus", pa.table({c: pa.array([g[c] for g in tables.gpus], types.get(c, pa.int64()))
                                       for c in columns}), source_rows=0)
     _write_calls(tables, sink)
@@ -230,15 +231,17 @@ def _write_kernels(tables: _Tables, sink: Sink) -> None:
     if not rows:
         return
     names, configs, queues = Names(), Names(), Names()
+    config_columns = AMD_CONFIG_COLUMNS if "sgprs" in rows[0] else KERNEL_CONFIG_COLUMNS  # AMD's readers' rows
     batch = pa.table({c: pa.array([k[c] for k in rows], pa.int64())
                       for c in ("start_ns", "end_ns", "correlation_id", "graph_node_id",
-                                *KERNEL_CONFIG_COLUMNS, *KERNEL_QUEUE_COLUMNS) if c != "launch_type"})
+                                *config_columns, *KERNEL_QUEUE_COLUMNS) if c != "launch_type"})
     batch = batch.append_column("launch_type", pa.nulls(len(rows), pa.int64()))
     name_ids = names.number(pa.array([k["name"] for k in rows], pa.string()))
     sink.append("kernel_events", numbered(kernel_batch(
-        batch, name_id=name_ids, config_id=configs.number(*[batch[c] for c in KERNEL_CONFIG_COLUMNS]),
+        batch, name_id=name_ids, config_id=configs.number(*[batch[c] for c in config_columns]),
         queue_id=queues.number(*[batch[c] for c in KERNEL_QUEUE_COLUMNS])), 0), source_rows=0)
-    sink.append("kernel_configs", kernel_configs(configs.keys, optin_code=1, launch_types={}), source_rows=0)
+    sink.append("kernel_configs", kernel_configs(configs.keys, optin_code=1, launch_types={}, names=config_columns),
+                source_rows=0)
     sink.append("kernel_queues", kernel_queues(queues.keys), source_rows=0)
     demangled = [key[0] for key in names.keys]
     sink.append("kernel_names", kernel_names(demangled, [_short(n) for n in demangled], [None] * len(demangled)),

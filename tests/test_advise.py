@@ -34,6 +34,8 @@ CASES = {
     "recompilation": (None, "alexnet_b256_cudnn"),  # fires: tests/test_advice_catalogue.py (a crafted recompile)
     # needs nsys GPU metrics: fires on crafted samples, silent on the recorded ones (tests/test_gpu_metrics.py)
     "idle_tensor_cores": (None, "alexnet_b256_amp"),
+    # needs an ncu report with sector metrics: fires on the uncoalesced plant (tests/test_advice_ncu.py)
+    "uncoalesced_access": (None, "alexnet_b256_amp"),
 }
 
 

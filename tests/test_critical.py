@@ -289,3 +289,53 @@ def test_no_launch_overhead(sample_store):
         gains[name] = float((table["gain_ns"] / table["measured_ns"]).median())
         assert "validated: eager -> CUDA graph" in notes[0]
     assert abs(gains["alexnet_b256_cudnn"]) < 0.01 and gains["badloop_mlp"] > 0.05
+
+
+@pytest.mark.parametrize("name", ["badloop_mlp", "lenet_b256_cudnn"])
+def test_replay_in_slices(sample_store, monkeypatch, name):
+    """The replay reads its columns a slice at a time and writes packed arrays: with slices of 50
+    nodes it gives what a plain loop over the graph's rows gives, at the measured durations and
+    at half of them (the synchronising calls then wait for less)."""
+    import polars as pl
+
+    from traceq.analysis.critical import replay as module
+
+    con = sample_store
+    nodes = build_graph(con, trace_id(con, name)).nodes
+    assert nodes.height > 200
+    monkeypatch.setattr(module, "SLICE", 50)
+    for dur in (nodes["dur_ns"], nodes["dur_ns"] // 2):
+        run = module.replay(nodes, dur)
+        starts, ends, binds, woke = [], [], [], []
+        for row, d in zip(nodes.iter_rows(named=True), dur.to_list()):
+            bounds = [(t + row[f"{edge}_gap"], b) for b, (edge, t) in enumerate(
+                [("prog", ends), ("launch", starts), ("wait", ends)], 1) if row[edge] >= 0
+                for t in [t[row[edge]]]]
+            s, b = max(bounds, key=lambda bound: bound[0]) if bounds else (row["start_ns"], 0)  # ties: the first
+            e, waited = s + d, False
+            if row["awaited"] >= 0:
+                e, waited = s + row["sync_floor_ns"], ends[row["awaited"]] + row["wake_gap"] > s + row["sync_floor_ns"]
+                e = max(e, ends[row["awaited"]] + row["wake_gap"])
+            starts.append(s), ends.append(e), binds.append(b), woke.append(waited)
+        assert list(run.start_ns) == starts and list(run.end_ns) == ends and list(run.bind) == binds
+        assert [bool(w) for w in run.awaited] == woke and not any(run.arrived)
+        assert run.times[0].to_list() == starts and run.times[1].dtype == pl.Int64
+    assert any(woke) or name != "badloop_mlp"  # its synchronising calls wait at half the durations too
+
+
+def test_column_views():
+    """`replay.values` reads a column's own buffer (a slice of it included, nulls as -1) and
+    `as_series` an array's."""
+    from array import array
+
+    import polars as pl
+
+    from traceq.analysis.critical.replay import as_series, values
+
+    whole = pl.Series([5, 6, 7, 1 << 40, -3], dtype=pl.Int64)
+    assert list(values(whole.slice(2, 3))) == [7, 1 << 40, -3]
+    assert list(values(pl.Series([5, None, 7], dtype=pl.Int64))) == [5, -1, 7]
+    assert list(values(pl.Series([True, False, True, True]).slice(1), "B")) == [0, 1, 1]
+    assert list(values(pl.Series([0, 3, 1], dtype=pl.Int8), "b")) == [0, 3, 1]
+    packed = array("q", [1, -2, 1 << 50])
+    assert as_series(packed).to_list() == [1, -2, 1 << 50]

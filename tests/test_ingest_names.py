@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from traceq.ingest.base import KERNEL_CONFIG_COLUMNS, UNNAMED_KERNEL, Names, kernel_configs, kernel_names, key_rows
 from traceq.store import open_store
@@ -49,6 +51,9 @@ def test_strings_and_chunked_arrays_number_too() -> None:
     [["runtime", "driver", "runtime", None], [5, 5, 5, 5]],        # text
     [[1, 2, 3], [None, None, None]],                               # a column the trace lacks: all NULL
     [[c % 3 for c in range(20)]] * 14,                             # a kernel's launch configuration
+    [[4, 4, 4, 4], [None, None, None, None], [9, 9, 9, 9]],        # one key: every column one-valued
+    [[1, 3, None, 3, 2, None], [0, 5, 0, 5, 0, 7]],                # kept unshifted: NULL beside 1.., 0 without NULL
+    [[1000, 1003, 1000, 1001], [2**62, 2**62 + 1, 2**62, 2**62]],  # shifted by the minimum: fewer bits
 ])
 def test_keys_encoded_on_a_reading_thread_number_as_the_columns_do(columns: list[list]) -> None:
     """`key_rows` then `number_keys` give the ids and keys of numbering the columns row by row."""
@@ -94,7 +99,8 @@ KERNELS = ["trace_id", "kernel_id", "start_ns", "end_ns", "dur_ns", "device_id",
            "block_x", "block_y", "block_z", "grid_blocks", "block_threads", "registers_per_thread",
            "smem_static_bytes", "smem_dynamic_bytes", "smem_carveout_bytes", "smem_optin",
            "local_memory_per_thread_bytes", "local_memory_total_bytes", "launch_type", "graph_node_id",
-           "kineto_occupancy_pct"]  # schema 6 appends Kineto's own estimate
+           "kineto_occupancy_pct",  # schema 6 appends Kineto's own estimate
+           "accum_vgprs", "sgprs"]  # schema 11, AMD's AGPRs and SGPRs
 API_CALLS = ["trace_id", "start_ns", "end_ns", "dur_ns", "api", "name", "correlation_id", "pid", "tid",
              "global_tid", "return_value"]
 
@@ -117,3 +123,16 @@ def test_views_keep_the_columns_of_the_tables_they_replaced(view: str, columns: 
         assert types == NVTX
     if view == "kernels":
         assert types["grid_blocks"] == "BIGINT" and types["block_threads"] == "INTEGER"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.none(), st.integers(-3, 3), st.integers(0, 2**62)), min_size=1, max_size=6)
+                .map(lambda r: r + [None] * (6 - len(r))), min_size=1, max_size=40))
+def test_key_rows_number_rows_as_python_does(rows: list[list]) -> None:
+    """Any small table: each row's key index is its first appearance among the distinct rows,
+    and the keys are those rows, in that order."""
+    columns = [pa.array([r[i] for r in rows], pa.int64()) for i in range(6)]
+    keys = key_rows(*columns)
+    first_seen = list(dict.fromkeys(tuple(r) for r in rows))
+    assert keys.indices.to_pylist() == [first_seen.index(tuple(r)) for r in rows]
+    assert [tuple(k.values()) for k in keys.dictionary.to_pylist()] == first_seen

@@ -416,3 +416,37 @@ def test_kernel_names_as_each_tool_demangles_them(tmp_path: Path) -> None:
     assert [name for _, name in joined] == in_order
     assert sum(a != b for a, b in zip((r["Kernel Name"] for r in sorted(rows, key=lambda r: int(r["ID"]))), in_order,
                                       strict=True)) > 200
+
+
+def test_the_applications_own_output_before_the_header_is_skipped(tmp_path: Path) -> None:
+    """`ncu --csv ... python app.py > report.csv` puts what the application printed in the same
+    file, before ncu's table (the planted-uncoalesced recording has a JSON line there): the
+    report still loads, every profiled launch read (counted here from the raw lines)."""
+    raw = gzip.decompress((NCU / "planted_uncoalesced_raw.csv.gz").read_bytes()).decode()
+    lines = raw.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith('"ID",'))
+    assert any(line.startswith("{") for line in lines[:header])  # the script's own print
+    launches = sum(1 for line in lines[header + 2:] if line.startswith('"'))
+    from traceq.ingest.ncu import read_ncu
+
+    report = read_ncu(NCU / "planted_uncoalesced_raw.csv.gz")
+    assert report.launches.height == launches == 204
+    assert {"global_sectors", "global_sectors_ideal", "l2_cycles_active", "l2_cycles_elapsed"} <= set(report.present)
+    first = next(csv.reader([lines[header + 2]]))
+    columns = next(csv.reader([lines[header]]))
+    assert report.launches["global_sectors"][0] == _num(first[columns.index("memory_l2_theoretical_sectors_global")])
+
+
+def test_an_ncu_table_of_an_older_traceq_gains_the_new_columns(tmp_path: Path) -> None:
+    """A store whose ncu_metrics was made before the sector columns existed: the next --ncu load
+    adds them (nullable) and fills them; the rows it had keep their values."""
+    db = tmp_path / "traceq.duckdb"
+    _load(db, str(NCU / "alexnet_b256_fp32.sqlite"), "--ncu", str(NCU / "alexnet_b256_fp32_ncu.csv.gz"))
+    con = duckdb.connect(str(db))
+    for column in ("global_sectors", "global_sectors_ideal", "l2_cycles_active", "l2_cycles_elapsed"):
+        con.execute(f"ALTER TABLE ncu_metrics DROP COLUMN {column}")
+    con.close()
+    ru = runner.invoke(app, ["advise", "--db", str(db)])
+    assert ru.exit_code == 0, ru.output
+    _load(db, str(SAMPLES / "planted" / "uncoalesced.sqlite"), "--ncu", str(NCU / "planted_uncoalesced_raw.csv.gz"))
+    assert _sql(db, "SELECT count(*), count(global_sectors), count(dram_read_bytes) FROM ncu_metrics") == [(234, 204, 234)]

@@ -115,6 +115,23 @@ def corpus(include_shared: bool = True, protobuf: bool = False, amd: bool = Fals
     return files
 
 
+PFTRACE_SOURCE = "rocpd/AMD-AGI__TraceLens__rocprof__908_results.json.gz"
+"""The rocprofv3 JSON the fuzzed Perfetto trace is built from (its licence allows test use, not copying)."""
+
+
+def pftrace(folder: Path, limit: int = 300) -> Path:
+    """A `.pftrace` in rocprofv3's layout with `limit` of PFTRACE_SOURCE's dispatches and a
+    made-up launching call each (tools/make_pftrace.py), built into `folder`: the fuzzer's
+    Perfetto corpus file (a protobuf; its mutants keep the suffix)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import make_pftrace
+
+    out = folder / "rocprofv3.pftrace"
+    make_pftrace.build(SHARED / "realtraces" / PFTRACE_SOURCE, out, limit=limit, synthetic_api=True,
+                       group_by_queue=True)
+    return out
+
+
 def trace_format(path: Path) -> str:
     """The container a corpus file is in, which decides the mutations that apply to it."""
     head = path.read_bytes()[:16]
@@ -126,7 +143,7 @@ def trace_format(path: Path) -> str:
         return "json"
     if path.suffix == ".csv":  # rocprof's CSV (a header row of quoted names)
         return "csv"
-    if head[:1] == b"\x0a":  # protobuf: field 1, length-delimited (an XSpace's first plane)
+    if head[:1] == b"\x0a":  # protobuf: field 1, length-delimited (an XSpace's first plane, a Perfetto packet)
         return "protobuf"
     raise ValueError(f"{path}: no mutations for this format")
 
@@ -981,6 +998,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--format", action="append", choices=("sqlite", "json", "json.gz", "protobuf", "csv"),
                         help="only corpus files in this container (repeatable)")
     parser.add_argument("--amd", action="store_true", help="the AMD profiles of ../shared/realtraces/rocpd too")
+    parser.add_argument("--pftrace", action="store_true",
+                        help="a Perfetto trace too, built from the rocprofv3 JSON (tools/make_pftrace.py; needs perfetto)")
     parser.add_argument("--jsonl", type=Path, help="append each mutant's outcome here as a JSON line")
     parser.add_argument("--keep", type=Path, help="move failing mutants into this folder")
     parser.add_argument("--quiet", action="store_true", help="no line per mutant on stderr")
@@ -997,6 +1016,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with scratch() as work:
         files = [p for p in corpus(not args.no_shared, protobuf="protobuf" in (args.format or ()), amd=args.amd)
                  if not args.format or trace_format(p) in args.format]
+        if args.pftrace:
+            files.append(pftrace(work))
         harness = Harness(files, args.seed, work)
         log = args.jsonl.open("a") if args.jsonl else None
         try:

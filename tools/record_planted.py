@@ -21,10 +21,18 @@ Plants (each adds one thing to the base loop):
 - `churn`: `torch.cuda.empty_cache()` in the forward pass and at the end of each step, so every
   step frees (cudaFree synchronises) and allocates afresh;
 - `recompile`: the linear head under `torch.compile` with a new batch size every step;
+- `uncoalesced`: ten adds of two 8192 x 8192 fp32 matrices per step, one read through its
+  transpose (a strided view), so a warp's 32 loads of it touch 32 sectors instead of 4; the base
+  loop of this plant does the same adds on the untransposed matrix (the same kernels' work, read in
+  order), so the plant's cost is the uncoalesced reads alone;
 - `base`: nothing.
 
 `--kineto FILE` records both captures with `torch.profiler` instead (record_shapes; the ranges
 as `record_function`s too) and writes the plant's as Kineto JSON to FILE.
+
+`--only-planted` starts the profiler (`cudaProfilerStart`) for the planted steps only, for a
+profiler that cannot tell the two capture ranges apart (Nsight Compute: `tools/record_planted.sh`
+with `NCU=1` profiles two planted steps' kernels that way).
 
 `--graph` captures the whole step into a CUDA graph replayed once per iteration (for the eager ->
 CUDA graphs what-if pair with `smallkernels`).
@@ -50,7 +58,7 @@ import numpy as np
 import torch
 from torch import nn
 
-PLANTS = ("base", "pageable", "sync", "smallkernels", "fp32", "layout", "dataloader", "churn", "recompile")
+PLANTS = ("base", "pageable", "sync", "smallkernels", "fp32", "layout", "dataloader", "churn", "recompile", "uncoalesced")
 BATCH, CHANNELS, SIDE = 256, 16, 56
 _STACK: list = []
 KINETO = False  # ranges also as torch.profiler record_functions (--kineto)
@@ -100,6 +108,11 @@ class Loop:
         self.tiny = torch.ones(64, device=dev)
         self.head = torch.compile(lambda h: torch.relu(h) * 1.5 + 0.5, dynamic=False)
         self.batches = iter(range(8, 10_000, 8))
+        if plant == "uncoalesced":  # 3 x 256 MiB; the transposed view's data is another matrix
+            self.wide = torch.randn(8192, 8192, device=dev)
+            self.wide_t = torch.randn(8192, 8192, device=dev).t()
+            self.wide_b = torch.randn(8192, 8192, device=dev)
+            self.wide_out = torch.empty(8192, 8192, device=dev)
         self.syncs: list = []
 
     def _sync_hooks(self, on: bool) -> None:
@@ -156,6 +169,10 @@ class Loop:
                 out = out + t[:1]
             if p == "churn":  # the cached blocks handed back mid-step: cudaFree syncs, the next step
                 torch.cuda.empty_cache()  # allocates afresh
+            if self.plant == "uncoalesced":  # the same adds in both loops; planted, one operand strided
+                src = self.wide_t if p == "uncoalesced" else self.wide
+                for _ in range(10):
+                    torch.add(src, self.wide_b, out=self.wide_out)
             if p == "recompile":
                 n = next(self.batches) if self.plant == "recompile" else BATCH
                 h = self.head(out[:n])
@@ -191,6 +208,7 @@ def main() -> None:
     ap.add_argument("--graph", action="store_true")
     ap.add_argument("--measure", type=int, default=30)
     ap.add_argument("--traced", type=int, default=8)
+    ap.add_argument("--only-planted", action="store_true", help="start the profiler for the planted steps only")
     ap.add_argument("--kineto", help="record the plant's steps with torch.profiler into this JSON file instead")
     a = ap.parse_args()
     global KINETO
@@ -216,10 +234,12 @@ def main() -> None:
     torch.cuda.synchronize()
     traced = {}
     for kind in ("base", "planted"):  # two capture ranges: nsys --capture-range-end=repeat:2
+        capture = not (a.only_planted and kind == "base")
         profiler = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                        torch.profiler.ProfilerActivity.CUDA], record_shapes=True)
                     if a.kineto else None)
-        torch.cuda.cudart().cudaProfilerStart()
+        if capture:
+            torch.cuda.cudart().cudaProfilerStart()
         if profiler:
             profiler.__enter__()
         traced[kind] = [loop.step(kind == "planted", f"iteration {i}") for i in range(a.traced)]
@@ -228,7 +248,8 @@ def main() -> None:
             profiler.__exit__(None, None, None)
             if kind == "planted":
                 profiler.export_chrome_trace(a.kineto)
-        torch.cuda.cudart().cudaProfilerStop()
+        if capture:
+            torch.cuda.cudart().cudaProfilerStop()
         time.sleep(1.0)
     truth = {"plant": a.plant, "graph": a.graph, "step_ns": statistics.median(planted),
              "traced_step_ns": statistics.median(traced["planted"]),

@@ -71,13 +71,16 @@ class Graph:
 
 def build_graph(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str = ITERATION_REGEX) -> Graph:
     """The dependency graph of the trace (see the module docstring)."""
-    from traceq.analysis.kernels.classify import classify
-
     t = int(trace_id)
-    work = gpu_work(con, t)
-    ops = work.ops
+    # each part read by its own function, so that what was read to make it is freed on its return
+    return _assemble(con, t, _host(con, t), _gpu(con, t, iteration_regex), iteration_regex)
+
+
+def _host(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
+    """The host nodes: the outermost API call of each thread (kind, pid, thread, start_ns, end_ns,
+    name, sync)."""
+    t = int(trace_id)
     api_names = dict(con.execute("SELECT name_id, name FROM api_names WHERE trace_id = ?", [t]).fetchall())
-    # host calls: the outermost of each thread
     calls = api_calls(con, t, None).with_columns(
         thread=(pl.struct("pid", "tid").hash() // 4).cast(pl.Int64)).sort("thread", "start_ns", "end_ns")
     reach = pl.col("end_ns").cum_max().shift(1).over("thread")
@@ -88,10 +91,19 @@ def build_graph(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: 
     syncing = names.str.contains(SYNC_CALL.pattern) | (names.str.contains(COPY_CALL.pattern)
                                                         & ~names.str.contains("Async"))
     sync = syncing.gather(calls["name_id"]) if calls.height else pl.Series([], dtype=pl.Boolean)
-    host = calls.select(
+    return calls.select(
         kind=pl.lit(0, pl.UInt8), pid="pid", thread="thread", start_ns="start_ns", end_ns="end_ns",
         name=call_name, sync=sync)
-    # GPU work: kernels, copies, sets
+
+
+def _gpu(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str) -> pl.DataFrame:
+    """The GPU nodes: kernels, copies, sets (kind, pid, device, stream, start_ns, end_ns, name,
+    library, operation, precision, call_thread, call_start_ns, layer)."""
+    from traceq.analysis.kernels.classify import classify
+
+    t = int(trace_id)
+    work = gpu_work(con, t)
+    ops = work.ops
     pid = work.of("pid")
     device = work.of("device_id")
     stream = work.of("stream_id")
@@ -122,8 +134,7 @@ def build_graph(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: 
         "precision": _kernels_only(is_kernel, precision), "call_thread": op_thread, "call_start_ns": ops["call_start_ns"]})
     if gpu.is_empty():
         raise MissingDataError("the trace has no GPU work (kernels, copies, sets): no critical path to find")
-    gpu = gpu.with_columns(layer=_layers(con, t, iteration_regex, gpu))
-    return _assemble(con, t, host, gpu, iteration_regex)
+    return gpu.with_columns(layer=_layers(con, t, iteration_regex, gpu))
 
 
 def _layers(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str, gpu: pl.DataFrame) -> pl.Series:
@@ -155,26 +166,30 @@ def _kernels_only(is_kernel: pl.Series, values: pl.Series) -> pl.Series:
 
 def _assemble(con: duckdb.DuckDBPyConnection, trace_id: int, host: pl.DataFrame, gpu: pl.DataFrame,
               iteration_regex: str) -> Graph:
-    """Both kinds of nodes into one table in replay order, with their edges and gaps."""
+    """Both kinds of nodes into one table in replay order, with their edges and gaps. The labels
+    (name, library, operation, precision, layer) wait aside, in the parts' order, while the
+    edges are found, and are put into replay order last: the sort and the edges' frames carry
+    only the numbers they need (a million kernels and their calls: 3 M rows)."""
     lanes = pl.concat([host.select(a=pl.lit(0, pl.Int64), b=pl.col("thread").cast(pl.Int64)),
                        gpu.select(a=pl.col("device").cast(pl.Int64).fill_null(-1) + 1,
                                   b=pl.col("stream").cast(pl.Int64).fill_null(-1))])
     lane = lanes.select(pl.struct("a", "b").rank("dense").cast(pl.Int64)).to_series()
+    del lanes
+    nones = {c: pl.lit(None, pl.String) for c in ("library", "operation", "precision", "layer")}
+    labels = pl.concat([host.select("name", **nones), gpu.select("name", *nones)], how="vertical_relaxed")
     nodes = pl.concat([
-        host.select("kind", "pid", "start_ns", "end_ns", "name", "sync", device=pl.lit(None, pl.Int64),
-                    library=pl.lit(None, pl.String), operation=pl.lit(None, pl.String),
-                    precision=pl.lit(None, pl.String), layer=pl.lit(None, pl.String), call_thread=pl.lit(None, pl.Int64),
-                    call_start_ns=pl.lit(None, pl.Int64), thread=pl.col("thread")),
-        gpu.select("kind", pl.col("pid"), "start_ns", "end_ns", "name", sync=pl.lit(False),
-                   device=pl.col("device").cast(pl.Int64), library="library", operation="operation",
-                   precision="precision", layer="layer", call_thread="call_thread", call_start_ns="call_start_ns",
+        host.select("kind", "pid", "start_ns", "end_ns", "sync", device=pl.lit(None, pl.Int64),
+                    call_thread=pl.lit(None, pl.Int64), call_start_ns=pl.lit(None, pl.Int64), thread=pl.col("thread")),
+        gpu.select("kind", pl.col("pid"), "start_ns", "end_ns", sync=pl.lit(False),
+                   device=pl.col("device").cast(pl.Int64), call_thread="call_thread", call_start_ns="call_start_ns",
                    thread=pl.lit(None, pl.Int64)),
     ], how="vertical_relaxed").with_columns(lane=lane, dur_ns=pl.col("end_ns") - pl.col("start_ns"))
-    # replay order
+    del host, gpu, lane
+    # replay order (`label`: each node's row in `labels`)
     tie = pl.when(pl.col("kind") > 0).then(1).when(pl.col("sync")).then(2).otherwise(0)
-    nodes = (nodes.with_columns(key=pl.when(pl.col("sync")).then(pl.col("end_ns")).otherwise(pl.col("start_ns")),
-                                tie=tie)
-             .sort("key", "tie", "lane", "start_ns", "end_ns").with_row_index("node")
+    nodes = (nodes.with_row_index("label")
+             .with_columns(key=pl.when(pl.col("sync")).then(pl.col("end_ns")).otherwise(pl.col("start_ns")), tie=tie)
+             .sort("key", "tie", "lane", "start_ns", "end_ns").drop("key", "tie").with_row_index("node")
              .with_columns(pl.col("node").cast(pl.Int64)))
     # prog: the previous node of the lane (within a lane the replay order is nearly always time
     # order already: a stable sort by lane, checked, spares sorting by four keys)
@@ -188,9 +203,10 @@ def _assemble(con: duckdb.DuckDBPyConnection, trace_id: int, host: pl.DataFrame,
                               ).to_series()
     nodes = nodes.with_columns(prog=pl.repeat(None, nodes.height, dtype=pl.Int64, eager=True)
                                .scatter(in_lane["node"], previous))
-    host_rows = nodes.filter(pl.col("kind") == 0)
-    gpu_mask = nodes["kind"] > 0
-    gpu_rows = nodes.filter(gpu_mask)
+    del in_lane, previous
+    host_rows = nodes.select("node", "thread", "start_ns").filter(nodes["kind"] == 0)
+    gpu_rows = nodes.select("node", "pid", "device", "start_ns", "end_ns", "call_thread", "call_start_ns"
+                            ).filter(nodes["kind"] > 0)
 
     def none() -> pl.Series:  # a fresh column of nulls for each (scatter writes in place)
         return pl.repeat(None, nodes.height, dtype=pl.Int64, eager=True)
@@ -199,24 +215,31 @@ def _assemble(con: duckdb.DuckDBPyConnection, trace_id: int, host: pl.DataFrame,
     at = last_at_or_before(host_rows["thread"].cast(pl.Int64), host_rows["start_ns"],
                            gpu_rows["call_thread"].cast(pl.Int64), gpu_rows["call_start_ns"])
     launch = none().scatter(gpu_rows["node"], host_rows["node"].gather(at))
+    del at, host_rows
     # sync: the last GPU node of the process ended at or before the call's end, issued before it began
-    syncs = nodes.filter("sync")
+    syncs = nodes.select("node", "pid", "start_ns", "end_ns").filter(nodes["sync"])
     before = last_at_or_before(gpu_rows["pid"].cast(pl.Int64), gpu_rows["end_ns"], syncs["pid"].cast(pl.Int64),
                                syncs["end_ns"])
     waited = gpu_rows["node"].gather(before)
     issued = gpu_rows["call_start_ns"].gather(before)
     awaited = none().scatter(syncs["node"], pl.select(pl.when(issued.is_null() | (issued <= syncs["start_ns"]))
                                                     .then(waited)).to_series())
+    del syncs, before, waited, issued
     # wait: another stream's operation of the device that ended last at or before the start
     ended = last_at_or_before(gpu_rows["device"].fill_null(-1), gpu_rows["end_ns"], gpu_rows["device"].fill_null(-1),
                               gpu_rows["start_ns"])
     wait = none().scatter(gpu_rows["node"], gpu_rows["node"].gather(ended))
-    nodes = nodes.with_columns(launch=launch, awaited=awaited, wait=wait)
+    del ended, gpu_rows
+    nodes = nodes.drop("thread", "call_thread", "call_start_ns", "sync").with_columns(
+        launch=launch, awaited=awaited, wait=wait)
+    del launch, awaited, wait
     nodes = _gaps(nodes).with_columns(peer=pl.lit(-1, pl.Int64), peer_gap=pl.lit(0, pl.Int64), arrived=pl.lit(False))
     nodes, dropped = _forward_only(nodes)
     iterations, codes = _iterations(con, trace_id, nodes, iteration_regex)
     nodes = nodes.with_columns(iteration=codes)
-    return Graph(nodes=nodes.select(
+    del codes
+    labels = labels.gather(nodes["label"])
+    return Graph(nodes=pl.concat([nodes, labels], how="horizontal").select(
         "kind", "lane", "name", "library", "operation", "precision", "layer", "iteration", "start_ns", "end_ns", "dur_ns",
         "fixed", "prog", "prog_gap", "launch", "launch_gap", "wait", "wait_gap", "awaited", "wake_gap",
         "sync_floor_ns", "bind", "woke", "peer", "peer_gap", "arrived", "pid", "device"), iterations=iterations, dropped=dropped)

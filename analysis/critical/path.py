@@ -19,16 +19,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from traceq.analysis.critical.graph import KINDS, Graph
-from traceq.analysis.critical.replay import (
-    EDGES,
-    Replayed,
-    iteration_ends,
-    measured,
-    predecessors,
-    replay,
-    segment_bounds,
-    walk,
-)
+from traceq.analysis.critical.replay import EDGES, Replayed, iteration_ends, measured, replay, segment_bounds, walk
 
 CATEGORIES = ("compute", "communication", "copy", "host", "launch", "sync wait", "idle")
 """What a path segment is, in the order tables list them."""
@@ -47,19 +38,18 @@ class Critical:
     attribution); latest first within an iteration."""
 
 
-def critical_paths(graph: Graph, dur_ns: pl.Series | None = None, nodes: pl.DataFrame | None = None,
-                   lists: dict | None = None) -> Critical:
+def critical_paths(graph: Graph, dur_ns: pl.Series | None = None, nodes: pl.DataFrame | None = None) -> Critical:
     """Replay `graph` (with durations `dur_ns` and edge table `nodes` where given: a what-if's) and
-    give each iteration's critical path; `lists`: columns already made lists (`replay.column`)."""
-    run = measured(graph.nodes, lists) if dur_ns is None and nodes is None else replay(
-        graph.nodes if nodes is None else nodes, dur_ns, lists)
+    give each iteration's critical path."""
+    run = measured(graph.nodes) if dur_ns is None and nodes is None else replay(
+        graph.nodes if nodes is None else nodes, dur_ns)
     return paths_of(graph, graph.nodes if nodes is None else nodes, run)
 
 
 def paths_of(graph: Graph, nodes: pl.DataFrame, run: Replayed) -> Critical:
     """The critical paths of a replay `run` of `nodes`."""
-    ends = iteration_ends(nodes, *(reversed(run.times) if run.times else (run.end_ns, run.start_ns)))
-    preds = run.preds or predecessors(nodes)
+    ends = iteration_ends(nodes, *reversed(run.times))
+    preds = run.preds
     index: list[int] = []
     node, edge = out = ([], [])
     for i, (last, begin) in enumerate(zip(ends["last"].to_list(), ends["begin_ns"].to_list())):

@@ -4,15 +4,21 @@ The replay visits the nodes once in their order (every edge runs forward in it):
 at the latest of its predecessors' times plus the edges' gaps (a node without one at its
 measured start), and ends its duration later; a synchronising call ends no earlier than the
 work it waits for plus its wake-up. Each node keeps which constraint bound it, and the walk back
-from an iteration's last node along those gives the critical path. The loop runs over plain
-Python lists: a million kernels and their calls replay in a few seconds (bench/critical_scale.py).
+from an iteration's last node along those gives the critical path. The loop reads the nodes'
+columns a slice at a time as Python lists and writes the times into packed arrays, so that a
+million kernels and their calls (3 M nodes) replay in a few seconds and a few hundred MB
+(bench/critical_scale.py); what the walk reads at random it reads from those arrays, or from the
+columns' own buffers, not from a Python object per value.
 """
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import polars as pl
+import pyarrow as pa
 
 BINDS = ("fixed", "prog", "launch", "wait")
 """What bound a node's start: nothing (its measured start), program order, launch, a wait."""
@@ -20,100 +26,105 @@ BINDS = ("fixed", "prog", "launch", "wait")
 EDGES = ("node", "prog", "launch", "wait", "wake", "before", "arrive")
 """What a path segment is (`walk` gives the index)."""
 
+PREDS = ("prog", "launch", "wait", "awaited", "peer")
+"""The predecessor columns `walk` follows."""
+
+SLICE = 1 << 16
+"""Nodes the replay loop reads as lists at a time: the lists of 3 M nodes' columns would take
+more than the graph."""
+
 
 @dataclass(frozen=True)
 class Replayed:
-    """Replayed times of every node, and what bound each."""
+    """Replayed times of every node, and what bound each (sequences indexed by node: packed
+    arrays or views of the graph's columns, read one value at a time)."""
 
-    start_ns: list[int]
-    end_ns: list[int]
-    bind: list[int]  # index into BINDS
-    awaited: list[bool]  # a synchronising call's end bound by the work it waited for
-    arrived: list[bool]  # a collective kernel's end bound by the last rank's arrival (its peer's start)
-    preds: tuple[list[int], list[int], list[int], list[int], list[int]] | None = None
-    """`predecessors` of the nodes replayed, where the replay had them as lists already."""
-    times: tuple[pl.Series, pl.Series] | None = None
-    """start_ns and end_ns as Series, where they are the nodes' own (`measured`)."""
-
-
-def column(nodes: pl.DataFrame, name: str, lists: dict | None = None) -> list:
-    """Column `name` of `nodes` as a Python list (null: -1), the one in `lists` (name -> (column,
-    list), filled here) where the column holds the same values: a what-if changes a few columns
-    and replays with the rest as they were."""
-    values = nodes[name]
-    if values.null_count():
-        values = values.fill_null(-1)
-    kept = lists.get(name) if lists is not None else None
-    if kept is not None and kept[0].equals(values):
-        return kept[1]
-    out = values.to_list()
-    if lists is not None:
-        lists[name] = (values, out)
-    return out
+    start_ns: Sequence[int]
+    end_ns: Sequence[int]
+    bind: Sequence[int]  # index into BINDS
+    awaited: Sequence[int]  # 1: a synchronising call's end bound by the work it waited for
+    arrived: Sequence[int]  # 1: a collective kernel's end bound by the last rank's arrival (its peer's start)
+    preds: tuple[Sequence[int], ...]
+    """`predecessors` of the nodes replayed."""
+    times: tuple[pl.Series, pl.Series]
+    """start_ns and end_ns as Series (over the same memory)."""
 
 
-def replay(nodes: pl.DataFrame, dur_ns: pl.Series | None = None, lists: dict | None = None) -> Replayed:
+def values(series: pl.Series, code: str = "q") -> memoryview:
+    """The values of `series` (an integer or boolean column, nulls as -1) as a memoryview of
+    `code` ('q' int64, 'b' int8, 'B' uint8) over its own buffer where it has one: no copy, no
+    Python object per value until one is read."""
+    dtype = {"q": pl.Int64, "b": pl.Int8, "B": pl.UInt8}[code]
+    if series.null_count():
+        series = series.fill_null(-1)
+    arrow = series.cast(dtype).rechunk().to_arrow()
+    return memoryview(arrow.buffers()[1]).cast(code)[arrow.offset:arrow.offset + len(arrow)]
+
+
+def as_series(packed: array) -> pl.Series:
+    """An array('q') as an Int64 Series over the same memory (the array can no longer grow)."""
+    return pl.from_arrow(pa.Array.from_buffers(pa.int64(), len(packed), [None, pa.py_buffer(packed)]))  # type: ignore[return-value]
+
+
+def replay(nodes: pl.DataFrame, dur_ns: pl.Series | None = None) -> Replayed:
     """Replay `nodes` (`graph.Graph.nodes`, perhaps with changed columns) with durations `dur_ns`
-    (default: the measured ones); `lists`: `column`'s."""
-    def col(name: str) -> list:
-        return column(nodes, name, lists)
-
-    dur = (nodes["dur_ns"] if dur_ns is None else dur_ns).cast(pl.Int64).to_list()
-    measured = col("start_ns")
-    prog, pg = col("prog"), col("prog_gap")
-    launch, lg = col("launch"), col("launch_gap")
-    wait, wg = col("wait"), col("wait_gap")
-    awaited, wk = col("awaited"), col("wake_gap")
-    floor = col("sync_floor_ns")
-    peer, peer_gap = col("peer"), col("peer_gap")
-    n = len(dur)
-    starts, ends, bind, woke, arrived = [0] * n, [0] * n, [0] * n, [False] * n, [False] * n
+    (default: the measured ones)."""
+    n = nodes.height
+    dur = (nodes["dur_ns"] if dur_ns is None else dur_ns).cast(pl.Int64)
+    columns = [nodes[c].fill_null(-1) if nodes[c].null_count() else nodes[c] for c in (
+        "start_ns", "prog", "prog_gap", "launch", "launch_gap", "wait", "wait_gap", "awaited", "wake_gap",
+        "sync_floor_ns", "peer", "peer_gap")] + [dur]
+    starts, ends = array("q"), array("q")
+    add_start, add_end = starts.append, ends.append
+    bind, woke, arrived = bytearray(n), bytearray(n), bytearray(n)
     low = -(1 << 62)
-    for i in range(n):
-        s, b = low, 0
-        p = prog[i]
-        if p >= 0:
-            s, b = ends[p] + pg[i], 1
-        q = launch[i]
-        if q >= 0:
-            v = starts[q] + lg[i]
-            if v > s:
-                s, b = v, 2
-        w = wait[i]
-        if w >= 0:
-            v = ends[w] + wg[i]
-            if v > s:
-                s, b = v, 3
-        if b == 0:
-            s = measured[i]
-        starts[i] = s
-        bind[i] = b
-        a = awaited[i]
-        if a >= 0:
-            e = s + floor[i]
-            v = ends[a] + wk[i]
-            if v > e:
-                e = v
-                woke[i] = True
-            ends[i] = e
-        elif peer[i] >= 0:
-            e = s + floor[i]
-            v = starts[peer[i]] + peer_gap[i]
-            if v > e:
-                e = v
-                arrived[i] = True
-            ends[i] = e
-        else:
-            ends[i] = s + dur[i]
-    return Replayed(starts, ends, bind, woke, arrived, preds=(prog, launch, wait, awaited, peer))
+    i = 0
+    for first in range(0, n, SLICE):
+        for measured, p, pg, q, lg, w, wg, a, wk, floor, peer, peer_gap, d in zip(
+                *(c.slice(first, SLICE).to_list() for c in columns)):
+            s, b = low, 0
+            if p >= 0:
+                s, b = ends[p] + pg, 1
+            if q >= 0:
+                v = starts[q] + lg
+                if v > s:
+                    s, b = v, 2
+            if w >= 0:
+                v = ends[w] + wg
+                if v > s:
+                    s, b = v, 3
+            if b == 0:
+                s = measured
+            else:
+                bind[i] = b
+            add_start(s)
+            if a >= 0:
+                e = s + floor
+                v = ends[a] + wk
+                if v > e:
+                    e = v
+                    woke[i] = 1
+            elif peer >= 0:
+                e = s + floor
+                v = starts[peer] + peer_gap
+                if v > e:
+                    e = v
+                    arrived[i] = 1
+            else:
+                e = s + d
+            add_end(e)
+            i += 1
+    return Replayed(starts, ends, bind, woke, arrived, preds=predecessors(nodes),
+                    times=(as_series(starts), as_series(ends)))
 
 
-def measured(nodes: pl.DataFrame, lists: dict | None = None) -> Replayed:
+def measured(nodes: pl.DataFrame) -> Replayed:
     """The trace's own times as a replay: what the unchanged graph replays to (each binding edge
-    carries its measured gap), without the loop; `lists`: `column`'s."""
-    bind = nodes.select(pl.when(pl.col("fixed")).then(0).otherwise(pl.col("bind"))).to_series().to_list()
-    return Replayed(column(nodes, "start_ns", lists), column(nodes, "end_ns", lists), bind, nodes["woke"].to_list(),
-                    nodes["arrived"].to_list(), preds=predecessors(nodes, lists), times=(nodes["start_ns"], nodes["end_ns"]))
+    carries its measured gap), without the loop."""
+    bind = nodes.select(pl.when(pl.col("fixed")).then(0).otherwise(pl.col("bind"))).to_series()
+    return Replayed(values(nodes["start_ns"]), values(nodes["end_ns"]), values(bind, "b"),
+                    values(nodes["woke"], "B"), values(nodes["arrived"], "B"), preds=predecessors(nodes),
+                    times=(nodes["start_ns"], nodes["end_ns"]))
 
 
 def iteration_ends(nodes: pl.DataFrame, ends: list[int] | pl.Series, starts: list[int] | pl.Series) -> pl.DataFrame:
@@ -136,14 +147,13 @@ def iteration_ends(nodes: pl.DataFrame, ends: list[int] | pl.Series, starts: lis
                             ).with_columns(iteration_ns=pl.col("end_ns") - pl.col("begin_ns"))
 
 
-def predecessors(nodes: pl.DataFrame, lists: dict | None = None
-                 ) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
-    """prog, launch, wait, awaited and peer of every node as lists (null: -1), for `walk`."""
-    return tuple(column(nodes, name, lists) for name in ("prog", "launch", "wait", "awaited", "peer"))  # type: ignore[return-value]
+def predecessors(nodes: pl.DataFrame) -> tuple[memoryview, ...]:
+    """prog, launch, wait, awaited and peer of every node (null: -1), for `walk`."""
+    return tuple(values(nodes[name]) for name in PREDS)
 
 
-def walk(preds: tuple[list[int], list[int], list[int], list[int], list[int]], run: Replayed, last: int,
-         begin_ns: int, out: tuple[list[int], list[int]]) -> int:
+def walk(preds: tuple[Sequence[int], ...], run: Replayed, last: int, begin_ns: int,
+         out: tuple[list[int], list[int]]) -> int:
     """The critical path ending at node `last`'s end (`preds`: `predecessors`), back to
     `begin_ns`, appended to `out` (node, what), latest first; returns how many segments. What
     (an index into EDGES) is 'node' (its own time), 'prog' (the gap after the previous node of
@@ -196,7 +206,7 @@ def segment_bounds(nodes: pl.DataFrame, run: Replayed, node: pl.Series, what: pl
     row in `begins` and `lasts`, the begin_ns and last node each walk was given): a segment begins
     at its predecessor's time (a node's own start, a wait's work's end, ...) or, the last of its
     iteration, at begin_ns; it ends where the one before it began."""
-    start, end = run.times or (pl.Series(run.start_ns, dtype=pl.Int64), pl.Series(run.end_ns, dtype=pl.Int64))
+    start, end = run.times
     columns = {"prog": 1, "launch": 2, "wait": 3, "awaited": 4, "peer": 6}
     frame = pl.DataFrame({"node": node, "what": what, "index": index})
     ref = pl.col("node")

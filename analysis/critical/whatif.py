@@ -212,14 +212,12 @@ def predict(con: duckdb.DuckDBPyConnection, trace_id: int, changes: Changes, gra
     from traceq.analysis.critical.replay import iteration_ends, replay
 
     nodes = graph.nodes
-    measured = iteration_ends(nodes, nodes["end_ns"].to_list(), nodes["start_ns"].to_list())
-    lists: dict = {}  # the columns both replays read as lists, converted once
-    unchanged = replay(nodes, lists=lists)
-    same = iteration_ends(nodes, unchanged.end_ns, unchanged.start_ns)
+    measured = iteration_ends(nodes, nodes["end_ns"], nodes["start_ns"])
+    unchanged = replay(nodes)
+    same = iteration_ends(nodes, *reversed(unchanged.times))
     del unchanged
     changed_nodes, dur, notes = apply(con, trace_id, graph, changes)
-    new = critical_paths(graph, dur, changed_nodes, lists)
-    del lists
+    new = critical_paths(graph, dur, changed_nodes)
     table = new.iterations.select(
         "iteration", measured_ns=measured["iteration_ns"], replayed_ns=same["iteration_ns"],
         predicted_ns=pl.col("iteration_ns"))

@@ -23,6 +23,7 @@ from traceq.analysis.efficiency.ru import _KEYS, launch_ru
 from traceq.analysis.structure.conventions import ITERATION_REGEX
 from traceq.analysis.structure.layers import attributed_kernels
 from traceq.errors import MissingDataError
+from traceq.store import sql_frame
 
 NO_FLOPS = ("no FLOPs: the trace has no op shapes; record it under "
             "torch.autograd.profiler.emit_nvtx(record_shapes=True), or pass --spec model.toml (docs/flops.md)")
@@ -69,8 +70,8 @@ def _device_peaks(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame
     """`peaks.trace_peaks`, busiest device first."""
     from traceq.analysis.efficiency.peaks import trace_peaks
 
-    busy = con.sql(f"SELECT device_id, sum(dur_ns) AS busy_ns FROM kernels WHERE trace_id = {int(trace_id)} "
-                   "GROUP BY 1").pl()
+    busy = sql_frame(con, f"SELECT device_id, sum(dur_ns) AS busy_ns FROM kernels WHERE trace_id = {int(trace_id)} "
+                          "GROUP BY 1")
     return (trace_peaks(con, trace_id).join(busy, on="device_id", how="left")
             .sort("busy_ns", descending=True, nulls_last=True).drop("busy_ns"))
 
@@ -187,8 +188,12 @@ def kernel_precisions(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl
              .select(pl.col("name").cast(kernels.schema["name"]), "operation", "tensor_cores",
                      name_precision="precision"))
     dtypes = kernel_op_rows(con, trace_id).select("kernel_id", "dtype")
-    k = kernels.select("kernel_id", "name").join(names, on="name", how="left").join(dtypes, on="kernel_id", how="left")
-    return _with_precision(k, None).select("kernel_id", "tensor_cores", "precision", "precision_from")
+    k = kernels.select("kernel_id", "name").join(dtypes, on="kernel_id", how="left", maintain_order="left")
+    # a precision depends on the name and the dtype alone: worked out once per pair, a few hundred
+    pairs = _with_precision(k.select("name", "dtype").unique().join(names, on="name", how="left"), None)
+    return k.join(pairs.select("name", "dtype", "tensor_cores", "precision", "precision_from"), on=["name", "dtype"],
+                  how="left", nulls_equal=True, maintain_order="left").select(
+        "kernel_id", "tensor_cores", "precision", "precision_from")
 
 
 def kernel_launch_table(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: pl.DataFrame,
@@ -212,8 +217,8 @@ def kernel_launch_table(con: duckdb.DuckDBPyConnection, trace_id: int, kernels: 
             note(f"{e}: the occupancy and RU columns are empty")
         ru = pl.DataFrame(schema={"kernel_id": pl.Int64, "blocks_per_sm": pl.Int64, "limiter": pl.String,
                                   "occupancy": pl.Float64, "waves": pl.Float64, "ru": pl.Float64})
-    config = con.sql(f"SELECT kernel_id, stream_id, {', '.join(shape)} FROM kernels "
-                     f"WHERE trace_id = {int(trace_id)}").pl()
+    config = sql_frame(con, f"SELECT kernel_id, stream_id, {', '.join(shape)} FROM kernels "
+                            f"WHERE trace_id = {int(trace_id)}")
     return (kernels.join(kernel_precisions(con, trace_id, kernels), on="kernel_id", how="left", maintain_order="left")
             .join(config, on="kernel_id", how="left", maintain_order="left")
             .join(ru.cast({"kernel_id": kernels.schema["kernel_id"]}), on="kernel_id", how="left",
@@ -227,9 +232,10 @@ def _spec_flops(con: duckdb.DuckDBPyConnection, trace_id: int, layers: pl.DataFr
                 kernels: pl.DataFrame) -> pl.DataFrame:
     """The spec's per-step FLOPs (layer, pass, op, flops, dtype) for the whole trace: a layer's
     range occurs once per step the trace recorded; a layer with no range, once per iteration."""
-    occurrences = con.sql(
+    occurrences = sql_frame(
+        con,
         f"SELECT name AS layer, count(*) AS n FROM nvtx WHERE trace_id = {int(trace_id)} "
-        f"AND kind = 'pushpop' GROUP BY name").pl()
+        f"AND kind = 'pushpop' GROUP BY name")
     steps = max(kernels["iteration"].drop_nulls().n_unique(), 1)
     return (layers.join(occurrences, on="layer", how="left")
             .with_columns(flops=pl.col("flops") * pl.col("n").fill_null(steps)).drop("n"))

@@ -27,7 +27,7 @@ from traceq.analysis.efficiency.transformer_flops import TRANSFORMER_FLOP_OPS, t
 from traceq.analysis.kernels.classify import classify_names
 from traceq.analysis.structure.attribution import kernel_attribution
 from traceq.errors import MissingDataError
-from traceq.store import first_row, registered
+from traceq.store import first_row, registered, sql_frame
 
 __all__ = ["FLOP_OPS", "kernel_flops", "kernel_op_rows", "layer_flops", "load_spec", "op_flops", "op_shapes",
            "spec_layer_flops"]
@@ -126,17 +126,18 @@ def _kernel_shares(con: duckdb.DuckDBPyConnection, trace_id: int, ops: pl.DataFr
     ops = (op_flops(con, trace_id).with_row_index("op_row") if ops is None else ops).select(
         "op_row", "pid", "tid", "start_ns", "end_ns", "op", "pass", "flops", "dtype")
     t = int(trace_id)
-    launches = con.sql(  # no op ranges: no launch is read (the frame keeps its columns)
+    launches = sql_frame(  # no op ranges: no launch is read (the frame keeps its columns)
+        con,
         f"SELECT kernel_id, pid, launch_tid AS tid, launch_start_ns, dur_ns FROM kernel_launches "
         f"WHERE trace_id = {t} AND launch_start_ns IS NOT NULL{' AND false' if ops.is_empty() else ''}"
-    ).pl().sort("launch_start_ns")
+    ).sort("launch_start_ns")
     inside = (launches.join_asof(ops.sort("start_ns"), left_on="launch_start_ns", right_on="start_ns",
                                  by=["pid", "tid"], strategy="backward", check_sortedness=False)
               .filter(pl.col("launch_start_ns") <= pl.col("end_ns")))
     # names by their ids: a million launches would otherwise each carry their kernel's name
-    name_ids = con.sql(f"SELECT kernel_id, name_id FROM kernel_events WHERE trace_id = {t}"
-                       f"{' AND false' if inside.is_empty() else ''}").pl()
-    names = con.sql(f"SELECT name_id, name FROM kernel_names WHERE trace_id = {t}").pl()
+    name_ids = sql_frame(con, f"SELECT kernel_id, name_id FROM kernel_events WHERE trace_id = {t}"
+                              f"{' AND false' if inside.is_empty() else ''}")
+    names = sql_frame(con, f"SELECT name_id, name FROM kernel_names WHERE trace_id = {t}")
     inside = (inside.join(name_ids, on="kernel_id", how="left", maintain_order="left")
               .join(names, on="name_id", how="left", maintain_order="left").drop("name_id"))
     classes = classify_names(inside["name"].unique()).select(
@@ -170,8 +171,8 @@ def layer_flops(con: duckdb.DuckDBPyConnection, trace_id: int, spec_path: str | 
     """
     t = int(trace_id)
     if spec_path is not None:
-        runs = con.sql(f"SELECT name AS layer, count(*)::BIGINT AS calls FROM nvtx "
-                       f"WHERE trace_id = {t} AND kind = 'pushpop' GROUP BY name").pl()
+        runs = sql_frame(con, f"SELECT name AS layer, count(*)::BIGINT AS calls FROM nvtx "
+                              f"WHERE trace_id = {t} AND kind = 'pushpop' GROUP BY name")
         return (spec_layer_flops(spec_path, batch).join(runs, on="layer", how="left")
                 .with_columns(pl.col("calls").fill_null(0))
                 .select("layer", "pass", "calls", flops=pl.col("flops") * pl.col("calls"),
@@ -195,7 +196,8 @@ def _op_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
     whether an earlier FLOP range (or an autograd Backward range) still encloses this one.
     """
     flop_ops = ", ".join(f"'{op}'" for op in FLOP_OPS)
-    return con.sql(
+    return sql_frame(
+        con,
         rf"""
         WITH r AS (
             SELECT pid, tid, start_ns, end_ns, name, regexp_extract(name, '^([^,]+)', 1) AS op
@@ -222,7 +224,7 @@ def _op_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
         FROM m
         WHERE is_flop AND (flop_cover IS NULL OR flop_cover < end_ns)
         """
-    ).pl()
+    )
 
 
 def _consumers(con: duckdb.DuckDBPyConnection, trace_id: int, op_ids: list[int]) -> pl.DataFrame:
@@ -233,7 +235,8 @@ def _consumers(con: duckdb.DuckDBPyConnection, trace_id: int, op_ids: list[int])
     if not op_ids:
         return empty
     pair = r"'\((\d+),(-?\d+)\)'"
-    uses = con.sql(
+    uses = sql_frame(
+        con,
         rf"""
         WITH ids AS MATERIALIZED (  -- once: row numbers the ranges for the join below
             SELECT row_number() OVER () AS row, name, split_part(name, ', input_op_ids = ', 2) AS ids
@@ -263,7 +266,7 @@ def _consumers(con: duckdb.DuckDBPyConnection, trace_id: int, op_ids: list[int])
         GROUP BY u.op_id
         """,
         params={"ids": op_ids},
-    ).pl()
+    )
     return uses.cast(empty.schema) if not uses.is_empty() else empty
 
 
@@ -330,7 +333,7 @@ def _kineto_op_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFr
                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
         ),
         outermost AS (SELECT * EXCLUDE (cover) FROM o WHERE cover IS NULL OR cover < end_ns)"""
-    distinct = con.sql(f"{ops_cte} SELECT DISTINCT op, input_dims, concrete_inputs, input_types FROM outermost").pl()
+    distinct = sql_frame(con, f"{ops_cte} SELECT DISTINCT op, input_dims, concrete_inputs, input_types FROM outermost")
     if distinct.is_empty():
         return _empty_op_flops()
     shapes = distinct.select("op", "input_dims", "concrete_inputs").unique()
@@ -339,7 +342,7 @@ def _kineto_op_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFr
     types = distinct.select("input_types").unique()
     types = types.with_columns(dtype=pl.Series([_operator_dtype(t) for t in types["input_types"]], dtype=pl.String))
     with registered(con, shapes=shapes, types=types) as rel:
-        return con.sql(f"""{ops_cte},
+        return sql_frame(con, f"""{ops_cte},
             counted AS (
                 SELECT o.pid, o.tid, o.start_ns, o.end_ns, o.op, s.flops, ty.dtype
                 FROM outermost o
@@ -368,7 +371,7 @@ def _kineto_op_flops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFr
                    flops::BIGINT AS flops, dtype::VARCHAR AS dtype
             FROM covered WHERE place = 1
             ORDER BY pid, tid, start_ns, end_ns, op
-        """).pl()
+        """)
 
 
 _CONV_ARGS = {  # positions of stride, padding, dilation, groups among an op's inputs (ATen signatures)

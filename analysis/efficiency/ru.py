@@ -13,6 +13,7 @@ import duckdb
 import polars as pl
 
 from traceq.analysis.choices import GroupBy
+from traceq.analysis.efficiency.cdna import CdnaLimits, amd_device_limits, cdna_occupancy
 from traceq.analysis.efficiency.gpu_specs import GpuLimits, limits_for_cc
 from traceq.analysis.efficiency.occupancy import launch_occupancy
 from traceq.analysis.structure.conventions import ITERATION_REGEX, SUFFIX_REGEX
@@ -20,7 +21,7 @@ from traceq.analysis.structure.layers import attributed_kernels, launch_groups
 from traceq.errors import MissingDataError
 
 _SHAPE = ["device_id", "block_threads", "registers_per_thread", "smem_static_bytes",
-          "smem_dynamic_bytes", "smem_carveout_bytes"]
+          "smem_dynamic_bytes", "smem_carveout_bytes", "accum_vgprs", "sgprs"]
 
 
 def device_limits(con: duckdb.DuckDBPyConnection, trace_id: int, cc: str | None = None,
@@ -89,7 +90,7 @@ def launch_ru(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | None =
     launch-shape record (null block size) have null RU columns. `kernels`: the trace's
     `layers.attributed_kernels` frame when the caller has it already (attribution is the cost).
     """
-    limits = device_limits(con, trace_id, cc, sms)
+    limits = _limits(con, trace_id, cc, sms)
     if kernels is None:
         kernels = attributed_kernels(con, trace_id, iteration_regex)
     k = kernels.select("kernel_id", "name", "short_name", "library", "layer", "pass")
@@ -105,12 +106,23 @@ def launch_ru(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | None =
             .sort("kernel_id"))
 
 
-def _shape_occupancy(shapes: pl.DataFrame, limits: dict[int, tuple[GpuLimits, int]]) -> pl.DataFrame:
+def _limits(con: duckdb.DuckDBPyConnection, trace_id: int, cc: str | None,
+            sms: int | None) -> dict[int, tuple[GpuLimits | CdnaLimits, int]]:
+    """`device_limits`, or for a trace of AMD GPUs `cdna.amd_device_limits` (`cc` then an ISA
+    target such as gfx942, `sms` the CU count)."""
+    amd = amd_device_limits(con, trace_id, cc, sms)
+    return dict(amd) if amd is not None else dict(device_limits(con, trace_id, cc, sms))
+
+
+def _shape_occupancy(shapes: pl.DataFrame, limits: dict[int, tuple[GpuLimits | CdnaLimits, int]]) -> pl.DataFrame:
     """Occupancy per distinct launch shape (a few hundred in a real trace, not one per launch)."""
     rows = []
     for shape in shapes.iter_rows(named=True):
         gpu, sms = limits[shape["device_id"]] if shape["device_id"] in limits else next(iter(limits.values()))
         threads, regs = shape["block_threads"], shape["registers_per_thread"]
+        if isinstance(gpu, CdnaLimits):
+            rows.append(_amd_shape(shape, gpu, sms))
+            continue
         row = dict(shape, sms=sms, max_threads_per_sm=gpu.max_threads_per_sm, blocks_per_sm=None, limiter=None,
                    occupancy=None, max_blocks=None, paper_max_blocks=None, kineto_blocks=None)
         if threads and regs is not None:
@@ -131,6 +143,19 @@ def _shape_occupancy(shapes: pl.DataFrame, limits: dict[int, tuple[GpuLimits, in
               "blocks_per_sm": pl.Int64, "limiter": pl.String, "occupancy": pl.Float64,
               "max_blocks": pl.Int64, "paper_max_blocks": pl.Int64, "kineto_blocks": pl.Float64}
     return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _amd_shape(shape: dict, gpu: CdnaLimits, cus: int) -> dict:
+    """`_shape_occupancy`'s row for a launch on a CDNA GPU: workgroups per CU as blocks_per_sm;
+    none where the trace lacks its arch VGPRs or AGPRs (no paper or Kineto estimate: CUDA's)."""
+    row = dict(shape, sms=cus, max_threads_per_sm=gpu.waves_per_cu * gpu.wave_size, blocks_per_sm=None,
+               limiter=None, occupancy=None, max_blocks=None, paper_max_blocks=None, kineto_blocks=None)
+    threads, regs, agprs = shape["block_threads"], shape["registers_per_thread"], shape["accum_vgprs"]
+    if threads and regs is not None and agprs is not None:
+        occ = cdna_occupancy(threads, regs, agprs, shape["sgprs"], shape["smem_static_bytes"] or 0, gpu)
+        row.update(blocks_per_sm=occ.workgroups_per_cu, limiter="+".join(occ.limiting), occupancy=occ.occupancy,
+                   max_blocks=cus * occ.workgroups_per_cu or None)
+    return row
 
 
 def _weighted(column: str) -> pl.Expr:
@@ -214,7 +239,7 @@ def _has_launchers(con: duckdb.DuckDBPyConnection, trace_id: int) -> bool:
 
 _SHAPE_SQL = ("c.grid_x::BIGINT * c.grid_y * c.grid_z AS grid_blocks, q.device_id, "
               "c.block_x * c.block_y * c.block_z AS block_threads, c.registers_per_thread, c.smem_static_bytes, "
-              "c.smem_dynamic_bytes, c.smem_carveout_bytes, c.kineto_occupancy_pct")
+              "c.smem_dynamic_bytes, c.smem_carveout_bytes, c.accum_vgprs, c.sgprs, c.kineto_occupancy_pct")
 """A launch's grid, shape and Kineto occupancy from its configuration c and queue q, as `_with_ru` takes them."""
 
 
@@ -234,7 +259,7 @@ def _launch_groups(con: duckdb.DuckDBPyConnection, trace_id: int, *, cc: str | N
                    library: bool) -> pl.DataFrame:
     """`launch_ru`'s columns (but layer, pass) for groups of launches with one name, shape and grid:
     instances, dur_ns (their total), longest_ns and first_kernel (the first of the longest)."""
-    limits = device_limits(con, trace_id, cc, sms)
+    limits = _limits(con, trace_id, cc, sms)
     t = int(trace_id)
     # by the launches' ids first (name, configuration, queue: ten million rows, no join), then the
     # few groups named and merged by what the columns say
@@ -262,7 +287,7 @@ def _attributed_groups(con: duckdb.DuckDBPyConnection, trace_id: int, groups: pl
     """`_launch_groups` for attributed launches (`groups`: `layers.launch_groups`): one row per
     name, library, layer, pass, configuration and queue, with its shape, grid and RU computed
     once."""
-    limits = device_limits(con, trace_id, cc, sms)
+    limits = _limits(con, trace_id, cc, sms)
     t = int(trace_id)
     groups = (groups.sort("longest_ns", "first_kernel", descending=[True, False])  # each group's first: its longest
               .group_by("name", "library", "layer", "pass", "config_id", "queue_id")
@@ -275,7 +300,7 @@ def _attributed_groups(con: duckdb.DuckDBPyConnection, trace_id: int, groups: pl
     return _with_ru(groups.drop("config_id", "queue_id"), limits)
 
 
-def _with_ru(frame: pl.DataFrame, limits: dict[int, tuple[GpuLimits, int]]) -> pl.DataFrame:
+def _with_ru(frame: pl.DataFrame, limits: dict[int, tuple[GpuLimits | CdnaLimits, int]]) -> pl.DataFrame:
     """`frame` (grid_blocks, the `_SHAPE` columns and kineto_occupancy_pct) with `_shape_occupancy`'s
     columns, computed once per distinct shape, and waves, ru, paper_ru, kineto_emulated and
     kineto_occupancy (the recorded estimate where there is one)."""

@@ -27,7 +27,7 @@ from functools import lru_cache
 import duckdb
 import polars as pl
 
-from traceq.store import registered
+from traceq.store import registered, sql_frame
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "send_recv")
 """The collectives traceq names, as `traceq comm` lists them."""
@@ -182,7 +182,7 @@ def comm_kernels(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
     if names.is_empty():
         return pl.DataFrame(schema=empty)
     with registered(con, comm_names=names) as rel:
-        frame = con.sql(f"""
+        frame = sql_frame(con, f"""
             WITH k AS (
                 SELECT k.kernel_id, k.pid, k.device_id, k.stream_id, k.start_ns, k.end_ns, n.collective AS by_name,
                        k.launch_tid, k.launch_start_ns
@@ -207,7 +207,7 @@ def comm_kernels(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
             LEFT JOIN collectives own ON own.trace_id = {t} AND own.event = 'kernel' AND own.kernel_id = k.kernel_id
             LEFT JOIN around a ON a.kernel_id = k.kernel_id AND a.inner_first = 1
             ORDER BY k.start_ns, k.kernel_id
-        """).pl()
+        """)
     sizes = frame["dtype"].map_elements(dtype_bytes, return_dtype=pl.Int64)
     # without a process group, a communicator is told by its stream: the k-th stream a rank's
     # communication kernels used, in order of first use (NCCL gives each communicator its own)

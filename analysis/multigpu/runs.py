@@ -206,8 +206,10 @@ def _units(con: duckdb.DuckDBPyConnection, t: _Trace, *, counted: bool,
     if comm.height:
         pairs = comm.select("device_id", "pid").unique().sort("device_id", "pid", nulls_last=True).rows()
     else:
-        pairs = con.execute("SELECT DISTINCT device_id, pid FROM kernels WHERE trace_id = ? "
-                            "ORDER BY device_id NULLS LAST, pid NULLS LAST", [t.trace_id]).fetchall()
+        pairs = con.execute(  # the queues its kernels use: the kernels' own columns, not the `kernels` view's joins
+            "SELECT DISTINCT q.device_id, q.pid FROM kernel_queues q "
+            "JOIN (SELECT DISTINCT queue_id FROM kernel_events WHERE trace_id = $t) USING (queue_id) "
+            "WHERE q.trace_id = $t ORDER BY q.device_id NULLS LAST, q.pid NULLS LAST", {"t": t.trace_id}).fetchall()
     if len(pairs) <= 1:
         return [_Unit(t.trace_id, None, None, None, "one GPU", pairs[0][0] if pairs else None, *_counts(comm))]
     return [_Unit(t.trace_id, pid, device, None, "device and process ids", device,

@@ -80,7 +80,7 @@ from traceq.analysis.structure.operators import (
 )
 from traceq.analysis.structure.phases import compile_intervals, inside, warm_up
 from traceq.analysis.structure.steps import step_iterations
-from traceq.store import registered
+from traceq.store import registered, sql_frame
 
 _FOREVER = 9_223_372_036_854_775_807
 
@@ -107,9 +107,9 @@ def kernel_attribution(
     nvtx_path and nvtx_innermost are null and the work lighter (analyses that group by layer,
     pass, iteration or stage do not need them).
     """
-    points = con.sql(f"SELECT kernel_id AS id, pid, point_tid AS tid, point_ns AS t, time_ns AS time, "
-                     f"launch_tid AS time_tid "
-                     f"FROM ({kernel_points_sql(con, trace_id)}) ORDER BY kernel_id").pl()
+    points = sql_frame(con, f"SELECT kernel_id AS id, pid, point_tid AS tid, point_ns AS t, time_ns AS time, "
+                            f"launch_tid AS time_tid "
+                            f"FROM ({kernel_points_sql(con, trace_id)}) ORDER BY kernel_id")
     return attribute_points(con, trace_id, points, iteration_regex, paths=paths, infer=infer).rename(
         {"id": "kernel_id"})
 
@@ -186,7 +186,7 @@ def _memops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
     copy kind, or the op), to_device."""
     t = int(trace_id)
     # the calls of the copies' correlation ids first: a few thousand of millions, not a join of all
-    return con.sql(f"""
+    return sql_frame(con, f"""
         SELECT m.op AS kind, m.pid, a.tid, a.start_ns AS t, m.device_id, m.start_ns, m.end_ns, m.dur_ns,
                coalesce(m.copy_kind, m.op) AS name, coalesce(m.copy_kind = 'Host-to-Device', false) AS to_device
         FROM memops m LEFT JOIN (
@@ -196,7 +196,7 @@ def _memops(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame:
             JOIN api_threads h ON h.trace_id = e.trace_id AND h.thread_id = e.thread_id
             WHERE e.trace_id = {t} AND e.correlation_id IN (SELECT correlation_id FROM memops WHERE trace_id = {t})
         ) a ON a.pid = m.pid AND a.correlation_id = m.correlation_id
-        WHERE m.trace_id = {t}""").pl()
+        WHERE m.trace_id = {t}""")
 
 
 def _with_copy_stages(contexts: pl.DataFrame) -> pl.DataFrame:
@@ -218,8 +218,9 @@ def _copy_context(index: pl.Series, doubled: int) -> pl.Expr:
 
 def kernel_launches(
     con: duckdb.DuckDBPyConnection, trace_id: int, columns: tuple[str, ...] = (), *, ordered: bool = True,
+    between: tuple[int, int] | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Every kernel with the call that launched it, and its names apart.
+    """Every kernel with the call that launched it (`between`: of kernel_id lo to hi), and its names apart.
 
     Returns (kernels, names). kernels: id (kernel_id), pid, tid, t (the launching call's thread
     and start, null without one: the points `point_contexts` takes), `columns` of the kernels
@@ -228,18 +229,18 @@ def kernel_launches(
     hashes per kernel (or as themselves, should two share a hash); `names[...].gather(name_row)`
     gives columns that share the strings.
     """
-    t = int(trace_id)
-    names = con.sql(f"SELECT DISTINCT hash(name) AS name_h, hash(short_name) AS short_h, name, short_name "
-                    f"FROM kernels WHERE trace_id = {t}").pl()
+    t, only = int(trace_id), "" if between is None else f" AND kernel_id BETWEEN {int(between[0])} AND {int(between[1])}"
+    names = sql_frame(con, f"SELECT DISTINCT hash(name) AS name_h, hash(short_name) AS short_h, name, short_name "
+                           f"FROM kernels WHERE trace_id = {t}{only}")
     if names.select("name_h", "short_h").is_duplicated().any():
         names = names.with_columns(name_h=pl.col("name"), short_h=pl.col("short_name"))
         hashes = "name AS name_h, short_name AS short_h"
     else:
         hashes = "hash(name) AS name_h, hash(short_name) AS short_h"
-    kernels = con.sql(f"SELECT kernel_id AS id, pid, point_tid AS tid, point_ns AS t, time_ns AS time, "
-                      f"launch_tid AS time_tid"
-                      f"{''.join(', ' + c for c in columns)}, {hashes} FROM ({kernel_points_sql(con, t)})"
-                      f"{' ORDER BY kernel_id' if ordered else ''}").pl()
+    kernels = sql_frame(con, f"SELECT kernel_id AS id, pid, point_tid AS tid, point_ns AS t, time_ns AS time, "
+                             f"launch_tid AS time_tid"
+                             f"{''.join(', ' + c for c in columns)}, {hashes} FROM ({kernel_points_sql(con, t)}) "
+                             f"WHERE true{only}{' ORDER BY kernel_id' if ordered else ''}")
     key = pl.struct("name_h", "short_h")  # a lookup, not a join: joins copy every column
     rows = pl.int_range(0, names.height, dtype=pl.UInt32, eager=True)
     # (polars gives an empty lookup the key's type, so a trace without kernels gets its own)
@@ -286,8 +287,8 @@ def point_contexts(
     optimizers = ranges.filter(pl.col("name_id").is_in(names.filter("is_optimizer")["name_id"].implode()))
     threads, by_time_ranges, forward_names = _split_ranges(ranges, names)
     if not optimizers.is_empty():  # a trace without iteration ranges: its optimizer steps
-        first = pl.concat([con.sql(f"SELECT pid, min(start_ns) AS first_ns FROM nvtx WHERE trace_id = {t} "
-                                   "AND pid IS NOT NULL GROUP BY pid").pl(), points.select("pid", first_ns="t")])
+        first = pl.concat([sql_frame(con, f"SELECT pid, min(start_ns) AS first_ns FROM nvtx WHERE trace_id = {t} "
+                                          "AND pid IS NOT NULL GROUP BY pid"), points.select("pid", first_ns="t")])
         by_time_ranges = step_iterations(by_time_ranges, optimizers, names,
                                          first.group_by("pid").agg(pl.col("first_ns").min()))
     xla_ops = None
@@ -391,12 +392,12 @@ def _range_names(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex:
     """Every distinct name of the trace's push/pop and start/end ranges, classified: name_id
     (its row number), h (hash of the name), name, nm (without the emit_nvtx suffix), is_iter,
     is_stage, is_backward, is_optimizer, is_op (a PyTorch operator: `operators`)."""
-    return con.sql(f"""
+    return sql_frame(con, f"""
         SELECT hash(name) AS h, name, {name_flags("name", iteration_regex)},
                {is_operator("name")} AS is_op
         FROM (SELECT DISTINCT coalesce(name, '') AS name FROM nvtx
               WHERE trace_id = {trace_id} AND kind IN ('pushpop', 'startend'))
-    """).pl().with_row_index("name_id")
+    """).with_row_index("name_id")
 
 
 def _ranges(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame, *,
@@ -410,17 +411,17 @@ def _ranges(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.DataFrame, 
     not a library's such as NCCL's."""
     domains = ", ".join(sql_string(d) for d in APPLICATION_DOMAINS)
     nesting = ", ".join(sql_string(d) for d in (*APPLICATION_DOMAINS, *xla.XLA_DOMAINS, *COMMUNICATION_DOMAINS))
-    attributes = con.sql(f"SELECT attributes_id, pid, tid, kind = 'startend' AS startend, domain, "
-                         f"coalesce(domain IN ({nesting}), true) AS nests FROM nvtx_attributes "
-                         f"WHERE trace_id = {trace_id} AND kind IN ('pushpop', 'startend')"
-                         f"{f' AND (domain IS NULL OR domain IN ({domains}))' if application else ''}").pl()
+    attributes = sql_frame(con, f"SELECT attributes_id, pid, tid, kind = 'startend' AS startend, domain, "
+                                f"coalesce(domain IN ({nesting}), true) AS nests FROM nvtx_attributes "
+                                f"WHERE trace_id = {trace_id} AND kind IN ('pushpop', 'startend')"
+                                f"{f' AND (domain IS NULL OR domain IN ({domains}))' if application else ''}")
     by_hash = names["h"].is_unique().all()
-    frame = con.sql(f"""
+    frame = sql_frame(con, f"""
         SELECT attributes_id, start_ns, coalesce(end_ns, {_FOREVER}) AS end_ns,
                {"hash(coalesce(name, ''))" if by_hash else "coalesce(name, '')"} AS key
         FROM nvtx_events
         WHERE trace_id = {trace_id} AND attributes_id IN ({", ".join(map(str, attributes["attributes_id"])) or "NULL"})
-    """).pl()
+    """)
     ids = attributes["attributes_id"]
     if frame.is_empty():  # polars gives an empty lookup the key's type whatever return_dtype says
         return pl.DataFrame(schema={"pid": pl.Int64, "tid": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
@@ -460,8 +461,8 @@ def _has_layer_ranges(con: duckdb.DuckDBPyConnection, trace_id: int, candidates:
     if candidates.is_empty():
         return False
     domains = ", ".join(sql_string(d) for d in APPLICATION_DOMAINS if d != "cpu_op")
-    used = con.sql(f"SELECT DISTINCT hash(coalesce(name, '')) AS h FROM nvtx WHERE trace_id = {int(trace_id)} "
-                   f"AND kind IN ('pushpop', 'startend') AND (domain IS NULL OR domain IN ({domains}))").pl()
+    used = sql_frame(con, f"SELECT DISTINCT hash(coalesce(name, '')) AS h FROM nvtx WHERE trace_id = {int(trace_id)} "
+                          f"AND kind IN ('pushpop', 'startend') AND (domain IS NULL OR domain IN ({domains}))")
     return not candidates.join(used, on="h").is_empty()
 
 
@@ -555,12 +556,12 @@ def _by_time(
     iteration, stage, startend_layer, time_innermost, prefix, one row per distinct context; the
     context of each segment, by segment id)."""
     with registered(con, segments=segments, by_time_ranges=by_time_ranges) as rel, real_asof_joins(con):
-        by_time = con.sql(f"""
+        by_time = sql_frame(con, f"""
             WITH pts AS (SELECT * FROM {rel['segments']}),
             by_time_ranges AS (SELECT * FROM {rel['by_time_ranges']}),
             {BY_TIME_CTES}
             SELECT * EXCLUDE (id) FROM by_time ORDER BY id
-        """).pl()
+        """)
     contexts = by_time.unique(maintain_order=True).with_row_index("context")
     context = by_time.join(contexts, on=by_time.columns, how="left", nulls_equal=True, maintain_order="left")
     return contexts, context["context"]
@@ -574,7 +575,7 @@ def _contexts(
     the all-SQL form's rules, applied to chains (as ranges) instead of ranges."""
     with registered(con, names=names, chains=chains, by_time=by_time, combos=combos,
                      forward_names=forward_names) as rel:
-        return con.sql(f"""
+        return sql_frame(con, f"""
             WITH RECURSIVE
             rp AS (SELECT c.chain AS rid, c.parent, n.name, n.nm, n.is_iter, n.is_stage, n.is_backward, n.is_optimizer
                    FROM {rel['chains']} c JOIN {rel['names']} n USING (name_id)),
@@ -594,4 +595,4 @@ def _contexts(
             ),
             {result_sql(paths)}
             ORDER BY id
-        """).pl().drop("id")
+        """).drop("id")

@@ -129,12 +129,13 @@ def real_asof_joins(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     """DuckDB runs an ASOF join with a small estimated left side as a nested loop
     (asof_loop_join_threshold, default 64); its estimates on a filtered view can be that small,
     which made ResNet-50's attribution take 13 s instead of 0.3 s. Force the sort-merge plan."""
-    rows = con.execute("SELECT value FROM duckdb_settings() WHERE name = 'asof_loop_join_threshold'").fetchall()
-    if not rows:
+    try:  # current_setting: a third of the cost of asking duckdb_settings()
+        (value,), = con.execute("SELECT current_setting('asof_loop_join_threshold')").fetchall()
+    except duckdb.Error:  # a DuckDB without the setting
         yield
         return
     con.execute("SET asof_loop_join_threshold = 0")
     try:
         yield
     finally:
-        con.execute(f"SET asof_loop_join_threshold = {int(rows[0][0])}")
+        con.execute(f"SET asof_loop_join_threshold = {int(value)}")

@@ -26,10 +26,11 @@ STAGE_COLUMNS = ("data_copy", "forward", "backward", "weight_update", "other")
 
 
 def _kernels(
-    con: duckdb.DuckDBPyConnection, trace_id: int, columns: tuple[str, ...], *, ordered: bool
+    con: duckdb.DuckDBPyConnection, trace_id: int, columns: tuple[str, ...], *, ordered: bool,
+    between: tuple[int, int] | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """`attribution.kernel_launches`, the names classified (library, operation)."""
-    kernels, names = kernel_launches(con, trace_id, columns, ordered=ordered)
+    kernels, names = kernel_launches(con, trace_id, columns, ordered=ordered, between=between)
     return kernels, _classified(names)
 
 
@@ -72,6 +73,7 @@ def _libraries(index: pl.Series, name_row: pl.Series, contexts: pl.DataFrame,
 def kernel_contexts(
     con: duckdb.DuckDBPyConnection, trace_id: int, columns: tuple[str, ...] = (),
     iteration_regex: str = ITERATION_REGEX, *, ordered: bool = True, stored: bool = True,
+    between: tuple[int, int] | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """Every kernel with the row of its attribution context and of its name: (kernels, names,
     contexts), the strings in the two small tables.
@@ -82,13 +84,16 @@ def kernel_contexts(
     (by the launching operation, `_libraries`), one row per distinct combination. Read from the
     store where `traceq load` or `traceq attribute` kept the attribution made with these options
     (`analysis.structure.stored`), unless not `stored`; computed otherwise (`attribution.point_contexts`).
+    `between` (lo, hi): only the kernels of those kernel_ids and their names, computed (the
+    attribution of a launch does not depend on the other launches: `keep` attributes in windows).
     """
     from traceq.analysis.structure.stored import read_attribution
 
-    if stored and (kept := read_attribution(con, trace_id, iteration_regex, columns, ordered=ordered)) is not None:
+    if stored and between is None and (kept := read_attribution(con, trace_id, iteration_regex, columns,
+                                                                 ordered=ordered)) is not None:
         kernels, names, contexts = kept
         return kernels, _classified(names), contexts
-    kernels, names = _kernels(con, trace_id, columns, ordered=ordered)
+    kernels, names = _kernels(con, trace_id, columns, ordered=ordered, between=between)
     index, contexts = point_contexts(con, trace_id, kernels, iteration_regex, paths=False)
     code, libraries = _libraries(index, kernels["name_row"], contexts, names)
     # one context per distinct (NVTX context, library): a few thousand at most

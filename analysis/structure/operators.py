@@ -33,6 +33,7 @@ from traceq.analysis.intervals import last_at_or_before
 from traceq.analysis.structure.attribution_sql import sql_string
 from traceq.analysis.structure.conventions import ITERATION_REGEX, SUFFIX_REGEX, stage_of
 from traceq.analysis.structure.nesting import range_tree
+from traceq.store import sql_frame
 
 OP_SEQUENCE = "op sequence"
 AUTOGRAD_LINK = "autograd link"
@@ -64,7 +65,7 @@ def operator_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFra
     `record_shapes=True`), else the NVTX push/pop ranges of the default domain named like
     operators (emit_nvtx's, which carry `seq = N` in their names)."""
     t = int(trace_id)
-    ops = con.sql(f"""
+    ops = sql_frame(con, f"""
         SELECT n.pid, n.tid, n.start_ns, n.end_ns, n.name, o.seq
         FROM nvtx n LEFT JOIN (
             SELECT pid, tid, start_ns, name, any_value(sequence_number) AS seq FROM operators
@@ -72,24 +73,24 @@ def operator_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFra
         ) o ON o.pid = n.pid AND o.tid = n.tid AND o.start_ns = n.start_ns AND o.name = n.name
         WHERE n.trace_id = {t} AND n.domain = 'cpu_op' AND n.kind = 'pushpop' AND n.end_ns IS NOT NULL
           AND n.pid IS NOT NULL AND n.tid IS NOT NULL AND NOT starts_with(n.name, 'Optimizer.')
-          AND NOT regexp_matches(n.name, {sql_string(ITERATION_REGEX)}) AND {stage_of("n.name")} IS NULL""").pl()
+          AND NOT regexp_matches(n.name, {sql_string(ITERATION_REGEX)}) AND {stage_of("n.name")} IS NULL""")
     if ops.is_empty():
-        ops = con.sql(f"""
+        ops = sql_frame(con, f"""
             SELECT pid, tid, start_ns, end_ns, regexp_replace(name, '{SUFFIX_REGEX}', '') AS name,
                    TRY_CAST(regexp_extract(name, '{_SEQ_REGEX}', 1) AS BIGINT) AS seq
             FROM nvtx WHERE trace_id = {t} AND kind = 'pushpop' AND domain IS NULL AND end_ns IS NOT NULL
-              AND pid IS NOT NULL AND tid IS NOT NULL AND {is_operator("name")}""").pl()
+              AND pid IS NOT NULL AND tid IS NOT NULL AND {is_operator("name")}""")
     return ops.with_columns(pl.col("seq").cast(pl.Int64))
 
 
 def module_ranges(con: duckdb.DuckDBPyConnection, trace_id: int) -> pl.DataFrame | None:
     """The nn.Module frames Kineto records with `with_modules=True`: pid, tid, start_ns, end_ns,
     name (`Linear_0`: the class and its instance number); None when the trace has none."""
-    frame = con.sql(f"""
+    frame = sql_frame(con, f"""
         SELECT pid, tid, start_ns, end_ns, substr(name, {len(MODULE_PREFIX) + 1}) AS name FROM nvtx
         WHERE trace_id = {int(trace_id)} AND domain = 'python_function' AND kind = 'pushpop'
           AND starts_with(name, '{MODULE_PREFIX}') AND end_ns IS NOT NULL AND pid IS NOT NULL AND tid IS NOT NULL
-    """).pl()
+    """)
     return None if frame.is_empty() else frame
 
 

@@ -28,7 +28,7 @@ import polars as pl
 from traceq.analysis.intervals import last_at_or_before
 from traceq.analysis.structure.conventions import WARM_UP
 from traceq.analysis.structure.operators import recontext
-from traceq.store import registered
+from traceq.store import registered, sql_frame
 
 COMPILE_LAYER = "compile"
 """The layer of work launched while compiling that no range names (autotuning's own kernels)."""
@@ -56,9 +56,9 @@ def compile_intervals(con: duckdb.DuckDBPyConnection, trace_id: int, names: pl.S
     if marking.is_empty():
         return merged(pl.DataFrame())
     with registered(con, marking=pl.DataFrame({"name": marking})) as rel:
-        ranges = con.sql(f"SELECT pid, start_ns, end_ns FROM nvtx WHERE trace_id = {int(trace_id)} "
-                         f"AND kind IN ('pushpop', 'startend') AND pid IS NOT NULL AND end_ns > start_ns "
-                         f"AND name IN (SELECT name FROM {rel['marking']})").pl()
+        ranges = sql_frame(con, f"SELECT pid, start_ns, end_ns FROM nvtx WHERE trace_id = {int(trace_id)} "
+                                f"AND kind IN ('pushpop', 'startend') AND pid IS NOT NULL AND end_ns > start_ns "
+                                f"AND name IN (SELECT name FROM {rel['marking']})")
     return merged(ranges)
 
 

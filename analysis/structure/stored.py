@@ -29,9 +29,11 @@ import polars as pl
 from traceq.analysis.kernels.classify import RULES_ENV, default_rules
 from traceq.analysis.structure.conventions import ITERATION_REGEX
 
-LOAD_MAX_KERNELS = 1_000_000
-"""`traceq load` keeps the attribution of traces up to this many kernels (about a second per
-million kernels); above, `traceq attribute TRACE` does (docs/performance.md)."""
+LOAD_MAX_KERNELS = 100_000_000
+"""`traceq load` keeps the attribution of traces up to this many kernels; above, `traceq
+attribute TRACE` does. Its memory is a window of a million kernels' whatever the trace's size
+(`keep`); the limit bounds the time it adds to a load, about 2 CPU seconds a million kernels
+(docs/performance.md)."""
 
 _CODE = ("structure/attribution.py", "structure/inference.py", "structure/nesting.py", "kernels/classify.py",
          "kernels/kernel_rules.toml", "structure/layers.py", "structure/stored.py", "efficiency/flops.py",
