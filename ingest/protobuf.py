@@ -38,9 +38,25 @@ class MappedFile:
             self._file.close()
             raise TraceFormatError(f"{path} is empty (0 bytes), not a trace") from None
 
+    def release(self, start: int, end: int) -> None:
+        """Drop the mapped pages of bytes `start` to `end` from the process's memory, for a reader
+        whose walk is past them (read again, they come back from the file): a walk of the whole
+        file then keeps a few megabytes of it resident, not the file (madvise MADV_DONTNEED;
+        nothing where the platform lacks it)."""
+        first, upto = start - start % mmap.PAGESIZE, end - end % mmap.PAGESIZE
+        if upto <= first or _DONTNEED is None:
+            return
+        try:
+            self.buf.madvise(_DONTNEED, first, upto - first)
+        except (OSError, ValueError):  # the pages stay: only the memory figure changes
+            pass
+
     def close(self) -> None:
         self.buf.close()
         self._file.close()
+
+
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 
 
 def varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:

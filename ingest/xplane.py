@@ -27,7 +27,7 @@ correlation id within it).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -136,11 +136,12 @@ class XPlaneReader:
                         plane = _plane(src.buf, value)  # type: ignore[arg-type]
                         device = _DEVICE.match(plane.name)
                         if device:
-                            _read_device(src.buf, plane, int(device.group(1)), rows)
+                            _read_device(src.buf, plane, int(device.group(1)), rows, src.release)
                         elif plane.name == "/host:metadata" and plane.span is not None:
                             rows.op_names.update(op_names(src.buf, plane.span))
                         elif plane.name.startswith("/host:"):
-                            _read_host(src.buf, plane, rows)
+                            _read_host(src.buf, plane, rows, src.release)
+                        src.release(*value)  # type: ignore[misc]  # the plane is read: its pages may go
                     elif number == 4 and wire == 2:
                         hosts.append(pb.text(src.buf, value))
         except pb.WireError as e:
@@ -192,12 +193,22 @@ def _metadata_name(buf: Any, span: pb.Span, key: int, *, names_display: bool) ->
     return name or display or f"#{key}"
 
 
-def _line(buf: Any, span: pb.Span) -> Line:
-    """A line's id, name and timestamp (its events are read by `_events`, as it is walked again)."""
+_RELEASE_BYTES = 1 << 22
+"""How far a walk goes between its releases of the mapped pages behind it (`MappedFile.release`)."""
+
+
+def _line(buf: Any, span: pb.Span, release: Callable[[int, int], None] | None = None) -> Line:
+    """A line's id, name and timestamp (its events are read by `_events`, as it is walked again;
+    `release(start, end)`: the mapped pages behind the walk dropped every _RELEASE_BYTES)."""
     line = Line(span=span)
     display = ""
+    low = span[0]
     for number, wire, value in pb.fields(buf, *span):
-        if number == 1 and wire == 0:
+        if number == 4 and wire == 2:  # an event: what the walk steps over, its bytes the line's bulk
+            if release is not None and value[0] - low >= _RELEASE_BYTES:  # type: ignore[index]
+                release(low, value[0])  # type: ignore[index]
+                low = value[0]  # type: ignore[index]
+        elif number == 1 and wire == 0:
             line.id = pb.signed(value)  # type: ignore[arg-type]
         elif number == 2 and wire == 2:
             line.name = pb.text(buf, value)
@@ -231,10 +242,14 @@ def _stats(buf: Any, plane: Plane, spans: list[pb.Span]) -> dict[str, Any]:
     return out
 
 
-def _events(buf: Any, plane: Plane, line: Line) -> Iterator[Event]:
+def _events(buf: Any, plane: Plane, line: Line, release: Callable[[int, int], None] | None = None) -> Iterator[Event]:
+    low = line.span[0]
     for key, kind, span in pb.fields(buf, *line.span):
         if key != 4 or kind != 2:
             continue
+        if release is not None and span[0] - low >= _RELEASE_BYTES:  # type: ignore[index]
+            release(low, span[0])  # type: ignore[index]
+            low = span[0]  # type: ignore[index]
         meta, offset_ps, duration_ps, stat_spans = 0, 0, None, []
         for number, wire, value in pb.fields(buf, *span):  # type: ignore[misc]
             if number == 1 and wire == 0:
@@ -270,16 +285,17 @@ class _Tables:
         write_tables(self, sink)
 
 
-def _read_device(buf: Any, plane: Plane, device: int, rows: Gathered) -> None:
+def _read_device(buf: Any, plane: Plane, device: int, rows: Gathered,
+                 release: Callable[[int, int], None] | None = None) -> None:
     from traceq.ingest.xplane_tables import gpu_row, kernel_row, memop_row
 
     rows.gpus.append(gpu_row(device, _stats(buf, plane, plane.stats)))
     for span in plane.lines:
-        line = _line(buf, span)
+        line = _line(buf, span, release)
         stream = _STREAM.match(line.name)
         if stream is None:  # derived lines (XLA Ops, Steps, ...) some writers add: made here from the kernels
             continue
-        for event in _events(buf, plane, line):
+        for event in _events(buf, plane, line, release):
             if event.end_ns is None:
                 continue
             if "memcpy_details" in event.stats or event.name.lower().startswith(("memcpy", "memset")):
@@ -288,14 +304,14 @@ def _read_device(buf: Any, plane: Plane, device: int, rows: Gathered) -> None:
                 rows.kernel(kernel_row(event, device, int(stream.group(1))))
 
 
-def _read_host(buf: Any, plane: Plane, rows: Gathered) -> None:
+def _read_host(buf: Any, plane: Plane, rows: Gathered, release: Callable[[int, int], None] | None = None) -> None:
     from traceq.ingest.xplane_tables import memory_row
 
     for span in plane.lines:
-        line = _line(buf, span)
+        line = _line(buf, span, release)
         tid = _thread_id(line)
         domain = _SUFFIX.sub("", line.name) or "host"
-        for event in _events(buf, plane, line):
+        for event in _events(buf, plane, line, release):
             if event.name in ("MemoryAllocation", "MemoryDeallocation"):
                 rows.memory(memory_row(event, tid))
             elif "correlation_id" in event.stats and event.end_ns is not None:
