@@ -375,6 +375,7 @@ def write_kernels(kernels: pa.Table, configs: pa.Table, kept: pa.Array, sink: Si
     del keys
     names, numbers, queues = Names(), Names(), Names()
     config_columns = AMD_CONFIG_COLUMNS if "sgprs" in configs.column_names else KERNEL_CONFIG_COLUMNS  # AMD's readers'
+    numeric = configs.drop_columns([c for c in configs.column_names if c in Kernels.TEXT_COLUMNS])
 
     def column(part: pa.Table, c: str) -> pa.Array:
         return part[c].combine_chunks() if c in part.column_names else pa.nulls(part.num_rows, pa.int64())
@@ -382,14 +383,17 @@ def write_kernels(kernels: pa.Table, configs: pa.Table, kept: pa.Array, sink: Si
     def chunks() -> Any:
         for first in range(0, len(order), WRITE_ROWS):
             part = kernels.take(order.slice(first, WRITE_ROWS))
-            shared = configs.take(part["config"])
+            config = part["config"].combine_chunks()
+            seen = pc.unique(config)  # the chunk's configurations in the order of their first row
+            name_ids = pc.take(names.number(configs["name"].take(seen)), pc.index_in(config, value_set=seen))
+            shared = numeric.take(config)  # not the texts: a name per row took 213 MiB for 235K kernels
             part = pa.table({**{c: part[c] for c in ("start_ns", "end_ns", "correlation_id")},
                              **{c: shared[c] for c in shared.column_names}})
             batch = pa.table({c: column(part, c) for c in ("start_ns", "end_ns", "correlation_id", "graph_node_id",
                                                             *config_columns, *KERNEL_QUEUE_COLUMNS)})
             batch = batch.set_column(batch.column_names.index("pid"), "pid", pa.array([PID] * part.num_rows, pa.int64()))
             yield numbered(kernel_batch(
-                batch, name_id=names.number(part["name"]),
+                batch, name_id=name_ids,
                 config_id=numbers.number(*[batch[c] for c in config_columns]),
                 queue_id=queues.number(*[batch[c] for c in KERNEL_QUEUE_COLUMNS])), first)
 
