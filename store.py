@@ -55,9 +55,16 @@ def connect(database: str | Path = ":memory:", *, read_only: bool = False,
             **settings: str) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with traceq's settings (`OFFLINE`) and `settings`; every connection
     traceq opens is opened here. DuckDB's own progress bar is off: it would draw into traceq's
-    output (traceq says its progress itself)."""
+    output (traceq says its progress itself). Unless `settings` name them, DuckDB's threads are
+    at most the CPUs the process may run on (`taskset`, a container's cpuset): DuckDB counts the
+    machine's cores, so on two of sixteen it ran sixteen threads (Polars counts the allowed ones)."""
     con = duckdb.connect(str(database), read_only=read_only, config={**settings, **OFFLINE})
     con.execute("SET enable_progress_bar = false")
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    if "threads" not in settings and allowed:
+        (threads,) = con.execute("SELECT current_setting('threads')").fetchall()[0]
+        if int(threads) > allowed:
+            con.execute(f"SET threads = {allowed}")
     return con
 
 

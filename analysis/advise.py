@@ -33,7 +33,7 @@ from traceq.analysis.advice.ranks import load_imbalance, straggler
 from traceq.analysis.structure.conventions import ITERATION_REGEX
 from traceq.analysis.timeline.gaps import CAUSE_LABELS
 from traceq.analysis.timeline.idle import IdleTotals, idle_causes
-from traceq.analysis.timeline.launches import launch_table
+from traceq.analysis.timeline.launches import launch_table, repeated_launches
 from traceq.errors import TraceqError
 from traceq.store import side_by_side
 
@@ -514,16 +514,7 @@ def _graph_candidate(facts: _Facts, found: list[Finding]) -> list[Finding]:
     starts), so one capture could replay them all."""
     if not found:
         return found
-    rows = facts.con.execute("""
-        WITH it AS (SELECT row_number() OVER (ORDER BY start_ns) AS i, pid, start_ns, end_ns FROM nvtx
-                    WHERE trace_id = ? AND kind IN ('pushpop', 'startend') AND end_ns IS NOT NULL
-                      AND regexp_matches(coalesce(name, ''), ?)),
-             seq AS (SELECT it.i, count(*) AS n, md5(string_agg(k.name_id::VARCHAR, ',' ORDER BY k.launch_start_ns,
-                                                                k.kernel_id)) AS h
-                     FROM kernel_events k JOIN it ON k.launch_start_ns >= it.start_ns AND k.launch_start_ns < it.end_ns
-                     WHERE k.trace_id = ? AND it.i > 1 GROUP BY it.i)
-        SELECT count(*), count(DISTINCT h), min(n) FROM seq""",
-        [facts.trace_id, facts.iteration_regex, facts.trace_id]).fetchall()[0]
+    rows = repeated_launches(facts.con, facts.trace_id, facts.iteration_regex)
     if rows[0] >= 2 and rows[1] == 1 and rows[2]:
         f = found[0]
         evidence = (f"{f.evidence}; a CUDA-graph candidate: each of {rows[0]} iterations after the first launches the "

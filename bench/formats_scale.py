@@ -15,6 +15,9 @@ pair with their kernels; the copies for about `--mb` MB from the sizes of 1 and 
   (the four times, `Index`).
 - XPlane (`xplane/...jax_conv_minimal_08...`, 8 GPUs): every line's events (offset_ps; the
   `correlation_id` stats), re-encoded with `ingest/protobuf.py`'s reader and a varint writer.
+- Perfetto (`.pftrace`): the rocprofv3 JSON grown as above, written in rocprofv3's Perfetto
+  layout by `tools/make_pftrace.py` with a made-up launching call per kernel (`--synthetic-api`:
+  four packets a kernel, as a trace with its HIP calls has).
 - nsys SQLite, made while measuring (`bench/scale.py`): the alexnet reference with as many kernels
   as each file above, for the same-run comparison per kernel.
 
@@ -52,6 +55,7 @@ SOURCES = {
     "rocprof1.db": SHARED / "realtraces/rocpd/amd__HPCTrainingExamples__finite-difference__results.db",
     "rocprof1.csv": SHARED / "realtraces/rocpd/amd__HPCTrainingExamples__finite-difference__results.csv",
     "xplane.xplane.pb": SHARED / "realtraces/xplane/AMD-AGI__TraceLens__mi300__jax_conv_minimal_08__tw003.xplane.pb",
+    "perfetto.pftrace": SHARED / "realtraces/rocpd/AMD-AGI__TraceLens__rocprof__908_results.json.gz",
 }
 NSYS_SOURCE = SHARED / "reference/alexnet_b256_nocudnn.sqlite"
 
@@ -308,10 +312,26 @@ def _shifted(part: tuple, k: int, span_ps: int, step: int) -> bytes:  # type: ig
 
 
 # ----------------------------------------------------------------------------------------------
+# Perfetto
+
+
+def make_pftrace(src: Path, out: Path, copies: int) -> None:
+    sys.path.insert(0, str(HERE.parent / "tools"))
+    import make_pftrace as maker  # tools/make_pftrace.py (needs the perfetto package)
+
+    grown = out.with_suffix(".json")
+    make_rocprofv3(src, grown, copies)
+    try:
+        maker.build(grown, out, synthetic_api=True)
+    finally:
+        grown.unlink()
+
+
+# ----------------------------------------------------------------------------------------------
 # making and measuring
 
 MAKERS = {"rocprofv3.json": make_rocprofv3, "rpd.rpd": make_rpd, "rocprof1.db": make_rocprof_db,
-          "rocprof1.csv": make_rocprof_csv, "xplane.xplane.pb": make_xplane}
+          "rocprof1.csv": make_rocprof_csv, "xplane.xplane.pb": make_xplane, "perfetto.pftrace": make_pftrace}
 
 _LOAD = ("import sys; from pathlib import Path; from traceq.api.loading import load_trace; "
          "from traceq.store import open_store; Path(sys.argv[2]).unlink(missing_ok=True); "
@@ -327,7 +347,7 @@ def make(folder: Path, mb: float, only: list[str] | None) -> None:
         started = time.perf_counter()
         maker(SOURCES[name], out, 1)
         one = out.stat().st_size
-        few = 3 if name.endswith(".json") else 11  # SQLite files grow by pages: a few more copies
+        few = 3 if name.endswith((".json", ".pftrace")) else 11  # SQLite files grow by pages: a few more copies
         maker(SOURCES[name], out, few)
         per_copy = (out.stat().st_size - one) / (few - 1)
         maker(SOURCES[name], out, max(1, round((mb * 1e6 - one) / per_copy) + 1))

@@ -33,7 +33,7 @@ What comes from where (old traces' categories in brackets):
 - collective arguments of NCCL/RCCL kernels and `record_param_comms` ops into `collectives`;
   `distributedInfo` into traces (rank, world size, backend) and `process_groups`.
 - `deviceProperties` into gpus; Kineto records no clock, so the clock is taken from
-  `KNOWN_CLOCKS_HZ` by the GPU's name where traceq knows it.
+  `kineto_meta.KNOWN_CLOCKS_HZ` by the GPU's name where traceq knows it.
 
 Times: `ts` and `dur` are microseconds written as decimals (some versions with three digits
 after the point, some as integers); they are read as exact decimals and stored as integer ns,
@@ -57,6 +57,7 @@ from traceq.errors import TraceFormatError
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo
 from traceq.ingest.json_events import TraceEvents, uncompressed_size
 from traceq.ingest.json_stage import stage
+from traceq.ingest.kineto_meta import gpu_table, int_or_none, process_group_table, source_info
 from traceq.ingest.nvprof import base_name, demangle
 from traceq.ingest.scratch import forget_memory_scratch, memory_scratch, new_scratch
 from traceq.ingest.validate import TIME_LIMIT_NS, Damage
@@ -68,19 +69,6 @@ SCRATCH_SETTINGS = {"memory_limit": "300MB", "threads": "2", "preserve_insertion
 MEMORY_STAGING_BYTES = 256 << 20
 """JSON text up to which the staging database is in memory: its uncompressed rows (about one byte
 per byte of JSON) stay within SCRATCH_SETTINGS' memory_limit."""
-
-KNOWN_CLOCKS_HZ = {
-    "NVIDIA H200": 1_980_000_000,
-    "NVIDIA H100 80GB HBM3": 1_980_000_000,
-    "NVIDIA A100-SXM4-80GB": 1_410_000_000,
-    "NVIDIA A100-PG509-200": 1_410_000_000,
-    "Tesla V100-SXM2-32GB": 1_530_000_000,
-    "Tesla V100-SXM2-16GB": 1_530_000_000,
-    "Tesla V100-DGXS-32GB": 1_530_000_000,
-}
-"""Maximum SM clock by device name, for the peaks of `traceq ce`: Kineto's deviceProperties
-lack it. Each value is the clockRate of a device record of the same name (nsys TARGET_INFO_GPU,
-nvprof CUPTI_ACTIVITY_KIND_DEVICE) in our reference traces or realtraces; tests check them."""
 
 _COLLECTIVE = {
     "Collective name": ("VARCHAR", "collective"), "In msg nelems": ("BIGINT", "in_msg_nelems"),
@@ -233,14 +221,14 @@ class KinetoReader:
             events = TraceEvents(src.path)
             _stage(scratch, events, src.scratch, src.options, sink, parallel=small)
             meta = events.metadata
-            counts = dict(scratch.execute("SELECT kind, count(*) FROM ev GROUP BY kind").fetchall())
+            counts = _counts(scratch)
             _check(scratch, events, counts)
             _valid_times(scratch, sink.damage)
-            _write_tables(scratch, sink, meta, counts)
-            base = _int(meta.get("baseTimeNanoseconds"))
+            _write_tables(scratch, sink, meta, counts, in_order=not small)
+            base = int_or_none(meta.get("baseTimeNanoseconds"))
             if base is not None and not 0 <= base < 2**63:
                 sink.damage.add("baseTimeNanoseconds", "out of range ignored (times kept as the trace has them)")
-            return _source_info(meta)
+            return source_info(meta)
         finally:
             if small:  # the temporary tables go with the cursor, the staging tables here
                 try:
@@ -268,6 +256,18 @@ def _stage(scratch: duckdb.DuckDBPyConnection, events: TraceEvents, folder: Path
         return f"INSERT INTO ev {_stage_sql(paths, number << _ROW_BITS, options.python_functions)}"
 
     stage(scratch, "ev", events, folder, insert, sink.progress, parallel)
+
+
+def _counts(scratch: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """The staged events of each kind; under "collective" the rows `_COLLECTIVES` reads (most
+    traces have none) and under "kernel collective" the kernels among them."""
+    rows = scratch.execute("SELECT kind, count(*), count(collective) FROM ev GROUP BY kind").fetchall()
+    counts = {kind: n for kind, n, _ in rows}
+    with_args = {kind: c for kind, _, c in rows}
+    nccl = scratch.execute("SELECT count(*) FROM ev WHERE kind = 'user_annotation' AND starts_with(name, 'nccl:')"
+                           ).fetchall()[0][0] if counts.get("user_annotation") else 0
+    return {**counts, "collective": with_args.get("kernel", 0) + with_args.get("cpu_op", 0) + nccl,
+            "kernel collective": with_args.get("kernel", 0)}
 
 
 _EV_TABLE: list[str] = []  # the staging table's CREATE TABLE, once a read has made it
@@ -447,7 +447,9 @@ _OPERATORS = """
     SELECT pid, tid, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns, name, sequence_number, external_id,
            CAST(input_dims AS VARCHAR) AS input_dims, CAST(input_types AS VARCHAR) AS input_types,
            CAST(concrete_inputs AS VARCHAR) AS concrete_inputs, flops
-    FROM ev WHERE kind = 'cpu_op' AND (input_dims IS NOT NULL OR flops IS NOT NULL) ORDER BY seq"""
+    FROM ev WHERE kind = 'cpu_op' AND (input_dims IS NOT NULL OR flops IS NOT NULL)"""
+"""Wide rows (a name, three JSON texts), in `seq` order as `ev` holds them when it was staged one
+batch after the other: a filtered scan keeps that order (`_IN_ORDER`)."""
 
 _MEMORY_EVENTS = """
     WITH m AS (SELECT * FROM ev WHERE kind = 'memory'),
@@ -465,8 +467,13 @@ _MEMORY_EVENTS = """
         SELECT seq, ts_ns, 'alloc', bytes, NULL, 'Device', mem_device, pid, NULL FROM before WHERE bytes > 0
     ) ORDER BY seq"""
 
+_KERNEL_IDS = "SELECT seq, row_number() OVER (ORDER BY seq) - 1 AS kernel_id FROM ev WHERE kind = 'kernel'"
+_NO_KERNEL_IDS = "SELECT NULL::BIGINT AS seq, NULL::BIGINT AS kernel_id WHERE false"
+"""Each kernel's id, for the collectives of kernels: numbering every kernel only where some are
+(`_counts`: "kernel collective")."""
+
 _COLLECTIVES = """
-    WITH kernel_ids AS (SELECT seq, row_number() OVER (ORDER BY seq) - 1 AS kernel_id FROM ev WHERE kind = 'kernel')
+    WITH kernel_ids AS ({kernel_ids})
     SELECT * EXCLUDE (seq) FROM (
         SELECT seq, k.kernel_id, kind AS event, CASE WHEN kind = 'kernel' THEN NULL ELSE pid END AS pid,
                CASE WHEN kind = 'kernel' THEN NULL ELSE tid END AS tid, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns,
@@ -492,25 +499,34 @@ _TABLES = (("kernel_events", _KERNELS), ("kernel_configs", _KERNEL_CONFIGS), ("k
 
 
 _SOURCE_KINDS = {"memops": ("memcpy", "memset"), "operators": ("cpu_op",), "memory_events": ("memory",),
-                 "processes": ("process_name",), "threads": ("thread_name",)}
-"""Tables made of these kinds of staged events alone: not queried when the trace has none."""
+                 "collectives": ("collective",), "processes": ("process_name",), "threads": ("thread_name",)}
+"""Tables made of these kinds of staged events alone (`_counts`): not queried when the trace has none."""
+_IN_ORDER = {"operators"}
+"""Tables whose query scans `ev` alone (no join, no aggregate): in `seq` order, without a sort, where
+`ev` was staged one batch after the other (DuckDB keeps a table's insertion order through a
+filtered scan, `preserve_insertion_order`); else sorted by `seq`."""
 
 
-def _write_tables(scratch: duckdb.DuckDBPyConnection, sink: Sink, meta: dict[str, Any], counts: dict[str, int]) -> None:
-    """Pass 2: each store table from the staging rows (`counts` of each kind), streamed to the sink."""
+def _write_tables(scratch: duckdb.DuckDBPyConnection, sink: Sink, meta: dict[str, Any], counts: dict[str, int],
+                  in_order: bool = False) -> None:
+    """Pass 2: each store table from the staging rows (`counts` of each kind), streamed to the
+    sink; `in_order`: `ev` holds its rows in `seq` order (staged one batch after the other)."""
     for sql in _PREPARE:
         scratch.execute(sql)
     for table, sql in _TABLES:
         if table not in _SOURCE_KINDS or any(counts.get(kind) for kind in _SOURCE_KINDS[table]):
-            sink.append_all(table, _batches(scratch, sql))
+            sort = "" if in_order or table not in _IN_ORDER else " ORDER BY seq"
+            if table == "collectives":
+                sql = sql.format(kernel_ids=_KERNEL_IDS if counts.get("kernel collective") else _NO_KERNEL_IDS)
+            sink.append_all(table, _batches(scratch, sql + sort))
     names = [r[1] for r in scratch.execute(_KERNEL_NAMES).fetchall()]
     shorts = [_short_name(n) for n in names]
     sink.append("kernel_names", pa.table({
         "name_id": pa.array(range(len(names)), pa.int32()), "name": pa.array(names, pa.string()),
         "short_name": pa.array(shorts, pa.string()),
         "mangled_name": pa.array([n if n.startswith("_Z") else None for n in names], pa.string())}), source_rows=0)
-    sink.append("gpus", _gpus(meta), source_rows=0)
-    sink.append("process_groups", _process_groups(meta), source_rows=0)
+    sink.append("gpus", gpu_table(meta), source_rows=0)
+    sink.append("process_groups", process_group_table(meta), source_rows=0)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -523,77 +539,3 @@ def _batches(scratch: duckdb.DuckDBPyConnection, sql: str):  # -> Iterator[pa.Ta
     reader = scratch.sql(sql).to_arrow_reader(1 << 17)
     for batch in reader:
         yield pa.Table.from_batches([batch])
-
-
-def _gpus(meta: dict[str, Any]) -> pa.Table:
-    rows = []
-    amd = any(k.startswith(("roctracer", "hip_")) for k in meta)
-    for d in meta.get("deviceProperties") or []:
-        if not isinstance(d, dict):
-            continue
-        name = d.get("name")
-        vendor = "AMD" if amd or str(name or "").startswith("AMD") or d.get("warpSize") == 64 else "NVIDIA"
-        nvidia = vendor == "NVIDIA"
-        threads, warp = _int(d.get("maxThreadsPerMultiprocessor")), _int(d.get("warpSize"))
-        rows.append({
-            "device_id": _int(d.get("id")), "name": name, "vendor": vendor,
-            # AMD's computeMajor/Minor are a gfx version (9.4: MI300X), not a CUDA compute capability
-            "cc_major": _int(d.get("computeMajor")) if nvidia else None,
-            "cc_minor": _int(d.get("computeMinor")) if nvidia else None,
-            "sm_count": _int(d.get("numSms")), "clock_hz": KNOWN_CLOCKS_HZ.get(name) if nvidia else None,
-            "memory_bytes": _int(d.get("totalGlobalMem")), "threads_per_warp": warp,
-            "max_threads_per_block": _int(d.get("maxThreadsPerBlock")),
-            "max_warps_per_sm": threads // warp if threads and warp else None,
-            "max_registers_per_sm": _int(d.get("regsPerMultiprocessor")),
-            "max_registers_per_block": _int(d.get("regsPerBlock")),
-            "max_smem_per_sm_bytes": _int(d.get("sharedMemPerMultiprocessor")
-                                          or d.get("maxSharedMemoryPerMultiProcessor")),
-            "max_smem_per_block_bytes": _int(d.get("sharedMemPerBlock")),
-            "max_smem_per_block_optin_bytes": _int(d.get("sharedMemPerBlockOptin")),
-        })
-    types = {"name": pa.string(), "vendor": pa.string()}
-    columns = ["device_id", "name", "vendor", "cc_major", "cc_minor", "sm_count", "clock_hz", "memory_bytes",
-               "threads_per_warp", "max_threads_per_block", "max_warps_per_sm", "max_registers_per_sm",
-               "max_registers_per_block", "max_smem_per_sm_bytes", "max_smem_per_block_bytes",
-               "max_smem_per_block_optin_bytes"]
-    return pa.table({c: pa.array([r[c] for r in rows], types.get(c, pa.int64())) for c in columns})
-
-
-def _process_groups(meta: dict[str, Any]) -> pa.Table:
-    info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-    groups = [g for g in info.get("pg_config") or [] if isinstance(g, dict)]
-    return pa.table({
-        "pg_name": pa.array([_text(g.get("pg_name")) for g in groups], pa.string()),
-        "pg_desc": pa.array([_text(g.get("pg_desc")) for g in groups], pa.string()),
-        "backend_config": pa.array([_text(g.get("backend_config")) for g in groups], pa.string()),
-        "pg_size": pa.array([_int(g.get("pg_size")) for g in groups], pa.int64()),
-        "ranks": pa.array([[r for r in g.get("ranks") or [] if isinstance(r, int)] for g in groups],
-                          pa.list_(pa.int64())),
-    })
-
-
-def _source_info(meta: dict[str, Any]) -> SourceInfo:
-    info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-    versions = [f"{key} {meta[key]}" for key in ("cupti_version", "roctracer_version") if key in meta]
-    options = [k for k in ("record_shapes", "with_stack", "profile_memory", "with_modules", "with_flops") if meta.get(k) == 1]
-    tool = "PyTorch profiler (Kineto)" + "".join(f"{sep}{', '.join(p)}" for sep, p in ((", ", versions), ("; ", options)) if p)
-    base = _int(meta.get("baseTimeNanoseconds"))
-    if base is not None and not 0 <= base < 2**63:  # no wall clock: its times stand as they are
-        base = None
-    return SourceInfo(format="kineto", tool=tool, schema_version=_text(meta.get("schemaVersion")),
-                      session_start_utc_ns=base, rank=_int(info.get("rank")),
-                      world_size=_int(info.get("world_size")), backend=_text(info.get("backend")))
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    return None
-
-
-def _text(value: Any) -> str | None:
-    return None if value is None else str(value)

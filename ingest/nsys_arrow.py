@@ -192,14 +192,22 @@ def _sqlite_type(kind: pa.DataType) -> str:
 
 def _storable(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
     """A column as SQLite holds it: unsigned 64-bit as the signed value of the same bits (as nsys
-    writes its SQLite export), anything not a number or a string as its text."""
+    writes its SQLite export), anything not a number or a string as its text; bytes that are not
+    UTF-8 (a binary column where nsys writes text) with U+FFFD for the bad bytes, as the SQLite
+    export's reader reads them."""
     if pa.types.is_uint64(kind):
         return pc.cast(column, pa.int64(), safe=False)
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
         return column
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return column
-    return column.cast(pa.string())
+    try:
+        return column.cast(pa.string())
+    except pa.ArrowInvalid:
+        if not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+            raise
+        return pa.chunked_array([pa.array([None if v is None else v.decode("utf-8", "replace")
+                                           for v in column.to_pylist()], pa.string())])
 
 
 _NAME = re.compile(r'^(?:"((?:[^"]|"")+)"|([A-Za-z_][A-Za-z0-9_]*))$')
@@ -240,6 +248,16 @@ def _as(column: pa.ChunkedArray | pa.Array, kind: pa.DataType) -> pa.ChunkedArra
     return pc.cast(column, kind)
 
 
+def _column_as(batch: pa.Table, table: str, name: str, kind: pa.DataType) -> pa.ChunkedArray | pa.Array:
+    """`_as` of a batch's column; a column of another type than nsys writes, whose values the
+    store's type cannot hold (a float column with -inf or 2.5, text), refuses the file."""
+    try:
+        return _as(batch[name], kind)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise TraceFormatError(f"the export's {table}.{name} holds a value of another type than nsys writes "
+                               f"({_first_line(e)})") from None
+
+
 class ColumnarScanner:
     """`scan_table` for the event tables of an Arrow or Parquet export (see sqlite_source.scan_table);
     the staged tables are read from the SQLite file."""
@@ -274,7 +292,7 @@ class ColumnarScanner:
                 batch = batch.filter(pc.fill_null(pc.is_in(batch[condition[0]], pa.array(condition[1], batch[
                     condition[0]].type)), False))
             rows = pa.Table.from_arrays([
-                pa.nulls(batch.num_rows, field.type) if name is None else _as(batch[name], field.type)
+                pa.nulls(batch.num_rows, field.type) if name is None else _column_as(batch, table, name, field.type)
                 for name, field in zip(sources, schema)], schema=schema)
             return rows if transform is None else transform(rows)
 

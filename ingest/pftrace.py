@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from traceq.errors import TraceFormatError
 from traceq.ingest import protobuf as pb
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo
+from traceq.ingest.pftrace_rows import ARGS
 
 SUFFIXES = (".pftrace", ".perfetto-trace", ".perfetto")
 BOOTTIME = 6
@@ -39,7 +40,7 @@ BEGIN, END, INSTANT, COUNTER = 1, 2, 3, 4
 MAX_DEPTH = 256
 """Slices open at once on one track: more is a damaged (or crafted) file."""
 
-_VARINT, _FIXED64, _LENGTH = 0, 1, 2
+_LENGTH = 2
 
 
 @dataclass
@@ -137,11 +138,6 @@ class PftraceReader:
         return rows.write(sink, decoder)
 
 
-def _want(number: int, wire: int, expected: int | tuple[int, ...], what: str, pos: int = 0) -> None:
-    if wire != expected and (not isinstance(expected, tuple) or wire not in expected):
-        raise pb.WireError(f"{what} field {number} has wire type {wire}")
-
-
 class Decoder:
     """Walks the packets, keeping the tracks and each sequence's state; finished slices go to `rows`."""
 
@@ -161,7 +157,8 @@ class Decoder:
         for number, wire, value in pb.fields(self.buf):
             if number != 1:
                 continue  # a Trace has only packets; other fields are nothing we read
-            _want(number, wire, _LENGTH, "the trace's")
+            if wire != _LENGTH:
+                raise pb.WireError(f"the trace's field 1 has wire type {wire}")
             self.packet(value)  # type: ignore[arg-type]
             self.packets += 1
             if progress is not None and self.packets % 65536 == 0:
@@ -177,12 +174,7 @@ class Decoder:
         seq_id = flags = 0
         cleared = False
         interned = defaults = event = descriptor = snapshot = None
-        for number, wire, value in _scan(self.buf, *span):
-            expected = _PACKET_WIRES.get(number)
-            if expected is None:
-                continue
-            if wire != expected:
-                raise pb.WireError(f"a packet's field {number} has wire type {wire}")
+        for number, value in _fields(self.buf, *span, _PACKET, "a packet's"):
             if number == 11:
                 event = value
             elif number == 8:
@@ -232,53 +224,38 @@ class Decoder:
         return ts * state[1] + state[2]
 
     def _defaults(self, seq: Sequence, span: pb.Span) -> None:
-        for number, wire, value in pb.fields(self.buf, *span):
+        for number, value in _fields(self.buf, *span, _DEFAULTS, "the packet defaults'"):
             if number == 58:
-                _want(number, wire, _VARINT, "the packet defaults'")
-                seq.clock = value  # type: ignore[assignment]
-            elif number == 11:
-                _want(number, wire, _LENGTH, "the packet defaults'")
-                for n, w, v in pb.fields(self.buf, *value):  # type: ignore[misc]
-                    if n == 11:
-                        _want(n, w, _VARINT, "the track-event defaults'")
-                        seq.track = v  # type: ignore[assignment]
+                seq.clock = value
+            else:
+                for _, track in _fields(self.buf, *value, _EVENT_DEFAULTS, "the track-event defaults'"):
+                    seq.track = track
 
     def _interned(self, seq: Sequence, span: pb.Span) -> None:
         tables = {1: seq.categories, 2: seq.names, 3: seq.annotation_names, 29: seq.annotation_strings}
-        for number, wire, value in pb.fields(self.buf, *span):
-            table = tables.get(number)
-            if table is None:
-                continue
-            _want(number, wire, _LENGTH, "the interned data's")
+        for number, value in _fields(self.buf, *span, _INTERNED, "the interned data's"):
             iid, name = 0, ""
-            for n, w, v in pb.fields(self.buf, *value):  # type: ignore[misc]
+            for n, v in _fields(self.buf, *value, _INTERNED_ENTRY, "an interned entry's"):
                 if n == 1:
-                    _want(n, w, _VARINT, "an interned entry's")
-                    iid = v  # type: ignore[assignment]
-                elif n == 2:
-                    _want(n, w, _LENGTH, "an interned entry's")
+                    iid = v
+                else:
                     name = pb.text(self.buf, v)
-            table[iid] = name
+            tables[number][iid] = name
 
     def _snapshot(self, seq: Sequence, span: pb.Span) -> None:
         clocks: list[tuple[int, int, bool, int]] = []
-        for number, wire, value in pb.fields(self.buf, *span):
-            if number != 1:
-                continue
-            _want(number, wire, _LENGTH, "a clock snapshot's")
+        for _, value in _fields(self.buf, *span, _SNAPSHOT, "a clock snapshot's"):
             clock_id = ts = 0
             incremental, unit = False, 1
-            for n, w, v in pb.fields(self.buf, *value):  # type: ignore[misc]
-                if n in (1, 2, 3, 4):
-                    _want(n, w, _VARINT, "a clock's")
+            for n, v in _fields(self.buf, *value, _CLOCK, "a clock's"):
                 if n == 1:
-                    clock_id = v  # type: ignore[assignment]
+                    clock_id = v
                 elif n == 2:
-                    ts = v  # type: ignore[assignment]
+                    ts = v
                 elif n == 3:
                     incremental = bool(v)
-                elif n == 4:
-                    unit = v or 1  # type: ignore[assignment]
+                else:
+                    unit = v or 1
             clocks.append((clock_id, ts, incremental, unit))
         boot = next((ts for clock_id, ts, _, _ in clocks if clock_id == BOOTTIME), None)
         for clock_id, ts, incremental, unit in clocks:
@@ -287,34 +264,30 @@ class Decoder:
                 seq.clocks[clock_id] = [ts, unit, offset, int(incremental)]
 
     def _descriptor(self, span: pb.Span) -> None:
+        buf = self.buf
         uuid = 0
         track = Track()
-        for number, wire, value in pb.fields(self.buf, *span):
+        for number, value in _fields(buf, *span, _DESCRIPTOR, "a track descriptor's"):
             if number == 1:
-                _want(number, wire, _VARINT, "a track descriptor's")
-                uuid = value  # type: ignore[assignment]
+                uuid = value
             elif number == 5:
-                _want(number, wire, _VARINT, "a track descriptor's")
-                track.parent = value  # type: ignore[assignment]
+                track.parent = value
             elif number in (2, 10):
-                _want(number, wire, _LENGTH, "a track descriptor's")
-                track.name = pb.text(self.buf, value)
+                track.name = pb.text(buf, value)
             elif number == 3:
-                _want(number, wire, _LENGTH, "a track descriptor's")
-                for n, w, v in pb.fields(self.buf, *value):  # type: ignore[misc]
-                    if n == 1 and w == _VARINT:
-                        track.pid = pb.signed(v)  # type: ignore[arg-type]
-                    elif n == 6 and w == _LENGTH:
-                        track.process_name = pb.text(self.buf, v)
-            elif number == 4:
-                _want(number, wire, _LENGTH, "a track descriptor's")
-                for n, w, v in pb.fields(self.buf, *value):  # type: ignore[misc]
-                    if n == 1 and w == _VARINT:
-                        track.pid = pb.signed(v)  # type: ignore[arg-type]
-                    elif n == 2 and w == _VARINT:
-                        track.tid = pb.signed(v)  # type: ignore[arg-type]
-                    elif n == 5 and w == _LENGTH:
-                        track.thread_name = pb.text(self.buf, v)
+                for n, v in _fields(buf, *value, _PROCESS, "a process descriptor's"):
+                    if n == 1:
+                        track.pid = pb.signed(v)
+                    else:
+                        track.process_name = pb.text(buf, v)
+            else:
+                for n, v in _fields(buf, *value, _THREAD, "a thread descriptor's"):
+                    if n == 1:
+                        track.pid = pb.signed(v)
+                    elif n == 2:
+                        track.tid = pb.signed(v)
+                    else:
+                        track.thread_name = pb.text(buf, v)
         old = self.tracks.get(uuid)
         if old is None or track.name or track.pid is not None or track.tid is not None:
             self.tracks[uuid] = track  # a descriptor repeated on each sequence: the same track
@@ -341,26 +314,21 @@ class Decoder:
         name_iid = None
         categories: list[str] = []
         annotations: list[pb.Span] = []
-        for number, wire, value in _scan(buf, *span):
-            expected = _EVENT_WIRES.get(number)
-            if expected is None:
-                continue
-            if wire != expected and not (number == 3 and wire == _LENGTH):  # category_iids may be packed
-                raise pb.WireError(f"a track event's field {number} has wire type {wire}")
+        for number, value in _fields(buf, *span, _EVENT, "a track event's"):
             if number == 4:
-                annotations.append(value)  # type: ignore[arg-type]
+                annotations.append(value)
             elif number == 9:
-                kind = value  # type: ignore[assignment]
+                kind = value
             elif number == 11:
-                track = value  # type: ignore[assignment]
+                track = value
             elif number == 10:
                 name_iid = value
             elif number == 3:
-                for iid in _packed(buf, wire, value):
+                for iid in _packed(buf, value):
                     categories.append(seq.categories.get(iid, f"#{iid}"))
             elif number == 23:
                 name = pb.text(buf, value)
-            elif number == 22:
+            else:
                 categories.append(pb.text(buf, value))
         if kind == END:
             stack = self.open.get(track)
@@ -377,7 +345,14 @@ class Decoder:
             return
         if name is None:
             name = seq.names.get(name_iid, f"#{name_iid}") if name_iid is not None else ""  # type: ignore[arg-type]
-        args = dict(self._annotation(seq, a) for a in annotations)
+        args = {}
+        for a in annotations:
+            found = _annotation_by_iid(buf, a, seq.annotation_names)
+            if found is None:
+                key, value = self._annotation(seq, a)
+                args[key] = value
+            elif found is not _SKIP:
+                args[found[0]] = found[1]
         if kind == INSTANT:
             self.rows.add(Slice(ts, None, name, tuple(categories), track, args), self)
             return
@@ -388,18 +363,13 @@ class Decoder:
 
     def _annotation(self, seq: Sequence, span: pb.Span) -> tuple[str, Any]:
         name, value = "", None
-        for number, wire, raw in _scan(self.buf, *span):
-            expected = _ANNOTATION_WIRES.get(number)
-            if expected is None:
-                continue
-            if wire != expected:
-                raise pb.WireError(f"a debug annotation's field {number} has wire type {wire}")
+        for number, raw in _fields(self.buf, *span, _ANNOTATION, "a debug annotation's"):
             if number == 1:
-                name = seq.annotation_names.get(raw, f"#{raw}")  # type: ignore[call-overload]
+                name = seq.annotation_names.get(raw, f"#{raw}")
             elif number == 3 or number == 7:
                 value = raw
             elif number == 4:
-                value = pb.signed(raw)  # type: ignore[arg-type]
+                value = pb.signed(raw)
             elif number == 6:
                 value = pb.text(self.buf, raw)
             elif number == 10:
@@ -408,23 +378,78 @@ class Decoder:
                 value = bool(raw)
             elif number == 5:
                 value = pb.double(raw)
-            elif number == 17:
-                value = seq.annotation_strings.get(raw)  # type: ignore[call-overload]
+            else:
+                value = seq.annotation_strings.get(raw)
         return name, value
 
 
-_PACKET_WIRES = {8: _VARINT, 58: _VARINT, 10: _VARINT, 13: _VARINT, 41: _VARINT, 12: _LENGTH, 59: _LENGTH,
-                 11: _LENGTH, 60: _LENGTH, 6: _LENGTH}
-_EVENT_WIRES = {9: _VARINT, 11: _VARINT, 10: _VARINT, 23: _LENGTH, 22: _LENGTH, 3: _VARINT, 4: _LENGTH}
-_ANNOTATION_WIRES = {1: _VARINT, 10: _LENGTH, 2: _VARINT, 3: _VARINT, 7: _VARINT, 4: _VARINT, 5: _FIXED64,
-                     6: _LENGTH, 17: _VARINT}
-"""The wire type of each field read, by field number: another is a damaged file."""
+_SKIP = ("", None)
 
 
-def _scan(buf: Any, pos: int, end: int) -> list[tuple[int, int, Any]]:
-    """The fields of the message in buf[pos:end], as `protobuf.fields` gives them, decoded in
-    one loop (one-byte keys, varints and lengths read inline: most of a trace's), for speed."""
-    out: list[tuple[int, int, Any]] = []
+def _annotation_by_iid(buf: Any, span: pb.Span, names: dict[int, str]) -> tuple[str, Any] | None:
+    """The common debug annotation read without a scan: its name interned (field 1, an iid of one
+    or two bytes, as the SDK writes it first) and, for a name the rows read (ARGS), an integer
+    value (uint_value 3 or int_value 4) ending the annotation. _SKIP for a name no row reads (its
+    value is not decoded, nor checked); None for any other layout, which `Decoder._annotation`
+    reads field by field."""
+    at, stop = span
+    if stop - at < 3 or buf[at] != 0x08:
+        return None
+    iid = buf[at + 1]
+    at += 2
+    if iid >= 0x80:
+        high = buf[at]
+        if high >= 0x80:
+            return None
+        iid = iid & 0x7F | high << 7
+        at += 1
+    name = names.get(iid)
+    if name not in ARGS:
+        return _SKIP
+    key = buf[at] if at < stop else 0
+    if key != 0x18 and key != 0x20:
+        return None
+    value = shift = 0
+    at += 1
+    while at < stop:
+        b = buf[at]
+        at += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += 7
+    else:
+        return None  # the varint does not end inside the annotation
+    if at != stop or shift >= 70:
+        return None
+    return name, pb.signed(value) if key == 0x20 else value  # type: ignore[return-value]
+
+
+_V, _F64, _L = 1 << 0, 1 << 1, 1 << 2
+"""The wire types a field may have, as bits of a mask: varint, 64-bit, length-delimited."""
+_PACKET = {8: _V, 58: _V, 10: _V, 13: _V, 41: _V, 12: _L, 59: _L, 11: _L, 60: _L, 6: _L}
+_DEFAULTS = {58: _V, 11: _L}
+_EVENT_DEFAULTS = {11: _V}
+_INTERNED = {1: _L, 2: _L, 3: _L, 29: _L}
+_INTERNED_ENTRY = {1: _V, 2: _L}
+_SNAPSHOT = {1: _L}
+_CLOCK = {1: _V, 2: _V, 3: _V, 4: _V}
+_DESCRIPTOR = {1: _V, 5: _V, 2: _L, 10: _L, 3: _L, 4: _L}
+_PROCESS = {1: _V, 6: _L}
+_THREAD = {1: _V, 2: _V, 5: _L}
+_EVENT = {9: _V, 11: _V, 10: _V, 23: _L, 22: _L, 3: _V | _L, 4: _L}  # category_iids may be packed
+_ANNOTATION = {1: _V, 10: _L, 2: _V, 3: _V, 7: _V, 4: _V, 5: _F64, 6: _L, 17: _V}
+"""The fields read of each message, by number, and the wire types each may have: another is a
+damaged file; fields of other numbers are skipped."""
+
+
+def _fields(buf: Any, pos: int, end: int, wires: dict[int, int], what: str) -> list[tuple[int, Any]]:
+    """(number, value) of the fields of the message in buf[pos:end] that `wires` names, values as
+    `protobuf.fields` gives them; a field `wires` names with another wire type raises WireError
+    ('{what} field N has wire type W'), as does any field that is not well-formed. One loop over
+    the message, one-byte keys, varints and lengths read inline (most of a trace's), for speed:
+    every message of a Perfetto trace is read through here."""
+    out: list[tuple[int, Any]] = []
     append = out.append
     varint = pb.varint
     try:
@@ -468,15 +493,19 @@ def _scan(buf: Any, pos: int, end: int) -> list[tuple[int, int, Any]]:
                 raise pb.WireError(f"wire type {wire} (field {key >> 3}) at byte {pos}: not a message")
             if pos > end or key < 8:
                 raise pb.WireError(f"field {key >> 3} runs past the end of its message at byte {pos}")
-            append((key >> 3, wire, value))
+            mask = wires.get(key >> 3)
+            if mask is not None:
+                if not mask >> wire & 1:
+                    raise pb.WireError(f"{what} field {key >> 3} has wire type {wire}")
+                append((key >> 3, value))
     except IndexError:
         raise pb.WireError(f"the data ends inside a field at byte {pos}") from None
     return out
 
 
-def _packed(buf: Any, wire: int, value: Any) -> list[int]:
-    """A repeated varint field's values: one (unpacked) or a packed run."""
-    if wire == _VARINT:
+def _packed(buf: Any, value: Any) -> list[int]:
+    """A repeated varint field's values: one (unpacked, an int) or a packed run (a span)."""
+    if isinstance(value, int):
         return [value]
     out, pos = [], value[0]
     while pos < value[1]:

@@ -53,6 +53,9 @@ CALLS = ("hip_api", "hsa_api", "rccl_api", "rocdecode_api", "rocjpeg_api")
 ROCPROF = {"kernel_dispatch", "memory_copy", "marker_api", "memory_allocation", "counter_collection",
            "kfd_events", "openmp", "none", *CALLS}
 """rocprofiler-sdk's Perfetto categories (`rocprofiler-sdk/cxx/perfetto.hpp`)."""
+ARGS = frozenset({"agent", "queue", "corr_id", "grid_size", "workgroup_size", "group_segment_size",
+                  "private_segment_size", "tid", "copy_bytes", "dst_agent", "src_agent"})
+"""The debug annotations the rows below read: the decoder leaves the values of others undecoded."""
 _COPY_KINDS = {"HOST_TO_DEVICE": "Host-to-Device", "DEVICE_TO_HOST": "Device-to-Host",
                "DEVICE_TO_DEVICE": "Device-to-Device", "HOST_TO_HOST": "Host-to-Host"}
 _AGENT = re.compile(r"^\s*(\w+)\W+(\d+)\s*$")

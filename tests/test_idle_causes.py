@@ -147,3 +147,40 @@ def test_causes_on_the_planted_loops(tmp_path, name: str) -> None:
     assert not wrong, f"(reference, traceq) gaps: {wrong}"
     counts = Counter(want.values())
     assert counts["sync" if name == "sync" else "iteration_start"] >= 7
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sync_echoes_equal_a_walk_over_each_device(seed: int) -> None:
+    """`gaps._sync_echoes` (runs found without a window per run) against a plain walk: per
+    device in its gaps' order, a launch-bound gap right after a sync gap (its next operation the
+    device's next, the same iteration) becomes sync, with that gap's call; chains carry on."""
+    import random
+
+    import polars as pl
+
+    from traceq.analysis.timeline.gaps import _sync_echoes
+
+    rng = random.Random(seed)
+    n, devices = 400, rng.choice([None, 2, 3])
+    device = [rng.randrange(devices) for _ in range(n)] if devices else [0] * n
+    pos, seen = [], Counter()
+    for d in device:  # each device's operations in start order; a gap skips some
+        seen[d] += rng.choice([1, 1, 1, 2])
+        pos.append(seen[d])
+    cause = [rng.choice([0, 0, 4, 4, 4, 3, 6, 5]) for _ in range(n)]
+    call = [rng.choice([None, *range(1, 9)]) if c != 0 else rng.randrange(1, 9) for c in cause]
+    iteration = [rng.choice([None, 0, 1, 1, 1]) for _ in range(n)]
+    want_cause, want_call = list(cause), list(call)
+    last: dict[int, int] = {}  # device -> its last gap's row
+    for i in range(n):
+        j = last.get(device[i])
+        if (j is not None and want_cause[i] == 4 and want_cause[j] == 0 and pos[j] == pos[i] - 1
+                and iteration[i] is not None and iteration[i] == iteration[j]):
+            want_cause[i], want_call[i] = 0, want_call[j]
+        last[device[i]] = i
+    own = pl.DataFrame({"cause": pl.Series(cause, dtype=pl.UInt8), "call": pl.Series(call, dtype=pl.UInt32)})
+    got = _sync_echoes(own, pl.Series(pos, dtype=pl.UInt32),
+                       pl.Series(device, dtype=pl.UInt32) if devices else None, pl.Series(iteration, dtype=pl.UInt32))
+    assert got["cause"].to_list() == want_cause
+    assert got["call"].to_list() == want_call
+    assert want_cause != cause  # some gaps echoed

@@ -289,3 +289,30 @@ def test_batches_parsed_in_parallel_equal_the_json(tmp_path: Path, monkeypatch) 
 
 _SERIAL = __import__("traceq.ingest.json_stage", fromlist=["_serial"])._serial
 _INSERT = __import__("traceq.ingest.json_stage", fromlist=["_insert"])._insert
+
+
+def test_staged_on_disk_operators_in_file_order(tmp_path: Path, monkeypatch) -> None:
+    """Staged on disk one batch after the other (as a trace of more than 256 MiB is), the
+    operators come out in the file's order without a sort, and a trace without collectives skips
+    their query and stores none."""
+    from traceq.ingest import json_events, json_stage, kineto
+
+    monkeypatch.setattr(json_events, "BLOCK_BYTES", 32 << 10)
+    monkeypatch.setattr(json_events, "BATCH_BYTES", 96 << 10)
+    monkeypatch.setattr(json_stage, "STAGE_THREADS", 1)
+    monkeypatch.setattr(kineto, "MEMORY_STAGING_BYTES", 0)
+    queries = []
+    batches = kineto._batches
+    monkeypatch.setattr(kineto, "_batches", lambda scratch, sql: queries.append(sql) or batches(scratch, sql))
+    path = sample("alexnet_b256_kineto.json")
+    con = open_store(tmp_path / "disk.duckdb", create=True)
+    load_trace(con, path)
+    ops = [(e["name"], ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), json.dumps(e["args"]["Input Dims"], separators=(",", ":")))
+           for e in read_json(path)["traceEvents"]
+           if e.get("ph") == "X" and e.get("cat") == "cpu_op" and "Input Dims" in e.get("args", {})]
+    assert len(ops) > 500
+    got = con.execute("SELECT name, start_ns, end_ns, input_dims FROM operators ORDER BY rowid").fetchall()
+    assert got == ops
+    assert not any("ORDER BY seq" in q and "input_dims" in q for q in queries)
+    assert not any("collective" in q for q in queries)
+    assert con.execute("SELECT count(*) FROM collectives").fetchall() == [(0,)]

@@ -59,3 +59,33 @@ def test_launches_cli(tmp_path) -> None:
     assert all(len(line) <= 100 for line in result.stdout.splitlines())
     frame = pl.read_csv(runner.invoke(app, ["launches", "--db", str(db), "-f", "csv"]).stdout.encode())
     assert {"launches", "api_ns", "queue_avg_ns", "kernel_ns", "tiny", "tiny_pct", "name"} <= set(frame.columns)
+
+
+def test_repeated_launches_equal_a_range_join(sample_store) -> None:
+    """`launches.repeated_launches` (ranges dealt into chains, binary searches) against the
+    range join it replaced, in SQL over the store: iteration ranges after the first, each with
+    the kernels launched inside it in launch order, their name ids compared as text. With a
+    regex that also takes every forward and backward range, ranges nest and overlap."""
+    import pytest
+
+    from traceq.analysis.structure.conventions import ITERATION_REGEX
+    from traceq.analysis.timeline.launches import repeated_launches
+
+    reference = """
+        WITH it AS (SELECT row_number() OVER (ORDER BY start_ns) AS i, start_ns, end_ns FROM nvtx
+                    WHERE trace_id = $t AND kind IN ('pushpop', 'startend') AND end_ns IS NOT NULL
+                      AND regexp_matches(coalesce(name, ''), $rx)),
+             seq AS (SELECT it.i, count(*) AS n,
+                            string_agg(k.name_id::VARCHAR, ',' ORDER BY k.launch_start_ns, k.kernel_id) AS s
+                     FROM kernel_events k JOIN it ON k.launch_start_ns >= it.start_ns AND k.launch_start_ns < it.end_ns
+                     WHERE k.trace_id = $t AND it.i > 1 GROUP BY it.i)
+        SELECT count(*), count(DISTINCT s), coalesce(min(n), 0) FROM seq"""
+    checked = set()
+    for name in ("badloop_mlp", "resnet50_b32_amp_ops", "ddp_resnet18_2gpu"):
+        t = trace_id(sample_store, name)
+        for rx in (ITERATION_REGEX, r"(?i)^\s*(iteration|step)\s*\d+|forward|backward"):
+            want = sample_store.execute(reference, {"t": t, "rx": rx}).fetchall()[0]
+            assert repeated_launches(sample_store, t, rx) == tuple(want), (name, rx)
+            checked.add((want[0] > 1, want[1] == 1))
+    if len(checked) < 2:
+        pytest.fail(f"the samples never tell both answers apart: {checked}")

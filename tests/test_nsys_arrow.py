@@ -175,3 +175,90 @@ def test_a_damaged_parquet_event_table_is_refused_in_one_line(damage: str, tmp_p
         traceq.load(export, store)
     assert "\n" not in str(e.value) and "damaged.parquetdir" in str(e.value)
     assert store.read_bytes() == before
+
+
+def test_fuzzing_the_exports_a_small_budget() -> None:
+    """3 mutants of the Parquet and Arrow exports (tools/fuzz.py --columnar: a column dropped,
+    values NULL, times out of range), each loaded and the first commands run on
+    it: refused in one line with the store as before, or loaded with every command working."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import fuzz
+
+    files = fuzz.corpus(include_shared=False, samples=(), columnar=True)
+    assert [fuzz.trace_format(f) for f in files] == ["parquetdir", "arrow"]
+    with fuzz.scratch() as work:
+        outcomes = fuzz.run(fuzz.Harness(files, "ci-exports", work, commands=fuzz.FIRST_COMMANDS), range(3))
+    assert [o.problems for o in outcomes if o.problems] == []
+    assert {o.source for o in outcomes} == {f.name for f in files}
+
+
+def _rewritten(form: str, name: str, change, target: Path) -> Path:
+    """The sample export with table `name` replaced by `change(table)`, written to `target` in the same form."""
+    import shutil
+
+    source = sample(f"{EXPORTS}.{form}")
+    if form == "parquetdir":
+        tables = [(p.stem, pq.read_table(p)) for p in sorted(source.glob("*.parquet"))]
+    else:
+        tables, stream = [], pa.BufferReader(source.read_bytes())
+        while stream.tell() < stream.size():
+            reader = ipc.open_stream(stream)
+            tables.append((reader.schema.metadata[b"table_name"].decode(), reader.read_all()))
+    i = next(i for i, (n, _) in enumerate(tables) if n == name)
+    tables[i] = (name, change(tables[i][1]).replace_schema_metadata(tables[i][1].schema.metadata))
+    if form == "parquetdir":
+        shutil.copytree(source, target)
+        pq.write_table(tables[i][1], target / f"{name}.parquet")
+    else:
+        with target.open("wb") as f:
+            for _, t in tables:
+                with ipc.new_stream(f, t.schema) as writer:
+                    writer.write_table(t)
+    return target
+
+
+@pytest.mark.parametrize("form", ["parquetdir", "arrow"])
+@pytest.mark.parametrize("value", [float("-inf"), 2.5, "12x"])
+def test_a_column_of_another_type_is_refused_in_one_line(form: str, value: object, tmp_path: Path) -> None:
+    """An event table's integer column holding floats or text (the fuzzer's seed fuzz35-col,
+    mutants 19 and 29: CUPTI_ACTIVITY_KIND_MEMSET.correlationId = -inf escaped as ArrowInvalid):
+    refused in one line naming the table and column, the store unchanged."""
+    import traceq
+
+    name = "CUPTI_ACTIVITY_KIND_MEMSET"
+
+    def change(table: pa.Table) -> pa.Table:
+        values = table["correlationId"].to_pylist()
+        values[0] = value
+        column = pa.array(values, pa.string() if isinstance(value, str) else pa.float64())
+        return table.set_column(table.schema.get_field_index("correlationId"), "correlationId", column)
+
+    damaged = _rewritten(form, name, change, tmp_path / f"damaged.{form}")
+    store = tmp_path / "s.duckdb"
+    traceq.load(sample(f"{EXPORTS}.sqlite"), store)
+    before = store.read_bytes()
+    with pytest.raises(TraceFormatError) as e:
+        traceq.load(damaged, store)
+    assert "\n" not in str(e.value) and f"{name}.correlationId holds a value of another type" in str(e.value)
+    assert store.read_bytes() == before
+
+
+@pytest.mark.parametrize("form", ["parquetdir", "arrow"])
+def test_text_that_is_not_utf8_reads_with_replacement_characters(form: str, tmp_path: Path) -> None:
+    """A text column of a table read through SQL (StringIds) made binary with bytes that are not
+    UTF-8 (the fuzzer's seed fuzz35-col, mutants 13, 15, 16, 22 escaped as ArrowInvalid): read with
+    U+FFFD for the bad bytes, as the SQLite export's reader reads them; every kernel's name has it."""
+    import traceq
+
+    def change(table: pa.Table) -> pa.Table:
+        values = [None if v is None else v.encode() + b"\xcc\xff" for v in table["value"].to_pylist()]
+        return table.set_column(table.schema.get_field_index("value"), "value", pa.array(values, pa.large_binary()))
+
+    damaged = _rewritten(form, "StringIds", change, tmp_path / f"damaged.{form}")
+    t = traceq.load(damaged, tmp_path / "s.duckdb")
+    names = [r[0] for r in t.con.execute("SELECT DISTINCT name FROM kernels WHERE trace_id = ?", [t.id]).fetchall()]
+    kernels = pq.read_metadata(sample(f"{EXPORTS}.parquetdir") / "CUPTI_ACTIVITY_KIND_KERNEL.parquet").num_rows
+    assert t.con.execute("SELECT count(*) FROM kernels WHERE trace_id = ?", [t.id]).fetchone()[0] == kernels
+    assert names and all(n.endswith("\ufffd") for n in names), names

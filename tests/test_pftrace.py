@@ -291,3 +291,37 @@ def test_state_clears_instants_and_counters(tmp_path: Path) -> None:
     notes = " | ".join(result.notes)
     assert "1 packet before its sequence's state was set skipped" in notes
     assert "1 counter value (Perfetto counter tracks) left out" in notes
+
+
+@pytest.mark.parametrize("base", [1, 300])
+def test_annotations_read_whatever_their_iids_and_value_fields(base: int, tmp_path: Path) -> None:
+    """A kernel's annotations named by one- or two-byte iids (read without a scan), by an inline
+    name, with uint, int (negative) and string values, and names no row reads (left undecoded):
+    the kernel's correlation id, grid, workgroup, LDS and scratch as written."""
+    from traceq.api.loading import load_trace
+    from traceq.store import open_store
+
+    names = ["agent", "corr_id", "grid_size", "workgroup_size", "begin_ns", "private_segment_size", "kind"]
+    iids = {n: base + i for i, n in enumerate(names)}
+    interned = pb.InternedData(
+        event_categories=[pb.EventCategory(iid=1, name="kernel_dispatch")], event_names=[pb.EventName(iid=1, name="k")],
+        debug_annotation_names=[pb.DebugAnnotationName(iid=i, name=n) for n, i in iids.items()])
+    a = pb.DebugAnnotation
+    args = [a(name_iid=iids["agent"], string_value="GPU-0"), a(name_iid=iids["corr_id"], uint_value=2**40 + 7),
+            a(name_iid=iids["grid_size"], uint_value=4096), a(name_iid=iids["workgroup_size"], int_value=256),
+            a(name_iid=iids["begin_ns"], uint_value=123), a(name="group_segment_size", uint_value=512),
+            a(name_iid=iids["private_segment_size"], int_value=-3), a(name_iid=iids["kind"], int_value=-1)]
+    track = pb.TrackDescriptor(uuid=5, name='STREAM [" 3 "] ')
+    packets = [_packet(trusted_packet_sequence_id=2, sequence_flags=1, track_descriptor=track, interned_data=interned),
+               _packet(trusted_packet_sequence_id=2, timestamp=100, sequence_flags=2,
+                       track_event=pb.TrackEvent(type=1, track_uuid=5, name_iid=1, category_iids=[1],
+                                                 debug_annotations=args)),
+               _packet(trusted_packet_sequence_id=2, timestamp=250, sequence_flags=2,
+                       track_event=pb.TrackEvent(type=2, track_uuid=5))]
+    path = tmp_path / "k.pftrace"
+    path.write_bytes(b"".join(packets))
+    con = open_store(tmp_path / "s.duckdb", create=True)
+    load_trace(con, path)
+    assert con.execute("""SELECT name, start_ns, end_ns, correlation_id, grid_x, block_x, smem_static_bytes,
+                          local_memory_per_thread_bytes, device_id, stream_id FROM kernels""").fetchall() == [
+        ("k", 100, 250, 2**40 + 7, 16, 256, 512, -3, 0, 3)]

@@ -366,3 +366,15 @@ def test_trace_ids_are_never_reused(tmp_path: Path) -> None:
     _invoke("rm", "lenet_b256_cudnn", "--db", str(db))
     result = _invoke("load", str(sample("lenet_b256_cudnn.sqlite")), "--db", str(db))
     assert "(trace 2)" in result.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_duckdb_threads_stay_within_the_cpus_allowed() -> None:
+    """A process held to one CPU (as `taskset -c 0` holds it) gets one DuckDB thread, not one per
+    core of the machine; threads given as a setting are left as given."""
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from traceq.store import connect; "
+            "print(connect().execute(\"SELECT current_setting('threads')\").fetchall()[0][0], "
+            "connect(threads=3).execute(\"SELECT current_setting('threads')\").fetchall()[0][0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["1", "3"]

@@ -92,6 +92,10 @@ AMD_TRACES = (
 """AMD profiles from ../shared/realtraces, fuzzed when `--amd` asks (kept out of the default
 corpus for the same reason as the XPlanes)."""
 
+COLUMNAR_SAMPLES = ("exports/tiny_torch.parquetdir", "exports/tiny_torch.arrow")
+"""nsys's Parquet and Arrow exports of a small PyTorch run (the bundled sample), fuzzed when
+`--columnar` asks."""
+
 BASE_TRACE = ROOT / "sample_traces" / "lenet_b256_cudnn.sqlite"
 """The good trace every mutant's store already holds."""
 
@@ -104,13 +108,16 @@ the latest loaded, so each runs on it by default."""
 
 
 def corpus(include_shared: bool = True, protobuf: bool = False, amd: bool = False,
-           samples: Sequence[str] = SAMPLES) -> list[Path]:
+           samples: Sequence[str] = SAMPLES, columnar: bool = False, base: bool = True) -> list[Path]:
     """The traces mutants are made from: the samples (`samples`: FIRST_SAMPLES to replay the first
-    campaigns' mutants), and the realtraces when ../shared is there (with `protobuf`, the XPlane
-    profiles too; with `amd`, the AMD profiles)."""
-    files = [ROOT / "sample_traces" / name for name in samples]
+    campaigns' mutants; with `columnar`, the nsys Parquet and Arrow exports after them), and the
+    realtraces when ../shared is there (with `protobuf`, the XPlane profiles too; with `amd`, the
+    AMD profiles). Without `base`, only what those flags add (no samples, no nsys, nvprof or
+    Kineto realtraces)."""
+    files = [ROOT / "sample_traces" / name for name in (*(samples if base else ()),
+                                                        *(COLUMNAR_SAMPLES if columnar else ()))]
     if include_shared and (SHARED / "realtraces").is_dir():
-        shared = REALTRACES + (PROTOBUF_TRACES if protobuf else ()) + (AMD_TRACES if amd else ())
+        shared = (REALTRACES if base else ()) + (PROTOBUF_TRACES if protobuf else ()) + (AMD_TRACES if amd else ())
         files += [p for p in (SHARED / "realtraces" / rel for rel in shared) if p.exists()]
     return files
 
@@ -132,9 +139,39 @@ def pftrace(folder: Path, limit: int = 300) -> Path:
     return out
 
 
+def rocpd(folder: Path, limit: int = 300) -> Path:
+    """A rocprofv3 rocpd database (`results.db`: the schema of tests/data/rocpd_schema_v3.sql)
+    holding the first `limit` dispatches of PFTRACE_SOURCE and the HIP calls, roctx range and copy
+    tests/test_rocpd.py adds, built into `folder` by that test's `build_rocpd`: no real one exists
+    to fuzz (docs/amd.md)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_rocpd import UUID, build_rocpd
+
+    out = folder / "results.db"
+    build_rocpd(SHARED / "realtraces" / PFTRACE_SOURCE, out)
+    con = sqlite3.connect(out)
+    con.execute(f'DELETE FROM "rocpd_kernel_dispatch{UUID}" WHERE id > ?', [limit])
+    used = " UNION ".join(f'SELECT {c} FROM "{t}{UUID}"' for t in ("rocpd_kernel_dispatch", "rocpd_region",
+                                                                    "rocpd_memory_copy") for c in ("start_id", "end_id"))
+    con.execute(f'DELETE FROM "rocpd_timestamp{UUID}" WHERE id NOT IN ({used})')
+    events = " UNION ".join(f'SELECT event_id FROM "{t}{UUID}"' for t in ("rocpd_kernel_dispatch", "rocpd_region",
+                                                                          "rocpd_memory_copy"))
+    con.execute(f'DELETE FROM "rocpd_event{UUID}" WHERE id NOT IN ({events})')
+    con.execute(f'DELETE FROM "rocpd_info_kernel_symbol{UUID}" WHERE id NOT IN '
+                f'(SELECT kernel_id FROM "rocpd_kernel_dispatch{UUID}")')
+    con.commit()
+    con.execute("VACUUM")
+    con.close()
+    return out
+
+
 def trace_format(path: Path) -> str:
     """The container a corpus file is in, which decides the mutations that apply to it."""
+    if path.is_dir():  # nsys's parquetdir export: a folder of TABLE.parquet
+        return "parquetdir"
     head = path.read_bytes()[:16]
+    if head.startswith(b"\xff\xff\xff\xff"):  # nsys's arrow export: Arrow IPC streams
+        return "arrow"
     if head.startswith(b"SQLite format 3\x00"):
         return "sqlite"
     if head.startswith(b"\x1f\x8b"):
@@ -175,7 +212,22 @@ READ_TABLES = (
     "StringIds", "StringTable", "TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU", "META_DATA_EXPORT",
     "EXPORT_META_DATA", "TARGET_INFO_SESSION_START_TIME", "PROCESSES", "ThreadNames", "Version",
 )
+AMD_TABLES = ("rocpd_", "KERN")
+"""Prefixes of the AMD databases' tables the readers read (RPD's `rocpd_op`..., rocprofv3's
+`rocpd_kernel_dispatch_<uuid>`..., rocprof v1's `KERN`): usual targets too. No nsys or nvprof
+table starts so, so their mutants are drawn as before."""
 TIME_COLUMNS = ("start", "end", "timestamp")
+AMD_TIME_COLUMNS = ("value", "DispatchNs", "BeginNs", "EndNs", "CompleteNs")
+"""Times in the AMD tables besides start and end: rocpd_timestamp's value, rocprof v1's KERN."""
+
+
+def _is_amd(table: str) -> bool:
+    return table.startswith(AMD_TABLES)
+
+
+def _time_columns(table: str, cols) -> list[str]:
+    """The columns of `table` holding times (AMD_TIME_COLUMNS only in the AMD tables)."""
+    return [c for c, _ in cols if c in TIME_COLUMNS or _is_amd(table) and c in AMD_TIME_COLUMNS]
 STRING_ID_COLUMNS = {  # columns holding ids into StringIds (nsys) or StringTable (nvprof)
     "CUPTI_ACTIVITY_KIND_KERNEL": ("demangledName", "shortName", "mangledName", "name"),
     "CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL": ("name",),
@@ -222,7 +274,7 @@ def _pick_table(con: sqlite3.Connection, rng: random.Random, want=lambda t, cols
     """A table with rows for which `want(table, columns)` holds, mostly one the readers read."""
     tables = [t for t in _tables(con) if con.execute(f'SELECT 1 FROM "{t}" LIMIT 1').fetchone()
               and want(t, _columns(con, t))]
-    read = [t for t in tables if t in READ_TABLES]
+    read = [t for t in tables if t in READ_TABLES or _is_amd(t)]
     pool = read if read and rng.random() < 0.8 else tables
     if not pool:
         raise NotApplicable("no table to mutate")
@@ -307,8 +359,8 @@ class ExtremeTimestamp(_Sql):
     VALUES = (0, -1, 1, -(2**63), 2**63 - 1, 2**62, -(2**62), 10**18, 2**53, -(10**15))
 
     def change(self, con: sqlite3.Connection, rng: random.Random) -> str:
-        table = _pick_table(con, rng, lambda t, cols: any(c in TIME_COLUMNS for c, _ in cols))
-        column = rng.choice([c for c, _ in _columns(con, table) if c in TIME_COLUMNS])
+        table = _pick_table(con, rng, lambda t, cols: bool(_time_columns(t, cols)))
+        column = rng.choice(_time_columns(table, _columns(con, table)))
         value = rng.choice(self.VALUES)
         return _update(con, table, column, value, rng, str(value))
 
@@ -317,11 +369,13 @@ class EndBeforeStart(_Sql):
     name = "end_lt_start"
 
     def change(self, con: sqlite3.Connection, rng: random.Random) -> str:
-        table = _pick_table(con, rng, lambda t, cols: {"start", "end"} <= {c for c, _ in cols})
+        table = _pick_table(con, rng, lambda t, cols: {"start", "end"} <= {c for c, _ in cols}
+                            or t == "KERN" and {"BeginNs", "EndNs"} <= {c for c, _ in cols})
+        start, end = ("BeginNs", "EndNs") if table == "KERN" else ("start", "end")
         where, rows = _where(con, table, rng)
         gap = rng.choice((1, 1000, 10**9))
-        _execute(con, table, f'UPDATE "{table}" SET "end" = start - {gap} WHERE {where} AND start IS NOT NULL')
-        return f"{table}.end = start - {gap}{rows}"
+        _execute(con, table, f'UPDATE "{table}" SET "{end}" = "{start}" - {gap} WHERE {where} AND "{start}" IS NOT NULL')
+        return f"{table}.{end} = {start} - {gap}{rows}"
 
 
 class DanglingStringId(_Sql):
@@ -333,7 +387,7 @@ class DanglingStringId(_Sql):
         tables = _tables(con)
         strings = "StringIds" if "StringIds" in tables else "StringTable"
         if strings not in tables:
-            raise NotApplicable("no string table")
+            return self.amd(con, tables, rng)
         key = "id" if strings == "StringIds" else "_id_"
         if rng.random() < 0.3:
             ids = [r[0] for r in con.execute(f'SELECT "{key}" FROM {strings}')]
@@ -343,6 +397,27 @@ class DanglingStringId(_Sql):
         table = _pick_table(con, rng, lambda t, cols: any(c in STRING_ID_COLUMNS.get(t, ()) for c, _ in cols))
         column = rng.choice([c for c, _ in _columns(con, table) if c in STRING_ID_COLUMNS.get(table, ())])
         top = con.execute(f'SELECT max("{key}") FROM {strings}').fetchone()[0] or 0
+        value = rng.choice((top + 1, top + 1000, -5, 2**31, 2**62))
+        return _update(con, table, column, value, rng, str(value))
+
+
+    AMD_IDS = ("description_id", "opType_id", "apiName_id", "args_id", "name_id", "category_id", "kernel_id")
+    """Columns of the AMD databases holding ids into their string (or kernel symbol) table."""
+
+    def amd(self, con: sqlite3.Connection, tables: list[str], rng: random.Random) -> str:
+        """RPD's and rocpd's string table (`rocpd_string`, `rocpd_string_<uuid>`): rows deleted, or ids
+        into it made to point nowhere."""
+        strings = next((t for t in tables if t.startswith("rocpd_string")), None)
+        if strings is None:
+            raise NotApplicable("no string table")
+        if rng.random() < 0.3:
+            ids = [r[0] for r in con.execute(f'SELECT id FROM "{strings}"')]
+            gone = rng.sample(ids, min(len(ids), rng.choice((1, 5, 50))))
+            con.execute(f'DELETE FROM "{strings}" WHERE id IN ({", ".join(map(str, gone))})')
+            return f"{len(gone)} rows of {strings} deleted"
+        table = _pick_table(con, rng, lambda t, cols: _is_amd(t) and any(c in self.AMD_IDS for c, _ in cols))
+        column = rng.choice([c for c, _ in _columns(con, table) if c in self.AMD_IDS])
+        top = con.execute(f'SELECT max(id) FROM "{strings}"').fetchone()[0] or 0
         value = rng.choice((top + 1, top + 1000, -5, 2**31, 2**62))
         return _update(con, table, column, value, rng, str(value))
 
@@ -779,12 +854,277 @@ class CsvBytes(Mutation):
         return f"{len(where)} bytes changed from byte {where[0]:,}"
 
 
+# --- nsys Arrow and Parquet exports (`nsys export --type arrow|parquetdir`) ------------------------
+# The export's tables are read with pyarrow, one changed and written back in the same form (a
+# folder of TABLE.parquet, or one file of Arrow IPC streams, each schema naming its table): a
+# table or column gone, values NULL, of another type, out of range, string ids that resolve to
+# nothing, text that is not UTF-8 (as binary); or the bytes of one file flipped or cut.
+
+COLUMNAR_READ = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY",
+                 "CUPTI_ACTIVITY_KIND_MEMSET", "NVTX_EVENTS", "StringIds", "TARGET_INFO_GPU", "PROCESSES",
+                 "ThreadNames", "META_DATA_EXPORT", "TARGET_INFO_SESSION_START_TIME")
+"""The export's tables the reader reads (ingest/nsys_arrow.py: its event tables and STAGED), the usual targets."""
+
+
+def _export_tables(path: Path) -> list[tuple[str, object]]:
+    """(name, pyarrow Table) of each table of an export, in file order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyarrow import ipc
+
+    if path.is_dir():
+        return [(p.stem, pq.read_table(p)) for p in sorted(path.glob("*.parquet"))]
+    out = []
+    with pa.BufferReader(path.read_bytes()) as source:  # not mapped: the file is rewritten while they live
+        while source.tell() < source.size():
+            reader = ipc.open_stream(source)
+            table = reader.read_all()
+            out.append(((reader.schema.metadata or {}).get(b"table_name", b"?").decode(), table))
+    return out
+
+
+def _write_export(path: Path, tables: list[tuple[str, object]]) -> None:
+    """The tables written back in the export's form, each schema keeping its table name."""
+    import pyarrow.parquet as pq
+    from pyarrow import ipc
+
+    if path.is_dir():
+        for p in path.glob("*.parquet"):
+            p.unlink()
+        for name, table in tables:
+            pq.write_table(table, path / f"{name}.parquet")
+        return
+    with path.open("wb") as f:
+        for _, table in tables:
+            with ipc.new_stream(f, table.schema) as writer:
+                writer.write_table(table)
+
+
+def _named(table, name: str):
+    """`table` with its schema's metadata saying its table name (kept where a column changed)."""
+    meta = dict(table.schema.metadata or {})
+    meta[b"table_name"] = name.encode()
+    return table.replace_schema_metadata(meta)
+
+
+class _Columnar(Mutation):
+    """A change to one table of an nsys Arrow or Parquet export."""
+
+    formats = ("parquetdir", "arrow")
+
+    def apply(self, dst: Path, rng: random.Random) -> str:
+        tables = _export_tables(dst)
+        with_rows = [(i, name) for i, (name, t) in enumerate(tables) if t.num_rows and self.wants(t)]
+        read = [(i, name) for i, name in with_rows if name in COLUMNAR_READ]
+        pool = read if read and rng.random() < 0.8 else with_rows
+        if not pool:
+            raise NotApplicable("no table to change")
+        i, name = rng.choice(pool)
+        new, what = self.change(tables[i][1], rng)
+        if new is None:
+            del tables[i]
+        else:
+            tables[i] = (name, _named(new, name))
+        _write_export(dst, tables)
+        return f"{name}: {what}"
+
+    def wants(self, table) -> bool:
+        return True
+
+    def change(self, table, rng: random.Random):
+        """(the changed table, or None to drop it; what was done)."""
+        raise NotImplementedError
+
+
+def _rows(n: int, rng: random.Random) -> tuple[list[int], str]:
+    if rng.random() < 1 / 3:
+        return list(range(n)), ""
+    chosen = rng.sample(range(n), min(n, rng.choice((1, 1, 2, 5, 20))))
+    return chosen, f" in {len(chosen)} rows"
+
+
+def _set_values(table, column: str, rows: list[int], value: object):
+    """`column` with `value` at `rows`: in the column's type where it holds the value, else in
+    the type pyarrow infers (an int column turned to text, say)."""
+    import pyarrow as pa
+
+    values = table[column].to_pylist()
+    for r in rows:
+        values[r] = value
+    try:
+        array = pa.array(values, table[column].type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        try:
+            array = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            array = pa.array([None if v is None else str(v) for v in values], pa.large_string())
+    return table.set_column(table.schema.get_field_index(column), pa.field(column, array.type), array)
+
+
+def _int_columns(table) -> list[str]:
+    import pyarrow.types as t
+
+    return [f.name for f in table.schema if t.is_integer(f.type)]
+
+
+class ColumnarDropTable(_Columnar):
+    name = "col_drop_table"
+
+    def change(self, table, rng):
+        return None, "table removed"
+
+
+class ColumnarDropColumn(_Columnar):
+    name = "col_drop_column"
+
+    def wants(self, table):
+        return table.num_columns > 1
+
+    def change(self, table, rng):
+        column = rng.choice(table.column_names)
+        return table.drop_columns([column]), f"{column} dropped"
+
+
+class ColumnarSetNull(_Columnar):
+    name = "col_set_null"
+
+    def change(self, table, rng):
+        column = rng.choice(table.column_names)
+        rows, where = _rows(table.num_rows, rng)
+        return _set_values(table, column, rows, None), f"{column} = NULL{where}"
+
+
+class ColumnarWrongType(_Columnar):
+    """Text, floats or non-finite values in a number column (the column's type changes with them)."""
+
+    name = "col_wrong_type"
+    VALUES = ("abc", "", "12x", "NaN", float("inf"), float("-inf"), 2.5, 1e22, -1e19, True)
+
+    def wants(self, table):
+        return bool(_int_columns(table))
+
+    def change(self, table, rng):
+        column = rng.choice(_int_columns(table))
+        value = rng.choice(self.VALUES)
+        rows, where = _rows(table.num_rows, rng)
+        return _set_values(table, column, rows, value), f"{column} = {value!r}{where}"
+
+
+class ColumnarBadTimestamp(_Columnar):
+    name = "col_bad_ts"
+    VALUES = ExtremeTimestamp.VALUES + (2**64 - 1,)
+
+    def wants(self, table):
+        return any(c in TIME_COLUMNS for c in table.column_names)
+
+    def change(self, table, rng):
+        column = rng.choice([c for c in table.column_names if c in TIME_COLUMNS])
+        value = rng.choice(self.VALUES)
+        rows, where = _rows(table.num_rows, rng)
+        return _set_values(table, column, rows, value), f"{column} = {value}{where}"
+
+
+class ColumnarEndBeforeStart(_Columnar):
+    name = "col_end_lt_start"
+
+    def wants(self, table):
+        return {"start", "end"} <= set(table.column_names)
+
+    def change(self, table, rng):
+        import pyarrow as pa
+
+        gap = rng.choice((1, 1000, 10**9))
+        rows, where = _rows(table.num_rows, rng)
+        starts, ends = table["start"].to_pylist(), table["end"].to_pylist()
+        for r in rows:
+            ends[r] = None if starts[r] is None else starts[r] - gap
+        array = pa.array(ends, table["end"].type if min((e for e in ends if e is not None), default=0) >= 0
+                         or not pa.types.is_unsigned_integer(table["end"].type) else pa.int64())
+        return table.set_column(table.schema.get_field_index("end"), pa.field("end", array.type), array), \
+            f"end = start - {gap}{where}"
+
+
+class ColumnarDanglingId(_Columnar):
+    """String ids past the string table, negative or huge (StringIds rows deleted, a third of the time)."""
+
+    name = "col_dangling_id"
+    COLUMNS = ("nameId", "textId", "demangledName", "shortName", "mangledName", "name", "domainId")
+
+    def wants(self, table):
+        return any(c in self.COLUMNS and c in _int_columns(table) for c in table.column_names) or \
+            "value" in table.column_names and "id" in table.column_names
+
+    def change(self, table, rng):
+        columns = [c for c in _int_columns(table) if c in self.COLUMNS]
+        if not columns or rng.random() < 0.3:
+            if "id" not in table.column_names:
+                raise NotApplicable("no string id column")
+            keep = sorted(rng.sample(range(table.num_rows), max(0, table.num_rows - rng.choice((1, 5, 50)))))
+            return table.take(keep), f"{table.num_rows - len(keep)} rows deleted"
+        column = rng.choice(columns)
+        value = rng.choice((10**6, -5, 2**31, 2**62))
+        rows, where = _rows(table.num_rows, rng)
+        return _set_values(table, column, rows, value), f"{column} = {value}{where}"
+
+
+class ColumnarBadUtf8(_Columnar):
+    """A text column's bytes made not UTF-8: the column becomes binary (an Arrow string must be UTF-8)."""
+
+    name = "col_bad_utf8"
+    VALUES = (b"\xcc\xff", b"conv\xc3(", b"\xed\xa0\x80", b"\x00\xfe")
+
+    def wants(self, table):
+        import pyarrow.types as t
+
+        return any(t.is_string(f.type) or t.is_large_string(f.type) for f in table.schema)
+
+    def change(self, table, rng):
+        import pyarrow as pa
+        import pyarrow.types as t
+
+        column = rng.choice([f.name for f in table.schema if t.is_string(f.type) or t.is_large_string(f.type)])
+        value = rng.choice(self.VALUES)
+        rows, where = _rows(table.num_rows, rng)
+        values = [None if v is None else v.encode() for v in table[column].to_pylist()]
+        for r in rows:
+            values[r] = (values[r] or b"") + value
+        array = pa.array(values, pa.large_binary())
+        return table.set_column(table.schema.get_field_index(column), pa.field(column, array.type), array), \
+            f"{column} += {value!r}{where}"
+
+
+class ColumnarBytes(Mutation):
+    """Bytes of the export changed (of one table's file, in a folder), or the file cut short."""
+
+    name = "col_bytes"
+    formats = ("parquetdir", "arrow")
+
+    def apply(self, dst: Path, rng: random.Random) -> str:
+        target = dst
+        if dst.is_dir():
+            files = sorted(dst.glob("*.parquet"))
+            read = [p for p in files if p.stem in COLUMNAR_READ]
+            target = rng.choice(read if read and rng.random() < 0.8 else files)
+        data = bytearray(target.read_bytes())
+        label = target.name if dst.is_dir() else ""
+        if rng.random() < 0.3:
+            keep = rng.randrange(1, len(data))
+            target.write_bytes(bytes(data[:keep]))
+            return f"{label} cut at byte {keep:,} of {len(data):,}".strip()
+        where = sorted(rng.randrange(len(data)) for _ in range(rng.choice((1, 2, 8, 64))))
+        for i in where:
+            data[i] = rng.choice((0x00, 0xFF, 0x80, 0x7F, data[i] ^ (1 << rng.randrange(8))))
+        target.write_bytes(bytes(data))
+        return f"{label} {len(where)} bytes changed from byte {where[0]:,}".strip()
+
+
 MUTATIONS: tuple[Mutation, ...] = (
     ByteFlip(), ZeroPages(), Truncate(), DropTable(), DropColumn(), SetNull(), TextInInteger(),
     NonFinite(), ExtremeTimestamp(), EndBeforeStart(), DanglingStringId(), BadUtf8(),
     JsonTruncate(), JsonWrongType(), JsonMissingField(), JsonNumber(), JsonDuplicateKey(), JsonBadUtf8(),
     JsonNotEvents(), GzipDamage(), ProtoBytes(), ProtoTruncate(), ProtoLength(), CsvCell(), CsvTruncate(),
-    CsvBytes(),
+    CsvBytes(), ColumnarDropTable(), ColumnarDropColumn(), ColumnarSetNull(), ColumnarWrongType(),
+    ColumnarBadTimestamp(), ColumnarEndBeforeStart(), ColumnarDanglingId(), ColumnarBadUtf8(), ColumnarBytes(),
 )
 """Every mutation class; a mutant's class is drawn uniformly among those for its file's format."""
 
@@ -839,12 +1179,12 @@ class Harness:
         for _ in range(20):  # another mutation when one finds nothing to act on
             mutation = rng.choice(kinds)
             dst = self.work / f"m{index}_{mutation.name}{_suffix(source)}"
-            shutil.copyfile(source, dst)
+            _copy(source, dst)
             try:
                 what = mutation.apply(dst, rng)
                 return dst, Outcome(index, source.name, mutation.name, what)
             except NotApplicable:
-                dst.unlink()
+                _remove(dst)
         return dst, Outcome(index, source.name, "none", "no mutation applied", result="skipped")
 
     def check(self, index: int) -> Outcome:
@@ -853,7 +1193,7 @@ class Harness:
         if outcome.result != "skipped":
             self.check_file(path, outcome)
             if not outcome.problems:
-                path.unlink()
+                _remove(path)
         return outcome
 
     def check_file(self, path: Path, outcome: Outcome | None = None) -> Outcome:
@@ -895,6 +1235,21 @@ class Harness:
             return result
         finally:
             gc.collect()  # a failed command's traceback holds its store connection open
+
+
+def _copy(source: Path, dst: Path) -> None:
+    """A copy of a corpus file, or of an export folder (parquetdir)."""
+    if source.is_dir():
+        shutil.copytree(source, dst)
+    else:
+        shutil.copyfile(source, dst)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def _suffix(path: Path) -> str:
@@ -960,7 +1315,7 @@ def run(harness: Harness, indexes: Sequence[int], log=None, keep: Path | None = 
                 keep.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(mutant), keep / mutant.name)
             elif mutant is not None:
-                mutant.unlink()
+                _remove(mutant)
         if progress:
             mark = "FAIL " + "; ".join(outcome.problems) if outcome.problems else outcome.result
             print(f"[{n + 1}/{len(indexes)}] #{index} {outcome.source} {outcome.what[:70]}: {mark[:160]}",
@@ -995,9 +1350,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", type=int, action="append", help="check just this mutant (repeatable)")
     parser.add_argument("--seed", default="1", help="the run's seed: same seed, same mutants")
     parser.add_argument("--no-shared", action="store_true", help="the samples alone, not ../shared/realtraces")
-    parser.add_argument("--format", action="append", choices=("sqlite", "json", "json.gz", "protobuf", "csv"),
+    parser.add_argument("--format", action="append", choices=("sqlite", "json", "json.gz", "protobuf", "csv", "parquetdir", "arrow"),
                         help="only corpus files in this container (repeatable)")
     parser.add_argument("--amd", action="store_true", help="the AMD profiles of ../shared/realtraces/rocpd too")
+    parser.add_argument("--xplane", action="store_true",
+                        help="the XPlane profiles of ../shared/realtraces/xplane too (as --format protobuf, unfiltered)")
+    parser.add_argument("--rocpd", action="store_true",
+                        help="a rocprofv3 rocpd database too, built from the rocprofv3 JSON (tests/test_rocpd.py)")
+    parser.add_argument("--columnar", action="store_true", help="nsys's Parquet and Arrow exports of a sample too")
+    parser.add_argument("--added-only", action="store_true",
+                        help="only the files --amd, --rocpd, --columnar, --pftrace, --xplane (or --format protobuf) add")
     parser.add_argument("--pftrace", action="store_true",
                         help="a Perfetto trace too, built from the rocprofv3 JSON (tools/make_pftrace.py; needs perfetto)")
     parser.add_argument("--jsonl", type=Path, help="append each mutant's outcome here as a JSON line")
@@ -1014,10 +1376,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     indexes = args.only or range(args.start, args.start + args.mutants)
     started = time.perf_counter()
     with scratch() as work:
-        files = [p for p in corpus(not args.no_shared, protobuf="protobuf" in (args.format or ()), amd=args.amd)
+        files = [p for p in corpus(not args.no_shared, protobuf=args.xplane or "protobuf" in (args.format or ()), amd=args.amd,
+                                   columnar=args.columnar, base=not args.added_only)
                  if not args.format or trace_format(p) in args.format]
         if args.pftrace:
             files.append(pftrace(work))
+        if args.rocpd:
+            files.append(rocpd(work))
         harness = Harness(files, args.seed, work)
         log = args.jsonl.open("a") if args.jsonl else None
         try:

@@ -20,7 +20,7 @@ from functools import lru_cache
 import duckdb
 import polars as pl
 
-from traceq.analysis.structure.conventions import ITERATION_REGEX, steady, steady_sql
+from traceq.analysis.structure.conventions import ITERATION_REGEX, WARM_UP, steady
 from traceq.errors import MissingDataError
 from traceq.store import side_by_side
 
@@ -86,12 +86,16 @@ def iteration_times(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_reg
 
     work = gpu_work(con, trace_id)
     names, codes = operation_iterations(con, trace_id, work, iteration_regex)
-    frame = pl.DataFrame([names.gather(codes).alias("iteration"), work.of("device_id"), work.ops["start_ns"], work.ops["end_ns"]])
-    with registered(con, work=frame) as view:
+    # by code, not name: a string a launch made the frame's hand-over to DuckDB most of the cost.
+    # The codes number the names in sorted order, so ties order as the names would.
+    steady_codes = [code for code, name in enumerate(names.to_list()) if name is not None and name != WARM_UP]
+    frame = pl.DataFrame([codes.alias("iteration"), work.of("device_id"), work.ops["start_ns"], work.ops["end_ns"]])
+    with registered(con, work=frame, steady=pl.DataFrame({"code": steady_codes}, schema={"code": pl.UInt32})) as view:
         return con.sql(f"""
             SELECT max(span_ns) AS span_ns FROM (
                 SELECT iteration, max(end_ns) - min(start_ns) AS span_ns, min(start_ns) AS first_ns
-                FROM {view['work']} WHERE {steady_sql()} GROUP BY iteration, device_id)
+                FROM {view['work']} WHERE iteration IN (SELECT code FROM {view['steady']})
+                GROUP BY iteration, device_id)
             GROUP BY iteration ORDER BY min(first_ns), iteration""").pl()["span_ns"]
 
 

@@ -191,20 +191,28 @@ def _sync_echoes(own: pl.DataFrame, pos: pl.Series, device: pl.Series | None, it
     for each launch. Launch-bound gaps that follow a `sync` gap directly (each next operation
     the device's next, with no operation between that found work queued, in the same
     iteration) are the sync's too: they take its cause and call."""
-    # each device's gaps in its own order (with several devices the gaps interleave)
+    # each device's gaps in its own order (with several devices the gaps interleave; with one,
+    # `pos` already rises with the gaps)
     frame = own.select("cause", "call").with_columns(
         row=pl.int_range(pl.len()), pos=pos, iteration=iteration,
-        device=device if device is not None else pl.lit(0)).sort("device", "pos", maintain_order=True)
+        device=device if device is not None else pl.lit(0))
+    if device is not None:
+        frame = frame.sort("device", "pos", maintain_order=True)
     breaks = ((pl.col("pos").diff() != 1).fill_null(True) | (pl.col("device") != pl.col("device").shift(1)).fill_null(True)
               | (pl.col("iteration") != pl.col("iteration").shift(1)).fill_null(True)
               | pl.col("iteration").is_null() | pl.col("iteration").shift(1).is_null()
               | ~pl.col("cause").is_in([0, 4]))  # another cause between ends the echo
-    frame = frame.with_columns(run=breaks.cum_sum())
-    is_sync = pl.col("cause") == 0
-    echo = (pl.col("cause") == 4) & is_sync.cast(pl.UInt8).cum_max().over("run").cast(pl.Boolean)
-    call = pl.when(is_sync).then(pl.col("call")).forward_fill().over("run")
-    frame = frame.select("row", cause=pl.when(echo).then(pl.lit(0, pl.UInt8)).otherwise(pl.col("cause")),
-                         call=pl.when(echo).then(call).otherwise(pl.col("call"))).sort("row")
+    # runs are contiguous: a gap echoes when the last sync gap up to it lies in its run (no
+    # window per run: at ten million gaps, millions of runs made `over` the command's cost)
+    at = pl.int_range(pl.len(), dtype=pl.UInt32)
+    run_start = pl.when(breaks).then(at).forward_fill()
+    last_sync = pl.when(pl.col("cause") == 0).then(at).forward_fill()
+    frame = frame.with_columns(last_sync=last_sync, echo=(pl.col("cause") == 4) & (last_sync >= run_start).fill_null(False))
+    frame = frame.select("row", cause=pl.when("echo").then(pl.lit(0, pl.UInt8)).otherwise(pl.col("cause")),
+                         call=pl.when("echo").then(pl.col("call").gather(pl.col("last_sync").fill_null(0)))
+                         .otherwise(pl.col("call")))
+    if device is not None:
+        frame = frame.sort("row")
     return own.with_columns(frame["cause"], frame["call"])
 
 

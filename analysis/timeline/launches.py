@@ -83,3 +83,51 @@ def launch_table(con: duckdb.DuckDBPyConnection, trace_id: int) -> tuple[pl.Data
               "tiny": tiny, "tiny_pct": 100.0 * tiny / n if n else 0.0,
               "tiny_kernel_ns": int(table["tiny_kernel_ns"].sum()), "graph": int(table["graph"].sum())}
     return table.drop("tiny_kernel_ns", "graph"), totals
+
+
+def repeated_launches(con: duckdb.DuckDBPyConnection, trace_id: int, iteration_regex: str) -> tuple[int, int, int]:
+    """Whether the iterations launch the same kernels in the same order: (iterations, distinct
+    sequences, fewest kernels) over the iteration ranges (`iteration_regex`, ended ones, any
+    process) after the first to start, each holding the kernels whose launching call began
+    inside it (several ranges where they overlap), in the calls' order (then kernel_id's); an
+    iteration that launched nothing is not counted. A sequence is the kernels' name ids.
+
+    The ranges are dealt into chains of disjoint ones (as many as overlap at once: one a
+    process), and each launch finds its range in each chain by a binary search: at ten million
+    launches and a thousand iterations a range join compared every launch with every range
+    begun before it (37 CPU s on a busy machine, 2.5 CPU s this way)."""
+    t = int(trace_id)
+    ranges = con.sql(f"""
+        SELECT start_ns, end_ns FROM nvtx
+        WHERE trace_id = {t} AND kind IN ('pushpop', 'startend') AND end_ns IS NOT NULL
+          AND regexp_matches(coalesce(name, ''), ?)
+        ORDER BY start_ns""", params=[iteration_regex]).pl().slice(1)  # all but the first to start
+    ranges = ranges.with_row_index("i").filter(pl.col("end_ns") > pl.col("start_ns"))  # an empty one holds none
+    if ranges.is_empty():
+        return 0, 0, 0
+    chains: list[int] = []  # each chain's last end
+    chain = []
+    for start, end in ranges.select("start_ns", "end_ns").iter_rows():  # in start order: a few thousand
+        free = next((c for c, last in enumerate(chains) if last <= start), None)
+        if free is None:
+            free = len(chains)
+            chains.append(end)
+        chains[free] = end
+        chain.append(free)
+    ranges = ranges.with_columns(chain=pl.Series(chain, dtype=pl.UInt32))
+    lo, hi = int(ranges["start_ns"].min()), int(ranges["end_ns"].max())  # type: ignore[arg-type]
+    launches = con.sql(f"""
+        SELECT launch_start_ns AS at, kernel_id, name_id FROM kernel_events
+        WHERE trace_id = {t} AND launch_start_ns >= {lo} AND launch_start_ns < {hi}""").pl()
+    if not (launches["at"].is_sorted() and launches["kernel_id"].is_sorted()):  # as the store lies, mostly
+        launches = launches.sort("at", "kernel_id")
+    found = []
+    for (_,), rows in ranges.group_by("chain", maintain_order=True):
+        at = rows["start_ns"].search_sorted(launches["at"], side="right").cast(pl.Int64) - 1
+        inside = (at >= 0) & (launches["at"] < rows["end_ns"].gather(at.clip(0)))
+        found.append(pl.DataFrame({"i": rows["i"].gather(at.filter(inside)), "name_id": launches["name_id"].filter(inside)}))
+    per = (pl.concat(found).group_by("i", maintain_order=True)
+           .agg(n=pl.len(), sequence="name_id"))
+    if per.is_empty():
+        return 0, 0, 0
+    return per.height, per["sequence"].n_unique(), int(per["n"].min())  # type: ignore[arg-type]
