@@ -22,9 +22,12 @@ pair with their kernels; the copies for about `--mb` MB from the sizes of 1 and 
   as each file above, for the same-run comparison per kernel.
 
 Measuring: `load_trace` of each file into a new store, each in its own process, the formats
-interleaved, `--reps` times: wall, CPU seconds (user + system) and peak RSS (`ru_maxrss`) of the
+interleaved, `--reps` times (the first load of each file, made to count its kernels, is its
+first round): wall, CPU seconds (user + system) and peak RSS (`ru_maxrss`) of the
 child from `wait4`, kernels per CPU second, and that rate as a multiple of the nsys reader's on
 its file of the same kernel count. Medians. On a shared machine compare CPU seconds.
+`--against DIR` loads each file with the traceq in DIR/traceq too, in the same rounds (the code
+before a change; DIR/traceq a link to its checkout).
 """
 
 from __future__ import annotations
@@ -351,10 +354,10 @@ def make(folder: Path, mb: float, only: list[str] | None) -> None:
         print(f"wrote {out} ({out.stat().st_size / 1e6:,.0f} MB) in {time.perf_counter() - started:.1f} s", flush=True)
 
 
-def child(argv: list[str]) -> tuple[float, float, float, int]:
+def child(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float, float, int]:
     """(wall seconds, CPU seconds, peak RSS in MiB, kernels loaded) of a load in a new process."""
     started = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     out = proc.stdout.read() if proc.stdout else b""
     if status:
@@ -363,37 +366,50 @@ def child(argv: list[str]) -> tuple[float, float, float, int]:
             int(out.split()[-1]))
 
 
-def _kernels(path: Path) -> int:
-    """The file's kernel count, loaded once (the nsys file of the same count is made from it)."""
+def _first_load(path: Path) -> tuple[float, float, float, int]:
+    """A load of the file in a new process: its kernel count makes the nsys file of the same count,
+    and its figures count as the file's first round."""
     store = Path(tempfile.mkdtemp(prefix="traceq-bench-")) / "store.duckdb"
     try:
-        return child([sys.executable, "-c", _LOAD, str(path), str(store)])[3]
+        return child([sys.executable, "-c", _LOAD, str(path), str(store)])
     finally:
         shutil.rmtree(store.parent)
 
 
-def measure(folder: Path, reps: int, only: list[str] | None) -> None:
+def measure(folder: Path, reps: int, only: list[str] | None, against: Path | None = None) -> None:
+    """`against`: a folder holding another traceq as `traceq/` (a checkout of main, say): each
+    file is loaded by it too, in the same rounds, its rate shown as a multiple of this one's."""
     sys.path.insert(0, str(HERE))
     from scale import scale  # bench/scale.py
 
     files = [folder / n for n in MAKERS if (folder / n).exists() and (not only or n in only)]
     runs: dict[str, list[str]] = {}
+    envs: dict[str, dict[str, str]] = {}
     store = Path(tempfile.mkdtemp(prefix="traceq-bench-")) / "store.duckdb"
+    first: dict[str, tuple[float, float, float, int]] = {}
     for path in files:
-        n = _kernels(path)
+        first[path.name] = _first_load(path)
+        n = first[path.name][3]
         nsys = folder / f"nsys_{n}.sqlite"
         if not nsys.exists():
             scale(NSYS_SOURCE, nsys, kernels=max(n, 37_284))
         runs[path.name] = [sys.executable, "-c", _LOAD, str(path), str(store)]
+        if against is not None:
+            runs[f"{path.name} (against)"] = runs[path.name]
+            envs[f"{path.name} (against)"] = {**os.environ, "PYTHONPATH": str(against)}
         runs[nsys.name] = [sys.executable, "-c", _LOAD, str(nsys), str(store)]
-    results: dict[str, list[tuple[float, float, float, int]]] = {name: [] for name in runs}
-    for _ in range(reps):
+    results: dict[str, list[tuple[float, float, float, int]]] = {name: [first[name]] if name in first else []
+                                                                 for name in runs}
+    for rep in range(reps):
         for name, argv in runs.items():
-            results[name].append(child(argv))
+            if rep == 0 and name in first:
+                continue
+            results[name].append(child(argv, envs.get(name)))
             wall, cpu, rss, n = results[name][-1]
             print(f"  {name}: {wall:.1f} s, {cpu:.1f} CPU s, {rss:.0f} MiB, {n:,} kernels", flush=True)
     shutil.rmtree(store.parent)
-    print(f"medians of {reps}; rate = kernels per CPU second; x nsys = nsys's rate / this one's")
+    print(f"medians of {reps}; rate = kernels per CPU second; x nsys = nsys's rate / this one's"
+          + ("; (against): the other code's load, its x nsys beside" if against is not None else ""))
     print(f"{'file':26s} {'MB':>6s} {'kernels':>10s} {'wall s':>7s} {'CPU s':>7s} {'MiB':>6s} {'rate':>9s} {'x nsys':>6s}")
     rates = {}
     for name, rows in results.items():
@@ -406,7 +422,7 @@ def measure(folder: Path, reps: int, only: list[str] | None) -> None:
         ratio = ""
         if not name.startswith("nsys_"):
             ratio = f"{rates[f'nsys_{n}.sqlite'] / rates[name]:.2f}"
-        print(f"{name:26s} {(folder / name).stat().st_size / 1e6:6.0f} {n:10,} {wall:7.1f} {cpu:7.1f} {rss:6.0f} "
+        print(f"{name:26s} {(folder / name.removesuffix(' (against)')).stat().st_size / 1e6:6.0f} {n:10,} {wall:7.1f} {cpu:7.1f} {rss:6.0f} "
               f"{rates[name]:9,.0f} {ratio:>6s}")
 
 
@@ -421,11 +437,12 @@ def main() -> None:
     me.add_argument("folder", type=Path)
     me.add_argument("--reps", type=int, default=3)
     me.add_argument("--only", nargs="*", choices=list(MAKERS))
+    me.add_argument("--against", type=Path, help="a folder holding another traceq as traceq/, loaded beside")
     args = parser.parse_args()
     if args.command == "make":
         make(args.output, args.mb, args.only)
     else:
-        measure(args.folder, args.reps, args.only)
+        measure(args.folder, args.reps, args.only, args.against)
 
 
 if __name__ == "__main__":

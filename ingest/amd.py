@@ -14,20 +14,27 @@ launch call's grid, already in workgroups.
 from __future__ import annotations
 
 import csv
-import io
 import re
 import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from traceq.errors import TraceFormatError
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo, SqliteReader
+from traceq.ingest.columns import BATCH_ROWS, Devices, Rows, either, grid_workgroups, ints, no_collection, texts
+from traceq.ingest.columns import KD as _KD
+from traceq.ingest.columns import number as _int
 from traceq.ingest.validate import TIME_LIMIT_NS
 from traceq.ingest.xplane import _Tables
 from traceq.ingest.xplane_tables import PID
 
-_KD = re.compile(r"(\s*\[clone \.kd\]|\.kd)$")
 _ARCH = re.compile(r"gfx[0-9a-f]{2,5}")
+"""An AMD ISA target's name, as an agent's `name` gives it ('gfx942')."""
 _V1_CSV = ('"KernelName"', '"gpu-id"')
 _V3_CSV = ('"Kernel_Name"', '"Agent_Id"')
 
@@ -68,18 +75,6 @@ def gpu_row(device: int, name: str | None, compute_units: Any = None, clock_mhz:
             "threads_per_warp": wave if isinstance(wave, int) and wave > 0 else 64,
             "max_warps_per_sm": positive(waves_per_cu), "max_smem_per_sm_bytes": lds * 1024 if lds else None,
             "arch": arch if isinstance(arch, str) and _ARCH.fullmatch(arch) else None}
-
-
-def _int(value: Any) -> int | None:
-    """An integer the store's BIGINT holds, from a number or its text; else None."""
-    if isinstance(value, bool):
-        return None
-    if not isinstance(value, int):
-        try:
-            value = int(str(value).strip(), 0) if value not in (None, "") else None
-        except ValueError:
-            return None
-    return value if value is not None and -(1 << 63) <= value < (1 << 63) else None
 
 
 class _Rows:
@@ -209,6 +204,62 @@ def _operation_names(strings: dict[str, Any]) -> dict[tuple[int | None, int], st
 # rocprof v1's and rocprofv3's CSV
 
 
+def _dispatches(r: dict[str, Sequence[Any]], n: int, v3: bool, rows: Rows, devices: Devices, *,
+                quoted: bool = False) -> None:
+    """A batch of n dispatch rows (`r`: a column's values by the column's name) into `rows`:
+    rocprofv3's columns (`v3`) or rocprof v1's; `quoted`: values as rocprof v1's database holds
+    them (numbers, or texts in double quotes)."""
+    def column(key: str) -> pa.Array:
+        return ints(r.get(key), n, quoted=quoted)
+
+    ones = pa.repeat(pa.scalar(1, pa.int64()), n)
+    if v3:
+        name, start, end = texts(r.get("Kernel_Name"), n, quoted=quoted), column("Start_Timestamp"), column("End_Timestamp")
+        agent, stream = column("Agent_Id"), column("Queue_Id")
+        size = tuple(column(f"Workgroup_Size_{k}") for k in "XYZ")
+        grid = tuple(grid_workgroups(column(f"Grid_Size_{k}"), s) for k, s in zip("XYZ", size))
+        extra = {"correlation": column("Correlation_Id"), "lds": column("Group_Segment_Size"),
+                 "scratch": column("Private_Segment_Size"),
+                 "registers": ints(either(r.get("Arch_VGPR_Count"), r.get("VGPR_Count")), n, quoted=quoted),
+                 "accum_vgprs": column("Accum_VGPR_Count"), "sgprs": column("SGPR_Count")}
+    else:
+        name, start, end = texts(r.get("KernelName"), n, quoted=quoted), column("BeginNs"), column("EndNs")
+        agent, stream = column("gpu-id"), column("queue-id")
+        size = (column("wgr"), ones, ones)
+        grid = (grid_workgroups(column("grd"), size[0]), ones, ones)
+        extra = {"lds": column("lds"), "scratch": column("scr"), "registers": column("arch_vgpr"),
+                 "accum_vgprs": column("accum_vgpr"), "sgprs": column("sgpr")}
+    named = pc.and_(pc.is_valid(name), pc.not_equal(pc.fill_null(name, ""), ""))
+    good = pc.fill_null(pc.and_(named, pc.and_(pc.is_valid(start), pc.is_valid(end))), False)
+    kept = int(pc.sum(pc.cast(good, pa.int64())).as_py() or 0)
+    rows.kernels.skipped += n - kept
+    if not kept:
+        return
+    pick = (lambda a: a) if kept == n else (lambda a: a.filter(good))
+    correlation = extra.get("correlation")
+    rows.kernels.add(pick(start), pick(end), pick(correlation) if correlation is not None else pa.nulls(kept, pa.int64()),
+                     {"name": pick(name), "device_id": devices.number(pick(agent)), "stream_id": pick(stream),
+                      **{f"grid_{k}": pick(g) for k, g in zip("xyz", grid)},
+                      **{f"block_{k}": pick(b) for k, b in zip("xyz", size)},
+                      "registers_per_thread": pick(extra["registers"]), "smem_static_bytes": pick(extra["lds"]),
+                      "local_memory_per_thread_bytes": pick(extra["scratch"]),
+                      "accum_vgprs": pick(extra["accum_vgprs"]), "sgprs": pick(extra["sgprs"])})
+
+
+def _csv_batches(reader: Any, header: list[str]) -> Iterator[tuple[dict[str, Sequence[Any]], int]]:
+    """The rows after the header BATCH_ROWS at a time, as columns by name (as `csv.DictReader`
+    reads them: blank lines skipped, a short row's missing cells None, a long row's extra cells
+    left out, a name given twice its last column)."""
+    width = len(header)
+    while rows := list(islice(reader, BATCH_ROWS)):
+        if set(map(len, rows)) != {width}:
+            rows = [row + [None] * (width - len(row)) if len(row) < width else row for row in rows if row]
+            if not rows:
+                continue
+        columns = list(zip(*rows)) if width else []
+        yield {name: columns[i] for i, name in enumerate(header)}, len(rows)
+
+
 class RocprofCsvReader:
     """rocprof v1's `results.csv` and rocprofv3's `kernel_trace.csv`, told by their header."""
 
@@ -219,51 +270,39 @@ class RocprofCsvReader:
         return all(k in header for k in _V1_CSV) or all(k in header for k in _V3_CSV)
 
     def open(self, path: Path, options: LoadOptions) -> _CsvSource:
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            raise TraceFormatError(f"{path} is not UTF-8 text") from None
-        return _CsvSource(list(csv.DictReader(io.StringIO(text))))
+        return _CsvSource(Path(path))
 
     def estimate_rows(self, src: _CsvSource) -> int:
-        return len(src.rows)
+        """The file's bytes: the reading reports those it has read."""
+        return src.path.stat().st_size
 
     def read(self, src: _CsvSource, sink: Sink) -> SourceInfo:
-        rows, v3 = _Rows(), bool(src.rows) and "Kernel_Name" in src.rows[0]
-        devices: dict[int, int] = {}
-        for r in src.rows:
-            if v3:
-                name, start, end = r.get("Kernel_Name"), _int(r.get("Start_Timestamp")), _int(r.get("End_Timestamp"))
-                agent, stream = _int(r.get("Agent_Id")), _int(r.get("Queue_Id"))
-                size = tuple(_int(r.get(f"Workgroup_Size_{k}")) for k in "XYZ")
-                grid = tuple(workgroups(_int(r.get(f"Grid_Size_{k}")), s) for k, s in zip("XYZ", size))
-                extra = {"correlation": _int(r.get("Correlation_Id")), "lds": _int(r.get("Group_Segment_Size")),
-                         "scratch": _int(r.get("Private_Segment_Size")),
-                         "registers": _int(r.get("Arch_VGPR_Count") or r.get("VGPR_Count")),
-                         "accum_vgprs": _int(r.get("Accum_VGPR_Count")), "sgprs": _int(r.get("SGPR_Count"))}
-            else:
-                name, start, end = r.get("KernelName"), _int(r.get("BeginNs")), _int(r.get("EndNs"))
-                agent, stream = _int(r.get("gpu-id")), _int(r.get("queue-id"))
-                size = (_int(r.get("wgr")), 1, 1)
-                grid = (workgroups(_int(r.get("grd")), size[0]), 1, 1)
-                extra = {"lds": _int(r.get("lds")), "scratch": _int(r.get("scr")), "registers": _int(r.get("arch_vgpr")),
-                         "accum_vgprs": _int(r.get("accum_vgpr")), "sgprs": _int(r.get("sgpr"))}
-            if not name or start is None or end is None:
-                rows.skipped += 1
-                continue
-            device = devices.setdefault(agent if agent is not None else -1, len(devices))
-            rows.tables.kernels.append(kernel_row(name, start, end, device, stream, grid=grid, block=size, **extra))
-        rows.tables.gpus.extend(gpu_row(index, None) for index in range(len(devices)))
+        rows, devices, v3, reported = Rows(), Devices(), False, 0
+        try:
+            with no_collection(), src.path.open(encoding="utf-8", newline="") as f:
+                reader = csv.reader(f)
+                header = next(reader, None) or []
+                for r, n in _csv_batches(reader, header):
+                    v3 = "Kernel_Name" in r
+                    _dispatches(r, n, v3, rows, devices)
+                    if sink.progress is not None:
+                        sink.progress(f.buffer.tell() - reported)
+                        reported = f.buffer.tell()
+        except UnicodeDecodeError:
+            raise TraceFormatError(f"{src.path} is not UTF-8 text") from None
+        except csv.Error as e:
+            raise TraceFormatError(f"{src.path} is not a well-formed CSV file ({e})") from None
+        rows.gpus.extend(gpu_row(index, None) for index in range(len(devices.numbers)))
         rows.write(sink)
         return SourceInfo(format="rocprof-csv", tool="rocprofv3 kernel trace (CSV)" if v3 else "rocprof v1 (CSV)")
 
 
 class _CsvSource:
-    def __init__(self, rows: list[dict[str, str]]):
-        self.rows = rows
+    def __init__(self, path: Path):
+        self.path = path
 
     def close(self) -> None:
-        self.rows = []
+        pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,18 +321,56 @@ class RocprofDbReader(SqliteReader):
         return int(src.execute("SELECT count(*) FROM KERN").fetchone()[0])
 
     def read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
+        """`KERN`'s rows a batch at a time, read as its CSV is (every value's text, double quotes
+        stripped)."""
         cursor = src.execute('SELECT * FROM KERN')
         columns = [c[0] for c in cursor.description]
-        rows = [dict(zip(columns, values)) for values in cursor]
-        RocprofCsvReader().read(_CsvSource([{k: "" if v is None else str(v).strip('"') for k, v in r.items()}
-                                            for r in rows]), sink)
+        rows, devices, v3 = Rows(), Devices(), False
+        with no_collection():
+            while batch := cursor.fetchmany(BATCH_ROWS):
+                r = dict(zip(columns, zip(*batch)))
+                v3 = "Kernel_Name" in r
+                _dispatches(r, len(batch), v3, rows, devices, quoted=True)
+                if sink.progress is not None:
+                    sink.progress(len(batch))
+        rows.gpus.extend(gpu_row(index, None) for index in range(len(devices.numbers)))
+        rows.write(sink)
         return SourceInfo(format="rocprof-db", tool="rocprof v1 (results.db)")
+
+
+class _Strings:
+    """`rocpd_string`'s texts, asked for by id as the reader needs them (not the whole table: an
+    RPD keeps every call's arguments there)."""
+
+    def __init__(self, src: sqlite3.Connection):
+        self.src = src
+        self.known: dict[Any, str | None] = {}
+
+    def get(self, ids: Iterable[Any]) -> dict[Any, str | None]:
+        missing = [i for i in dict.fromkeys(ids) if i is not None and i not in self.known]
+        for first in range(0, len(missing), 500):
+            part = missing[first:first + 500]
+            self.known.update(dict.fromkeys(part))
+            for i, text in self.src.execute(f"SELECT id, string FROM rocpd_string WHERE id IN ({', '.join('?' * len(part))})",
+                                            part):
+                if isinstance(text, str):
+                    self.known[i] = text
+        return self.known
+
+    def labels(self, ids: pa.Array, default: str) -> pa.Array:
+        """The text of each id (`default` for an unknown id or an empty text)."""
+        distinct = pc.unique(ids)
+        known = self.get(distinct.to_pylist())
+        values = pa.array([known.get(i) or default for i in distinct.to_pylist()], pa.string())
+        return values.take(pc.index_in(ids, value_set=distinct, skip_nulls=False))
 
 
 class RpdReader(SqliteReader):
     """rocmProfileData's RPD: `rocpd_op` (GPU operations: KernelExecution, Copy*, FillBuffer),
     `rocpd_api` (host calls, linked to their operations by `rocpd_api_ops`), `rocpd_kernelapi`
-    (a launch's grid and workgroup), `rocpd_string`."""
+    (a launch's grid and workgroup), `rocpd_string`. Read a batch of rows at a time into
+    columns; the links, launches and copy sizes joined to the operations in SQLite, the strings
+    read by id as they are needed."""
 
     name: ClassVar[str] = "rpd"
 
@@ -304,54 +381,107 @@ class RpdReader(SqliteReader):
         return int(src.execute("SELECT count(*) FROM rocpd_op").fetchone()[0])
 
     def read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
+        with no_collection():
+            return self._read(src, sink)
+
+    def _read(self, src: sqlite3.Connection, sink: Sink) -> SourceInfo:
         tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
-        strings = {i: v for i, v in src.execute("SELECT id, string FROM rocpd_string") if isinstance(v, str)}
-        links = ({op: _int(api) for op, api in src.execute("SELECT op_id, api_id FROM rocpd_api_ops")}
-                 if "rocpd_api_ops" in tables else {})
-        sizes = (dict(src.execute("SELECT api_ptr_id, size FROM rocpd_copyapi"))
-                 if "rocpd_copyapi" in tables else {})
-        launches = ({r[0]: [_int(v) for v in r[1:]] for r in src.execute(
-            "SELECT api_ptr_id, gridX, gridY, gridZ, workgroupX, workgroupY, workgroupZ, groupSegmentSize, "
-            "privateSegmentSize FROM rocpd_kernelapi")} if "rocpd_kernelapi" in tables else {})
-        rows, devices = _Rows(), {}
-        for op_id, gpu, queue, start, end, description, kind in src.execute(
-                "SELECT id, gpuId, queueId, start, \"end\", description_id, opType_id FROM rocpd_op ORDER BY start"):
-            kind_name, start, end = strings.get(kind, ""), _int(start), _int(end)
-            if start is None or end is None:
-                rows.skipped += 1
-                continue
-            device = devices.setdefault(_int(gpu), len(devices))
-            api = links.get(op_id)
-            if kind_name == "KernelExecution":
-                launch = launches.get(api) or [None] * 8
-                rows.tables.kernels.append(kernel_row(
-                    strings.get(description) or "kernel", start, end, device, _int(queue), correlation=api,
-                    grid=launch[0:3], block=launch[3:6], lds=launch[6], scratch=launch[7]))  # type: ignore[arg-type]
-            elif kind_name.startswith("Copy") or kind_name == "FillBuffer":
-                memset = kind_name == "FillBuffer"
-                copy = {"CopyHostToDevice": "Host-to-Device", "CopyDeviceToHost": "Device-to-Host",
-                        "CopyDeviceToDevice": "Device-to-Device"}.get(kind_name, "Other")
-                rows.tables.memops.append({"start_ns": start, "end_ns": end, "dur_ns": end - start,
-                                           "op": "memset" if memset else "memcpy",
-                                           "copy_kind": None if memset else copy,
-                                           "bytes": None if memset else _int(sizes.get(api)),
-                                           "device_id": device, "stream_id": _int(queue), "correlation_id": api,
-                                           "pid": PID})
+        strings, rows, devices = _Strings(src), Rows(), Devices(none=None)
+        rows.memops = _operations(src, tables, strings, rows, devices, sink)
+        rows.memop_columns = _memop_columns
         if "rocpd_api" in tables:
-            for api_id, tid, start, end, name, args in src.execute(
-                    "SELECT id, tid, start, \"end\", apiName_id, args_id FROM rocpd_api"):
-                name, start, end = strings.get(name) or "call", _int(start), _int(end)
-                if start is None or end is None:
-                    continue
-                if name == "UserMarker":  # a roctx range (its message the args) or mark (end = start)
-                    mark = end <= start
-                    rows.tables.ranges.append((start, None if mark else end, strings.get(args) or "roctx",
-                                               "mark" if mark else "pushpop", "roctx", PID, _int(tid)))
-                else:
-                    rows.tables.calls.append((start, end, name, _int(tid) or 0, _int(api_id)))
-        rows.tables.gpus.extend(gpu_row(index, None) for index in range(len(devices)))
+            rows.call_batches = lambda: _rpd_calls(src, strings, rows)
+        rows.gpus.extend(gpu_row(index, None) for index in range(len(devices.numbers)))
         rows.write(sink)
         version = dict(src.execute("SELECT tag, value FROM rocpd_metadata")).get("schema_version") \
             if "rocpd_metadata" in tables else None
         version = str(version) if isinstance(version, (str, int)) else None
         return SourceInfo(format="rpd", tool="rocmProfileData (RPD)", schema_version=version)
+
+
+_OP_KINDS = ("FillBuffer", "CopyHostToDevice", "CopyDeviceToHost", "CopyDeviceToDevice")
+"""The copies' kinds by their code in `_operations`' copies; 4: another Copy*."""
+_COPY_CODES = (None, "Host-to-Device", "Device-to-Host", "Device-to-Device", "Other")
+_LAUNCH = ("gridX", "gridY", "gridZ", "workgroupX", "workgroupY", "workgroupZ", "groupSegmentSize", "privateSegmentSize")
+
+
+def _operations(src: sqlite3.Connection, tables: set[str], strings: _Strings, rows: Rows, devices: Devices,
+                sink: Sink) -> pa.Table:
+    """`rocpd_op`'s rows with a start and an end, in start order, a batch at a time, joined in
+    SQLite to the launching call (`rocpd_api_ops`), its launch (`rocpd_kernelapi`: grid,
+    workgroup, LDS, scratch) or copy (`rocpd_copyapi`: bytes): KernelExecutions into
+    `rows.kernels` (named by their description), copies and FillBuffers returned as compact
+    columns (`_memop_columns` makes the store's). GPUs are numbered in that order (`devices`,
+    every operation's); operations without a time are counted as skipped."""
+    linked, launched, sized = ("rocpd_api_ops" in tables, "rocpd_kernelapi" in tables, "rocpd_copyapi" in tables)
+    select = ", ".join(["o.id", "o.gpuId", "o.queueId", "o.start", 'o."end"', "o.description_id", "o.opType_id",
+                        "l.api_id" if linked else "NULL", *(f"k.{c}" if launched and linked else "NULL" for c in _LAUNCH),
+                        "c.size" if sized and linked else "NULL"])
+    joins = (" LEFT JOIN rocpd_api_ops l ON l.op_id = o.id" if linked else "") + (
+        " LEFT JOIN rocpd_kernelapi k ON k.api_ptr_id = l.api_id" if launched and linked else "") + (
+        " LEFT JOIN rocpd_copyapi c ON c.api_ptr_id = l.api_id" if sized and linked else "")
+    columns = ("id", "gpu", "queue", "start", "end", "description", "kind", "api", *_LAUNCH, "size")
+    copies = []
+    kinds = pa.array(_OP_KINDS, pa.string())
+    cursor = src.execute(f"SELECT {select} FROM rocpd_op o{joins} ORDER BY o.start")
+    while batch := cursor.fetchmany(BATCH_ROWS):
+        n = len(batch)
+        part = pa.table({c: ints(v, n) for c, v in zip(columns, zip(*batch))})
+        part = part.filter(pc.and_(pc.is_valid(part["start"]), pc.is_valid(part["end"])))
+        rows.kernels.skipped += n - part.num_rows
+        part = part.append_column("device", devices.number(part["gpu"].combine_chunks()))
+        kind = strings.labels(part["kind"].combine_chunks(), "")
+        kernels = part.filter(pc.equal(kind, "KernelExecution"))
+        rows.kernels.add(kernels["start"], kernels["end"], kernels["api"], {
+            "name": strings.labels(kernels["description"].combine_chunks(), "kernel"),
+            "device_id": kernels["device"], "stream_id": kernels["queue"],
+            **{f"grid_{k}": kernels[f"grid{k.upper()}"] for k in "xyz"},
+            **{f"block_{k}": kernels[f"workgroup{k.upper()}"] for k in "xyz"},
+            "registers_per_thread": pa.nulls(kernels.num_rows, pa.int64()),
+            "smem_static_bytes": kernels["groupSegmentSize"], "local_memory_per_thread_bytes": kernels["privateSegmentSize"],
+            "accum_vgprs": pa.nulls(kernels.num_rows, pa.int64()), "sgprs": pa.nulls(kernels.num_rows, pa.int64())})
+        copying = pc.or_(pc.starts_with(kind, "Copy"), pc.equal(kind, "FillBuffer"))
+        code = pc.cast(pc.fill_null(pc.index_in(kind.filter(copying), value_set=kinds), 4), pa.int8())
+        copy = part.filter(copying)
+        copies.append(pa.table({"start_ns": copy["start"], "end_ns": copy["end"], "code": code, "bytes": copy["size"],
+                                "device_id": copy["device"], "stream_id": copy["queue"], "correlation_id": copy["api"]}))
+        if sink.progress is not None:
+            sink.progress(n)
+    schema = pa.schema([("start_ns", pa.int64()), ("end_ns", pa.int64()), ("code", pa.int8()), ("bytes", pa.int64()),
+                        ("device_id", pa.int64()), ("stream_id", pa.int64()), ("correlation_id", pa.int64())])
+    return pa.concat_tables([c.cast(schema) for c in copies]).combine_chunks() if copies else schema.empty_table()
+
+
+def _memop_columns(copies: pa.Table) -> pa.Table:
+    """`_rpd_copies`' columns as the store's memops (a FillBuffer a memset, without bytes)."""
+    memset = pc.equal(copies["code"], 0)
+    kind = pa.array(_COPY_CODES, pa.string()).take(copies["code"])
+    start, end = copies["start_ns"], copies["end_ns"]
+    return pa.table({"start_ns": start, "end_ns": end, "dur_ns": pc.subtract(end, start),
+                     "op": pc.if_else(memset, "memset", "memcpy"), "copy_kind": kind,
+                     "bytes": pc.if_else(memset, pa.scalar(None, pa.int64()), copies["bytes"]),
+                     "device_id": copies["device_id"], "stream_id": copies["stream_id"],
+                     "correlation_id": copies["correlation_id"],
+                     "pid": pa.repeat(pa.scalar(PID, pa.int64()), copies.num_rows)})
+
+
+def _rpd_calls(src: sqlite3.Connection, strings: _Strings, rows: Rows) -> Iterator[pa.Table]:
+    """`rocpd_api`'s calls as API calls, a batch at a time; its `UserMarker` rows (rpd_tracer's
+    roctx ranges, their message the args; a mark where end <= start) into `rows.ranges`."""
+    columns = ("id", "tid", "start", "end", "name", "args")
+    cursor = src.execute("SELECT id, tid, start, \"end\", apiName_id, args_id FROM rocpd_api")
+    while batch := cursor.fetchmany(BATCH_ROWS):
+        part = pa.table({c: ints(v, len(batch)) for c, v in zip(columns, zip(*batch))})
+        part = part.filter(pc.and_(pc.is_valid(part["start"]), pc.is_valid(part["end"])))
+        name = strings.labels(part["name"].combine_chunks(), "call")
+        marker = pc.equal(name, "UserMarker")
+        if pc.any(marker).as_py():
+            marks = part.filter(marker)
+            args = strings.labels(marks["args"].combine_chunks(), "roctx").to_pylist()
+            for (start, end, tid), message in zip(zip(*(marks[c].to_pylist() for c in ("start", "end", "tid"))), args):
+                mark = end <= start
+                rows.ranges.append((start, None if mark else end, message, "mark" if mark else "pushpop", "roctx", PID,
+                                    tid))
+            part, name = part.filter(pc.invert(marker)), name.filter(pc.invert(marker))
+        yield pa.table({"start_ns": part["start"], "end_ns": part["end"], "name": name,
+                        "tid": pc.fill_null(part["tid"], 0), "correlation_id": part["id"]})

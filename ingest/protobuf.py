@@ -38,9 +38,25 @@ class MappedFile:
             self._file.close()
             raise TraceFormatError(f"{path} is empty (0 bytes), not a trace") from None
 
+    def release(self, start: int, end: int) -> None:
+        """Drop the mapped pages of bytes `start` to `end` from the process's memory, for a reader
+        whose walk is past them (read again, they come back from the file): a walk of the whole
+        file then keeps a few megabytes of it resident, not the file (madvise MADV_DONTNEED;
+        nothing where the platform lacks it)."""
+        first, upto = start - start % mmap.PAGESIZE, end - end % mmap.PAGESIZE
+        if upto <= first or _DONTNEED is None:
+            return
+        try:
+            self.buf.madvise(_DONTNEED, first, upto - first)
+        except (OSError, ValueError):  # the pages stay: only the memory figure changes
+            pass
+
     def close(self) -> None:
         self.buf.close()
         self._file.close()
+
+
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 
 
 def varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
@@ -61,16 +77,29 @@ def varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
 
 
 def fields(buf: bytes | memoryview, start: int = 0, end: int | None = None) -> Iterator[tuple[int, int, object]]:
-    """The fields of the message in buf[start:end], in file order."""
+    """The fields of the message in buf[start:end], in file order. A one-byte varint (a key, a
+    small number, a short length: most of them) is read here; longer ones by `varint`."""
     end = len(buf) if end is None else end
     pos = start
     while pos < end:
-        key, pos = varint(buf, pos)
+        key = buf[pos]  # pos < end <= len(buf): the enclosing message was checked to fit
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = varint(buf, pos)
         number, wire = key >> 3, key & 7
         if wire == 0:
-            value, pos = varint(buf, pos)
+            if pos < end and buf[pos] < 0x80:
+                value: object = buf[pos]
+                pos += 1
+            else:
+                value, pos = varint(buf, pos)
         elif wire == 2:
-            n, pos = varint(buf, pos)
+            if pos < end and buf[pos] < 0x80:
+                n = buf[pos]
+                pos += 1
+            else:
+                n, pos = varint(buf, pos)
             value = (pos, pos + n)
             pos += n
         elif wire == 1:

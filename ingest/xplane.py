@@ -27,15 +27,18 @@ correlation id within it).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from traceq.errors import TraceFormatError
 from traceq.ingest import protobuf as pb
 from traceq.ingest.base import LoadOptions, Sink, SourceInfo
 from traceq.ingest.xla_hlo import op_names
+
+if TYPE_CHECKING:
+    from traceq.ingest.xplane_rows import Gathered
 
 PID = 0
 """XPlane records no process: every event is this process's."""
@@ -49,13 +52,13 @@ class Line:
     id: int = 0
     name: str = ""
     timestamp_ns: int = 0
-    events: list[pb.Span] = field(default_factory=list)
+    span: pb.Span = (0, 0)
 
 
 @dataclass
 class Plane:
     name: str = ""
-    lines: list[Line] = field(default_factory=list)
+    lines: list[pb.Span] = field(default_factory=list)
     event_names: dict[int, str] = field(default_factory=dict)
     stat_names: dict[int, str] = field(default_factory=dict)
     stats: list[pb.Span] = field(default_factory=list)
@@ -118,34 +121,36 @@ class XPlaneReader:
         return len(src.buf)
 
     def read(self, src: XPlaneSource, sink: Sink) -> SourceInfo:
-        try:  # every decoding step reads the wire format: events are decoded as their lines are read
-            planes, hosts = _planes(src.buf)
-            tables = _Tables()
-            for plane in planes:
-                device = _DEVICE.match(plane.name)
-                if device:
-                    _read_device(src.buf, plane, int(device.group(1)), tables)
-                elif plane.name == "/host:metadata" and plane.span is not None:
-                    tables.op_names.update(op_names(src.buf, plane.span))
-                elif plane.name.startswith("/host:"):
-                    _read_host(src.buf, plane, tables)
+        """A plane at a time, a line at a time: each event decoded as its line is walked, its row
+        gathered into Arrow columns a batch at a time (host ranges written to the store as they
+        come); the kernels and calls are kept as columns for the XLA ranges made at the end."""
+        from traceq.ingest.columns import no_collection
+        from traceq.ingest.xplane_rows import Gathered
+
+        hosts: list[str] = []
+        rows = Gathered(sink)
+        try:
+            with no_collection():
+                for number, wire, value in pb.fields(src.buf):
+                    if number == 1 and wire == 2:
+                        plane = _plane(src.buf, value)  # type: ignore[arg-type]
+                        device = _DEVICE.match(plane.name)
+                        if device:
+                            _read_device(src.buf, plane, int(device.group(1)), rows, src.release)
+                        elif plane.name == "/host:metadata" and plane.span is not None:
+                            rows.op_names.update(op_names(src.buf, plane.span))
+                        elif plane.name.startswith("/host:"):
+                            _read_host(src.buf, plane, rows, src.release)
+                        src.release(*value)  # type: ignore[misc]  # the plane is read: its pages may go
+                    elif number == 4 and wire == 2:
+                        hosts.append(pb.text(src.buf, value))
         except pb.WireError as e:
             raise TraceFormatError(f"{src.path} is a damaged XPlane protobuf ({e})") from None
-        tables.write(sink)
+        rows.write()
         if sink.progress is not None:
             sink.progress(len(src.buf))
         return SourceInfo(format="xplane", tool="JAX/TensorFlow profiler (XPlane)"
                           + (f", host {', '.join(hosts)}" if hosts else ""))
-
-
-def _planes(buf: Any) -> tuple[list[Plane], list[str]]:
-    planes, hosts = [], []
-    for number, wire, value in pb.fields(buf):
-        if number == 1 and wire == 2:
-            planes.append(_plane(buf, value))  # type: ignore[arg-type]
-        elif number == 4 and wire == 2:
-            hosts.append(pb.text(buf, value))
-    return planes, hosts
 
 
 def _plane(buf: Any, span: pb.Span) -> Plane:
@@ -156,7 +161,7 @@ def _plane(buf: Any, span: pb.Span) -> Plane:
         if number == 2:
             plane.name = pb.text(buf, value)
         elif number == 3:
-            plane.lines.append(_line(buf, value))  # type: ignore[arg-type]
+            plane.lines.append(value)  # type: ignore[arg-type]
         elif number in (4, 5):  # map<int64, XEventMetadata | XStatMetadata>: entries of (key 1, value 2)
             key, meta = _map_entry(buf, value)  # type: ignore[arg-type]
             if meta is not None:
@@ -188,11 +193,22 @@ def _metadata_name(buf: Any, span: pb.Span, key: int, *, names_display: bool) ->
     return name or display or f"#{key}"
 
 
-def _line(buf: Any, span: pb.Span) -> Line:
-    line = Line()
+_RELEASE_BYTES = 1 << 22
+"""How far a walk goes between its releases of the mapped pages behind it (`MappedFile.release`)."""
+
+
+def _line(buf: Any, span: pb.Span, release: Callable[[int, int], None] | None = None) -> Line:
+    """A line's id, name and timestamp (its events are read by `_events`, as it is walked again;
+    `release(start, end)`: the mapped pages behind the walk dropped every _RELEASE_BYTES)."""
+    line = Line(span=span)
     display = ""
+    low = span[0]
     for number, wire, value in pb.fields(buf, *span):
-        if number == 1 and wire == 0:
+        if number == 4 and wire == 2:  # an event: what the walk steps over, its bytes the line's bulk
+            if release is not None and value[0] - low >= _RELEASE_BYTES:  # type: ignore[index]
+                release(low, value[0])  # type: ignore[index]
+                low = value[0]  # type: ignore[index]
+        elif number == 1 and wire == 0:
             line.id = pb.signed(value)  # type: ignore[arg-type]
         elif number == 2 and wire == 2:
             line.name = pb.text(buf, value)
@@ -200,8 +216,6 @@ def _line(buf: Any, span: pb.Span) -> Line:
             display = pb.text(buf, value)
         elif number == 3 and wire == 0:
             line.timestamp_ns = pb.signed(value)  # type: ignore[arg-type]
-        elif number == 4 and wire == 2:
-            line.events.append(value)  # type: ignore[arg-type]
     line.name = line.name or display
     return line
 
@@ -228,10 +242,16 @@ def _stats(buf: Any, plane: Plane, spans: list[pb.Span]) -> dict[str, Any]:
     return out
 
 
-def _events(buf: Any, plane: Plane, line: Line) -> Iterator[Event]:
-    for span in line.events:
+def _events(buf: Any, plane: Plane, line: Line, release: Callable[[int, int], None] | None = None) -> Iterator[Event]:
+    low = line.span[0]
+    for key, kind, span in pb.fields(buf, *line.span):
+        if key != 4 or kind != 2:
+            continue
+        if release is not None and span[0] - low >= _RELEASE_BYTES:  # type: ignore[index]
+            release(low, span[0])  # type: ignore[index]
+            low = span[0]  # type: ignore[index]
         meta, offset_ps, duration_ps, stat_spans = 0, 0, None, []
-        for number, wire, value in pb.fields(buf, *span):
+        for number, wire, value in pb.fields(buf, *span):  # type: ignore[misc]
             if number == 1 and wire == 0:
                 meta = value
             elif number == 2 and wire == 0:
@@ -247,7 +267,9 @@ def _events(buf: Any, plane: Plane, line: Line) -> Iterator[Event]:
 
 @dataclass
 class _Tables:
-    """The rows a profile makes, gathered per store table (XPlane files are small: megabytes)."""
+    """Rows gathered per store table as Python values, written by `xplane_tables.write_tables`
+    (the AMD readers that keep their rows so: rocpd's database, rocprofv3 JSON's copies and
+    ranges; the XPlane reader gathers columns, `xplane_rows.Gathered`)."""
 
     kernels: list[dict[str, Any]] = field(default_factory=list)
     memops: list[dict[str, Any]] = field(default_factory=list)
@@ -263,36 +285,39 @@ class _Tables:
         write_tables(self, sink)
 
 
-def _read_device(buf: Any, plane: Plane, device: int, tables: _Tables) -> None:
+def _read_device(buf: Any, plane: Plane, device: int, rows: Gathered,
+                 release: Callable[[int, int], None] | None = None) -> None:
     from traceq.ingest.xplane_tables import gpu_row, kernel_row, memop_row
 
-    tables.gpus.append(gpu_row(device, _stats(buf, plane, plane.stats)))
-    for line in plane.lines:
+    rows.gpus.append(gpu_row(device, _stats(buf, plane, plane.stats)))
+    for span in plane.lines:
+        line = _line(buf, span, release)
         stream = _STREAM.match(line.name)
         if stream is None:  # derived lines (XLA Ops, Steps, ...) some writers add: made here from the kernels
             continue
-        for event in _events(buf, plane, line):
+        for event in _events(buf, plane, line, release):
             if event.end_ns is None:
                 continue
-            copy = "memcpy_details" in event.stats or event.name.lower().startswith(("memcpy", "memset"))
-            row = (memop_row if copy else kernel_row)(event, device, int(stream.group(1)))
-            (tables.memops if copy else tables.kernels).append(row)
+            if "memcpy_details" in event.stats or event.name.lower().startswith(("memcpy", "memset")):
+                rows.memop(memop_row(event, device, int(stream.group(1))))
+            else:
+                rows.kernel(kernel_row(event, device, int(stream.group(1))))
 
 
-def _read_host(buf: Any, plane: Plane, tables: _Tables) -> None:
+def _read_host(buf: Any, plane: Plane, rows: Gathered, release: Callable[[int, int], None] | None = None) -> None:
     from traceq.ingest.xplane_tables import memory_row
 
-    for line in plane.lines:
+    for span in plane.lines:
+        line = _line(buf, span, release)
         tid = _thread_id(line)
         domain = _SUFFIX.sub("", line.name) or "host"
-        for event in _events(buf, plane, line):
+        for event in _events(buf, plane, line, release):
             if event.name in ("MemoryAllocation", "MemoryDeallocation"):
-                tables.memory.append(memory_row(event, tid))
+                rows.memory(memory_row(event, tid))
             elif "correlation_id" in event.stats and event.end_ns is not None:
-                tables.calls.append((event.start_ns, event.end_ns, event.name, tid,
-                                     _int(event.stats.get("correlation_id"))))
+                rows.call(event.start_ns, event.end_ns, event.name, tid, _int(event.stats.get("correlation_id")))
             elif event.end_ns is not None:
-                tables.ranges.append((event.start_ns, event.end_ns, event.name, "pushpop", domain, PID, tid))
+                rows.range(event.start_ns, event.end_ns, event.name, domain, tid)
 
 
 def _thread_id(line: Line) -> int:

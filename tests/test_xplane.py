@@ -135,6 +135,28 @@ def test_xla_op_and_module_ranges_follow_the_kernels(tmp_path: Path) -> None:
     assert any("jit_dot" in m for m in modules)
 
 
+def test_xplane_read_with_its_pages_released_behind_the_walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader drops the mapped pages behind its walk (`MappedFile.release`); released before
+    every event, the profile reads as the raw file says (the pages come back from the file)."""
+    import traceq
+    from traceq.ingest import protobuf, xplane
+
+    released: list[tuple[int, int]] = []
+    release = protobuf.MappedFile.release
+    monkeypatch.setattr(xplane, "_RELEASE_BYTES", 1)
+    monkeypatch.setattr(protobuf.MappedFile, "release",
+                        lambda self, start, end: (released.append((start, end)), release(self, start, end))[1])
+    path = next(p for p in FILES if "jax08_attention" in p.name)
+    truth = raw_reading(path)
+    t = traceq.load(path, tmp_path / "s.duckdb")
+    assert len(released) > sum(truth["kernels"].values())  # every line's events, each plane
+    got = dict(t.con.execute("SELECT name, count(*) FROM kernels WHERE trace_id = ? GROUP BY 1", [t.id]).fetchall())
+    assert got == dict(truth["kernels"])
+    calls = dict(t.con.execute("SELECT name, count(*) FROM api_calls WHERE trace_id = ? GROUP BY 1",
+                               [t.id]).fetchall())
+    assert calls == dict(truth["calls"])
+
+
 @pytest.mark.parametrize("cut", [7, 1000, 50_000])
 def test_damaged_xplane_is_one_line_and_the_store_unchanged(cut: int, tmp_path: Path) -> None:
     import traceq
