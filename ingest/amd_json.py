@@ -34,8 +34,6 @@ from traceq.ingest.base import (
     Names,
     Sink,
     SourceInfo,
-    api_names,
-    api_threads,
     kernel_batch,
     kernel_configs,
     kernel_names,
@@ -43,10 +41,10 @@ from traceq.ingest.base import (
     key_rows,
     numbered,
 )
+from traceq.ingest.columns import keep, keep_rows, write_calls
 from traceq.ingest.json_walk import Walk
-from traceq.ingest.validate import TIME_LIMIT_NS
 from traceq.ingest.xplane import _Tables
-from traceq.ingest.xplane_tables import PID, _api, _short
+from traceq.ingest.xplane_tables import PID, _short
 
 BATCH_ROWS = 65_536
 """Records gathered as Python tuples before they become Arrow columns."""
@@ -388,15 +386,15 @@ class RocprofJsonReader:
         starts = kernels["start_ns"] if kernels.num_rows else pa.array([m["start_ns"] for m in tables.memops], pa.int64())
         middle = starts.take(pc.array_sort_indices(starts))[len(starts) // 2].as_py()
         del starts
-        kept = _keep(kernels, middle, sink, "kernel", "kernel_events")
-        tables.memops = _keep_rows(tables.memops, middle, sink, "memcpy/memset", lambda m: (m["start_ns"], m["end_ns"]),
-                                   "memops")
-        calls = calls.take(_keep(calls, middle, sink, "API call", "api_events"))
-        tables.ranges = _keep_rows(tables.ranges, middle, sink, "NVTX event", lambda r: (r[0], r[1]), "nvtx_events")
+        kept = keep(kernels, middle, sink, "kernel", "kernel_events")
+        tables.memops = keep_rows(tables.memops, middle, sink, "memcpy/memset", "memops",
+                                  times=lambda m: (m["start_ns"], m["end_ns"]))
+        calls = calls.take(keep(calls, middle, sink, "API call", "api_events"))
+        tables.ranges = keep_rows(tables.ranges, middle, sink, "NVTX event", "nvtx_events")
         if not len(kept) and not tables.memops:
             raise TraceFormatError("the profile's dispatches all have damaged times")
         tables.write(sink)  # GPUs, copies and ranges (XLA's derived ranges: none, without hlo ops)
-        _write_calls(calls, sink)
+        write_calls(calls, sink)
         del calls
         _write_kernels(kernels, configs, kept, sink)
         host = _text(_o(metadata.get("node")).get("hostname"))
@@ -446,61 +444,10 @@ def _calls(raw: pa.Table, names: dict[tuple[int | None, int], str]) -> pa.Table:
     return raw.append_column("name", pa.array(labels, pa.string()).take(keys.indices))
 
 
-def _keep(table: pa.Table, middle: int, sink: Sink, noun: str, store_table: str) -> pa.Array:
-    """The indices of `table`'s rows kept: not those with a time TIME_LIMIT_NS or more from
-    `middle` or an end before the start, which are counted as damage, as the reader of the whole
-    document dropped them."""
-    low, high = middle - TIME_LIMIT_NS, middle + TIME_LIMIT_NS  # |t - middle| >= TIME_LIMIT_NS: t <= low or t >= high
-    start, end = table["start_ns"], table["end_ns"]
-
-    def far(t: Any) -> Any:
-        never = pc.not_equal(t, t)
-        return pc.or_(pc.less_equal(t, pa.scalar(low, pa.int64())) if low >= -_INT64 else never,
-                      pc.greater_equal(t, pa.scalar(high, pa.int64())) if high < _INT64 else never)
-
-    late = pc.fill_null(pc.or_(far(start), far(end)), False)
-    reverse = pc.and_(pc.invert(late), pc.fill_null(pc.less(end, start), False))
-    kept = pc.indices_nonzero(pc.invert(pc.or_(late, reverse)))
-    sink.damage.add(noun, "with times out of range dropped", int(pc.sum(pc.cast(late, pa.int64())).as_py() or 0))
-    sink.damage.add(noun, "with end < start dropped", int(pc.sum(pc.cast(reverse, pa.int64())).as_py() or 0))
-    durations = pc.subtract(end.take(kept), start.take(kept))
-    sink.damage.add_total(store_table, float(pc.sum(pc.cast(durations, pa.float64())).as_py() or 0.0))
-    return kept
 
 
-def _keep_rows(rows: list[Any], middle: int, sink: Sink, noun: str, times: Callable[[Any], tuple[int, Any]],
-               store_table: str) -> list[Any]:
-    """As `_keep`, for rows kept as Python values (copies, roctx ranges)."""
-    kept, late, reverse, total = [], 0, 0, 0
-    for row in rows:
-        start, end = times(row)
-        if abs(start - middle) >= TIME_LIMIT_NS or (end is not None and abs(end - middle) >= TIME_LIMIT_NS):
-            late += 1
-        elif end is not None and end < start:
-            reverse += 1
-        else:
-            kept.append(row)
-            total += 0 if end is None else end - start
-    sink.damage.add(noun, "with times out of range dropped", late)
-    sink.damage.add(noun, "with end < start dropped", reverse)
-    sink.damage.add_total(store_table, float(total))
-    return kept
 
 
-def _write_calls(calls: pa.Table, sink: Sink) -> None:
-    """As `xplane_tables._write_calls`, from columns."""
-    if not calls.num_rows:
-        return
-    functions, threads = Names(), Names()
-    name_ids = functions.number(calls["name"])
-    thread_ids = threads.number(calls["tid"])
-    sink.append("api_events", pa.table({"start_ns": calls["start_ns"], "end_ns": calls["end_ns"],
-                                        "name_id": name_ids, "thread_id": thread_ids,
-                                        "correlation_id": calls["correlation_id"]}), source_rows=0)
-    labels = [key[0] for key in functions.keys]
-    sink.append("api_names", api_names([_api(n) for n in labels], labels), source_rows=0)
-    tids = [key[0] for key in threads.keys]
-    sink.append("api_threads", api_threads([PID] * len(tids), tids, [None] * len(tids)), source_rows=0)
 
 
 def _write_kernels(kernels: pa.Table, shared_rows: pa.Table, kept: pa.Array, sink: Sink) -> None:

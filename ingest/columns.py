@@ -328,11 +328,13 @@ def keep(table: pa.Table, middle: int, sink: Sink, noun: str, store_table: str) 
     return kept
 
 
-def keep_rows(rows: list[Any], middle: int, sink: Sink, noun: str, store_table: str) -> list[Any]:
-    """As `keep`, for ranges kept as tuples (start, end or None, ...)."""
+def keep_rows(rows: list[Any], middle: int, sink: Sink, noun: str, store_table: str,
+              times: Callable[[Any], tuple[int, Any]] = lambda row: (row[0], row[1])) -> list[Any]:
+    """As `keep`, for rows kept as Python values: `times(row)` is (start, end or None), by
+    default a tuple's first two values."""
     kept, late, reverse, total = [], 0, 0, 0
     for row in rows:
-        start, end = row[0], row[1]
+        start, end = times(row)
         if abs(start - middle) >= TIME_LIMIT_NS or (end is not None and abs(end - middle) >= TIME_LIMIT_NS):
             late += 1
         elif end is not None and end < start:
